@@ -1,0 +1,32 @@
+# Two contracts: `make demo` (set up + run the pipeline on synthetic data) and `make test`.
+# The virtual environment is built once and reused; it is rebuilt when pyproject.toml changes.
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+# A CPU build of torch is taken when a local wheel of this version exists (pip's find-links);
+# otherwise pip falls back to the registry's default build.
+TORCH_PIN ?= torch==2.13.0
+
+.PHONY: demo test bench install clean-venv
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install --quiet "$(TORCH_PIN)" || $(PY) -m pip install --quiet torch
+	$(PY) -m pip install --quiet -e ".[dev]"
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(PY) -m pipelines demo
+
+test: $(STAMP)
+	$(PY) -m pytest -q
+
+bench: $(STAMP)
+	$(PY) -m benchmarks.run
+
+clean-venv:
+	rm -rf $(VENV)

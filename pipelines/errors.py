@@ -1,0 +1,33 @@
+"""The project's own error types: every expected failure is one of these, with a clear message."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+class PipelineError(Exception):
+    """Base class for errors the command line reports as a message instead of a traceback."""
+
+
+class FormatError(PipelineError):
+    """A data file does not match the TpuGraphs format; names the file and the problem."""
+
+    def __init__(self, path: Path | str, problem: str):
+        self.path = Path(path)
+        self.problem = problem
+        super().__init__(f"{self.path}: {problem}")
+
+
+class ConfigError(PipelineError):
+    """A configuration value, override or command-line argument is invalid."""
+
+
+class SubmissionError(PipelineError):
+    """A submission file is malformed; carries every violation found."""
+
+    def __init__(self, path: Path | str, violations: list[str]):
+        self.path = Path(path)
+        self.violations = list(violations)
+        shown = "\n  ".join(self.violations[:50])
+        more = f"\n  ... and {len(self.violations) - 50} more" if len(self.violations) > 50 else ""
+        super().__init__(f"{self.path}: {len(self.violations)} problem(s):\n  {shown}{more}")
