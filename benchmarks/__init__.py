@@ -1,0 +1,1 @@
+"""Benchmarks: scripts that print figures (wall time, peak memory, throughput); never timed tests."""
