@@ -213,6 +213,34 @@ def iter_graphs(refs: list[GraphRef], *, with_configs: bool = True) -> Iterator[
         yield ref, load_ref(ref, with_configs=with_configs)
 
 
+def count_configs(path: Path | str, collection: Collection) -> int:
+    """Number of configs of one graph file, from the npy header of its config array alone.
+
+    Reads ``config_feat`` (tile) or ``node_config_feat`` (layout) up to the end of its header, so no
+    array data is decompressed: cheap enough to check every row of a submission.
+    """
+    path = Path(path)
+    key, rank, width = (("config_feat", 2, TILE_CONFIG_DIM) if collection.is_tile
+                        else ("node_config_feat", 3, LAYOUT_CONFIG_DIM))
+    try:
+        with zipfile.ZipFile(path) as archive:
+            if f"{key}.npy" not in archive.namelist():
+                raise FormatError(path, f"missing key {key} for {collection.name}")
+            with archive.open(f"{key}.npy") as stream:
+                shape, _, dtype = _read_header(stream)
+    except FormatError:
+        raise
+    except FileNotFoundError:
+        raise FormatError(path, "file not found") from None
+    except (zipfile.BadZipFile, zlib.error, EOFError, OSError, ValueError) as exc:
+        raise FormatError(path, f"corrupt or truncated archive ({type(exc).__name__}: {exc})") from None
+    if len(shape) != rank or shape[-1] != width or shape[0] == 0 or dtype.hasobject:
+        expected = "(c, 24)" if collection.is_tile else "(c, nc, 18)"
+        raise FormatError(path, f"{key}: expected a numeric array of shape {expected} with c > 0, "
+                                f"got {dtype} {shape}")
+    return int(shape[0])
+
+
 def _read_header(stream: IO[bytes]) -> tuple[tuple[int, ...], bool, np.dtype]:
     version = np.lib.format.read_magic(stream)
     if version == (1, 0):
@@ -315,7 +343,7 @@ def _as_int64(array: np.ndarray, path: Path, key: str) -> np.ndarray:
     if array.dtype.kind == "f":
         if not np.isfinite(array).all():
             raise FormatError(path, f"{key}: NaN or infinite value")
-        if np.any(np.abs(array) >= 2.0**63):
+        if np.any(np.abs(array.astype(np.float64)) >= 2.0**63):
             raise FormatError(path, f"{key}: value out of int64 range")
         as_int = array.astype(np.int64)
         if not np.array_equal(as_int, array):

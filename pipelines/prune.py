@@ -1,0 +1,250 @@
+"""Graph pruning and config de-duplication (pure functions), plus the pruned-graph file format.
+
+Layout graphs are cut down to their configurable nodes and a k-hop neighbourhood of them (public
+solutions lost nothing with 1 hop and saved 4x memory). Identical config rows, frequent in layout
+training files, are collapsed so that no model sees the same configuration twice with two labels.
+Tile graphs are small and have no configurable nodes: they pass through unpruned.
+
+The result of both steps is a :class:`PrunedGraph`, which the features and node-arrays stages read.
+"""
+
+from __future__ import annotations
+
+import zipfile
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+from pipelines.errors import ConfigError, FormatError
+from pipelines.tpugraphs import LayoutGraph, TileGraph
+
+PRUNE_MODES = ("khop", "config_only")
+DEDUP_MODES = ("first", "mean", "min", "none")
+
+
+@dataclass
+class PrunedGraph:
+    """A graph after pruning (layout) and, for labelled splits, config de-duplication.
+
+    ``edge_index`` keeps the file convention: row ``[u, v]`` means node ``u`` consumes ``v``'s
+    output, both relabelled to positions in this graph; ``node_ids`` maps positions back to the
+    node ids of the original file.
+    """
+
+    stem: str
+    kind: str  # "tile" or "layout"
+    node_feat: np.ndarray  # float32 (n, 140)
+    node_opcode: np.ndarray  # uint8 (n,)
+    edge_index: np.ndarray  # int64 (m, 2), file convention, relabelled
+    node_ids: np.ndarray  # int64 (n,) original node id of each kept node
+    config_nodes: np.ndarray  # int64 (nc,) positions of configurable nodes; empty for tile
+    config_feat: np.ndarray  # int8 (c, nc, 18) layout; float32 (c, 24) tile
+    config_index: np.ndarray  # int64 (c,) row of each kept config in the original file
+    target: np.ndarray  # float64 (c,) runtime (layout) or runtime/normalizer (tile), aggregated over duplicates
+    file_target: np.ndarray  # float64 (c_file,) the target of every config of the file, in file order
+
+    @property
+    def num_nodes(self) -> int:
+        return int(self.node_feat.shape[0])
+
+    @property
+    def num_configs(self) -> int:
+        return int(self.config_feat.shape[0])
+
+
+@dataclass(frozen=True)
+class PruneStats:
+    nodes_before: int
+    nodes_after: int
+    edges_before: int
+    edges_after: int
+
+    def as_dict(self) -> dict[str, int]:
+        return asdict(self)
+
+
+# ----------------------------------------------------------------------------- pruning
+
+
+def khop_mask(num_nodes: int, edge_index: np.ndarray, seeds: np.ndarray, hops: int) -> np.ndarray:
+    """Boolean mask of the nodes within ``hops`` undirected steps of any seed node.
+
+    One vectorised pass over the edge list per hop (O(hops * m)), no adjacency structure needed.
+    """
+    if hops < 0:
+        raise ConfigError(f"prune.hops must be >= 0, got {hops}")
+    mask = np.zeros(num_nodes, dtype=bool)
+    mask[seeds] = True
+    consumer, producer = edge_index[:, 0], edge_index[:, 1]
+    for _ in range(hops):
+        grown = mask.copy()
+        grown[consumer[mask[producer]]] = True
+        grown[producer[mask[consumer]]] = True
+        if np.array_equal(grown, mask):  # the neighbourhood stopped growing
+            break
+        mask = grown
+    return mask
+
+
+def prune_layout_graph(graph: LayoutGraph, hops: int, mode: str) -> tuple[PrunedGraph, PruneStats]:
+    """Keep the configurable nodes and their ``hops``-hop neighbourhood (``mode="khop"``), or the
+    configurable nodes alone (``mode="config_only"``, the same as ``hops=0``).
+
+    Edges survive when both ends are kept. Kept nodes keep their relative (topological) order, so
+    relabelled edges stay sorted and ``u > v`` still holds. Configs are not copied: the result shares
+    the graph's config array, and de-duplication (:func:`select_configs`) makes the only copy.
+    """
+    if mode not in PRUNE_MODES:
+        raise ConfigError(f"prune.mode must be one of {', '.join(PRUNE_MODES)}, got {mode!r}")
+    depth = 0 if mode == "config_only" else hops
+    keep = khop_mask(graph.num_nodes, graph.edge_index, graph.node_config_ids, depth)
+    kept = np.flatnonzero(keep)
+    new_id = np.full(graph.num_nodes, -1, dtype=np.int64)
+    new_id[kept] = np.arange(kept.size, dtype=np.int64)
+    edges = graph.edge_index
+    edge_kept = keep[edges[:, 0]] & keep[edges[:, 1]]
+    target = graph.target
+    pruned = PrunedGraph(
+        stem=graph.stem,
+        kind="layout",
+        node_feat=graph.node_feat[kept],
+        node_opcode=graph.node_opcode[kept],
+        edge_index=new_id[edges[edge_kept]].reshape(-1, 2),
+        node_ids=kept.astype(np.int64),
+        config_nodes=new_id[graph.node_config_ids],
+        config_feat=graph.node_config_feat,
+        config_index=np.arange(graph.num_configs, dtype=np.int64),
+        target=target,
+        file_target=target,
+    )
+    stats = PruneStats(graph.num_nodes, int(kept.size), int(edges.shape[0]), int(edge_kept.sum()))
+    return pruned, stats
+
+
+def tile_as_pruned(graph: TileGraph) -> PrunedGraph:
+    """A tile graph in the pruned-graph form, unchanged (tile graphs have no configurable nodes)."""
+    target = graph.target
+    return PrunedGraph(
+        stem=graph.stem,
+        kind="tile",
+        node_feat=graph.node_feat,
+        node_opcode=graph.node_opcode,
+        edge_index=graph.edge_index.reshape(-1, 2),
+        node_ids=np.arange(graph.num_nodes, dtype=np.int64),
+        config_nodes=np.zeros(0, dtype=np.int64),
+        config_feat=graph.config_feat,
+        config_index=np.arange(graph.num_configs, dtype=np.int64),
+        target=target,
+        file_target=target,
+    )
+
+
+# ----------------------------------------------------------------------------- de-duplication
+
+
+def deduplicate_configs(config_rows: np.ndarray, runtimes: np.ndarray, how: str) -> tuple[np.ndarray, np.ndarray]:
+    """Collapse identical config rows; return the kept row indices (ascending) and their runtimes.
+
+    Rows are compared byte for byte (each row viewed as one opaque void value, so ``np.unique``
+    sorts 100k rows without a Python loop). Each group of duplicates is represented by its first
+    row; its runtime is that row's (``"first"``), or the group's ``"mean"`` or ``"min"``.
+    ``"none"`` keeps every row. Only ever apply this to labelled (train/valid) data.
+    """
+    if how not in DEDUP_MODES:
+        raise ConfigError(f"prune.dedup must be one of {', '.join(DEDUP_MODES)}, got {how!r}")
+    runtimes = np.asarray(runtimes, dtype=np.float64)
+    count = config_rows.shape[0]
+    if runtimes.shape != (count,):
+        raise ValueError(f"{count} config rows but runtimes has shape {runtimes.shape}")
+    if how == "none" or count == 0:
+        return np.arange(count, dtype=np.int64), runtimes.copy()
+    flat = np.ascontiguousarray(config_rows.reshape(count, -1))
+    keys = flat.view(np.dtype((np.void, flat.dtype.itemsize * flat.shape[1]))).ravel()
+    _, first, inverse = np.unique(keys, return_index=True, return_inverse=True)
+    # np.unique numbers groups in byte order; renumber them in order of first appearance.
+    order = np.argsort(first, kind="stable")
+    rank = np.empty_like(order)
+    rank[order] = np.arange(order.size)
+    group = rank[inverse.ravel()]
+    kept = first[order].astype(np.int64)
+    if how == "first":
+        return kept, runtimes[kept]
+    if how == "mean":
+        sums = np.bincount(group, weights=runtimes, minlength=kept.size)
+        return kept, sums / np.bincount(group, minlength=kept.size)
+    lowest = np.full(kept.size, np.inf)
+    np.minimum.at(lowest, group, runtimes)
+    return kept, lowest
+
+
+def select_configs(graph: PrunedGraph, rows: np.ndarray, target: np.ndarray | None = None) -> PrunedGraph:
+    """The graph restricted to config ``rows`` (positions in its current config array).
+
+    ``target`` replaces the selected targets (e.g. the mean over a duplicate group).
+    """
+    rows = np.asarray(rows, dtype=np.int64)
+    return PrunedGraph(
+        stem=graph.stem,
+        kind=graph.kind,
+        node_feat=graph.node_feat,
+        node_opcode=graph.node_opcode,
+        edge_index=graph.edge_index,
+        node_ids=graph.node_ids,
+        config_nodes=graph.config_nodes,
+        config_feat=graph.config_feat[rows],
+        config_index=graph.config_index[rows],
+        target=graph.target[rows] if target is None else np.asarray(target, dtype=np.float64),
+        file_target=graph.file_target,
+    )
+
+
+def deduplicate_graph(graph: PrunedGraph, how: str) -> PrunedGraph:
+    """Apply :func:`deduplicate_configs` to a (labelled) graph's configs."""
+    rows, target = deduplicate_configs(graph.config_feat, graph.target, how)
+    return select_configs(graph, rows, target)
+
+
+def sample_configs(graph: PrunedGraph, max_configs: int, rng: np.random.Generator) -> PrunedGraph:
+    """At most ``max_configs`` configs drawn without replacement, kept in file order (0: no cap)."""
+    if max_configs <= 0 or graph.num_configs <= max_configs:
+        return graph
+    rows = np.sort(rng.choice(graph.num_configs, size=max_configs, replace=False))
+    return select_configs(graph, rows)
+
+
+# ----------------------------------------------------------------------------- file format
+
+_PRUNED_ARRAYS = ("node_feat", "node_opcode", "edge_index", "node_ids", "config_nodes", "config_feat",
+                  "config_index", "target", "file_target")
+
+
+def save_pruned(path: Path | str, graph: PrunedGraph) -> None:
+    """Write a pruned graph as a compressed npz (int8 layout configs compress ~10x).
+
+    Not atomic by itself: stages write into a temporary folder that is renamed into place.
+    """
+    with open(path, "wb") as handle:
+        np.savez_compressed(handle, meta=np.array([graph.stem, graph.kind]),
+                            **{name: getattr(graph, name) for name in _PRUNED_ARRAYS})
+
+
+def load_pruned(path: Path | str) -> PrunedGraph:
+    path = Path(path)
+    try:
+        with np.load(path, allow_pickle=False) as archive:
+            stem, kind = (str(v) for v in archive["meta"])
+            values = {name: archive[name] for name in _PRUNED_ARRAYS}
+    except (OSError, KeyError, ValueError, zipfile.BadZipFile) as exc:
+        raise FormatError(path, f"cannot read pruned graph ({exc})") from None
+    return PrunedGraph(stem=stem, kind=kind, **values)
+
+
+def load_file_target(path: Path | str) -> np.ndarray:
+    """Only the per-file targets of a pruned graph (reads one member, not the configs)."""
+    path = Path(path)
+    try:
+        with np.load(path, allow_pickle=False) as archive:
+            return archive["file_target"]
+    except (OSError, KeyError, ValueError, zipfile.BadZipFile) as exc:
+        raise FormatError(path, f"cannot read pruned graph ({exc})") from None
