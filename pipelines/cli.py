@@ -93,6 +93,144 @@ def _run_demo(args: argparse.Namespace) -> int:
     return run_demo(data_root=args.data_root, scale=args.scale, seed=args.seed)
 
 
+# ----------------------------------------------------------------------------- prepare
+
+
+def _add_prepare(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("prepare", help="prune graphs, build feature tables, GNN arrays and folds (cached stages)")
+    p.add_argument("--data-root", type=Path, required=True)
+    p.add_argument("--work-dir", type=Path, default=Path("data/work"))
+    p.add_argument("--config", default=None, help="config name (e.g. quick) or TOML file (default: base)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                   help="override one config value (repeatable)")
+    p.add_argument("--collections", default=None, help="comma-separated collection names (default: all present)")
+    p.add_argument("--force", action="store_true", help="recompute even when a cached output exists")
+    p.set_defaults(handler=_run_prepare)
+
+
+def _run_prepare(args: argparse.Namespace) -> int:
+    from pipelines.collections import parse_collections
+    from pipelines.config import load_config
+    from pipelines.prepare import prepare
+
+    config = load_config(args.config, args.overrides)
+    collections = None if args.collections is None else list(parse_collections(args.collections))
+    prepared = prepare(config, args.data_root, args.work_dir, collections, force=args.force)
+    for name, item in prepared.items():
+        for stage, output in item.stages.items():
+            state = "cached" if item.cached.get(stage) else "computed"
+            print(f"{name:<20} {stage:<12} {output.key}  {state:<8}  {output.path}")
+    return 0
+
+
+# ----------------------------------------------------------------------------- train
+
+
+def _add_train(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("train", help="grouped k-fold training of one model per collection (runs prepare first)")
+    p.add_argument("--model", required=True,
+                   help="registered model: gbdt, random, feature (best single f_* column) or feature:<column>")
+    p.add_argument("--collection", "--collections", dest="collections", action="append", default=[],
+                   metavar="NAME", help="collection name(s), repeatable or comma-separated (default: all present)")
+    p.add_argument("--data-root", type=Path, required=True)
+    p.add_argument("--work-dir", type=Path, default=Path("data/work"))
+    p.add_argument("--config", default=None, help="config name (e.g. quick) or TOML file (default: base)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                   help="override one config value (repeatable)")
+    p.add_argument("--force", action="store_true", help="retrain even when a cached output exists (prepare stays cached)")
+    p.set_defaults(handler=_run_train)
+
+
+def _run_train(args: argparse.Namespace) -> int:
+    from pipelines.collections import parse_collections
+    from pipelines.config import load_config
+    from pipelines.prepare import prepare
+    from pipelines.train import format_summary, get_adapter, train_model
+
+    config = load_config(args.config, args.overrides)
+    get_adapter(args.model)  # an unknown model fails before any data is prepared
+    names = [n for text in args.collections for n in text.split(",") if n.strip()]
+    collections = list(parse_collections(names)) if names else None
+    prepared = prepare(config, args.data_root, args.work_dir, collections)
+    for name, item in prepared.items():
+        output = train_model(config, item, model=args.model, work_dir=args.work_dir, force=args.force)
+        print(format_summary(output))
+    return 0
+
+
+# ----------------------------------------------------------------------------- status and config
+
+
+def _add_status(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("status", help="list cached stage outputs (complete, incomplete, running, interrupted)")
+    p.add_argument("--work-dir", type=Path, default=Path("data/work"))
+    p.add_argument("--stage", action="append", default=[], help="show only this stage (repeatable)")
+    p.set_defaults(handler=_run_status)
+
+
+def _run_status(args: argparse.Namespace) -> int:
+    from pipelines.engine import format_status, list_stages
+
+    rows = [r for r in list_stages(args.work_dir) if not args.stage or r["stage"] in args.stage]
+    if not rows:
+        print(f"no stage outputs under {args.work_dir}")
+        return 0
+    print(format_status(rows))
+    return 0
+
+
+def _add_config(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("config", help="validate a configuration and print it resolved, as TOML")
+    p.add_argument("--config", default=None, help="config name (e.g. quick) or TOML file (default: base)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                   help="override one config value (repeatable)")
+    p.set_defaults(handler=_run_config)
+
+
+def _run_config(args: argparse.Namespace) -> int:
+    from pipelines.config import config_to_toml, load_config
+    from pipelines.engine import fingerprint
+
+    config = load_config(args.config, args.overrides)
+    print(f"# fingerprint {fingerprint(config)}")
+    print(config_to_toml(config), end="")
+    return 0
+
+
+# ----------------------------------------------------------------------------- kaggle
+
+
+def _add_download(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("download", help="download the competition data from Kaggle into a data root")
+    p.add_argument("--data-root", type=Path, required=True,
+                   help="folder to receive npz_all/ and sample_submission.csv (other files in it are left alone)")
+    p.add_argument("--force", action="store_true", help="download again even if the data root is complete")
+    p.set_defaults(handler=_run_download)
+
+
+def _run_download(args: argparse.Namespace) -> int:
+    from pipelines.kaggle_io import download_competition_data
+
+    print(download_competition_data(args.data_root, force=args.force).describe())
+    return 0
+
+
+def _add_submit(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("submit", help="upload a submission CSV to the Kaggle competition")
+    p.add_argument("file", type=Path)
+    p.add_argument("-m", "--message", required=True, help="submission description shown on Kaggle")
+    p.add_argument("--data-root", type=Path, default=None,
+                   help="validate the file against this data root's test files before uploading")
+    p.set_defaults(handler=_run_submit)
+
+
+def _run_submit(args: argparse.Namespace) -> int:
+    from pipelines.kaggle_io import submit_file
+
+    print(submit_file(args.file, args.message, data_root=args.data_root))
+    return 0
+
+
 # ----------------------------------------------------------------------------- entry point
 
 _COMMANDS: tuple[Callable[[argparse._SubParsersAction], None], ...] = (
@@ -100,6 +238,12 @@ _COMMANDS: tuple[Callable[[argparse._SubParsersAction], None], ...] = (
     _add_validate_submission,
     _add_score,
     _add_demo,
+    _add_prepare,
+    _add_train,
+    _add_status,
+    _add_config,
+    _add_download,
+    _add_submit,
 )
 
 

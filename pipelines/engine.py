@@ -60,10 +60,10 @@ LIBRARIES = {
     "sklearn": "scikit-learn",
     "joblib": "joblib",
 }
-# errno values that mean "this folder cannot be written", reported as a PipelineError naming it.
-_WRITE_ERRNOS = frozenset(
-    {errno.ENOSPC, errno.EROFS, errno.EACCES, errno.EPERM, getattr(errno, "EDQUOT", errno.ENOSPC)}
-)
+# errno values that can only mean "this folder cannot be written": reported as a PipelineError naming
+# it. Permission errors are added only around the engine's own writes (compute may fail to READ).
+_FULL_OR_READ_ONLY = frozenset({errno.ENOSPC, errno.EROFS, getattr(errno, "EDQUOT", errno.ENOSPC)})
+_NOT_WRITABLE = _FULL_OR_READ_ONLY | {errno.EACCES, errno.EPERM}
 _STAGE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
 
 
@@ -151,7 +151,7 @@ def code_version() -> dict:
     commit = git("rev-parse", "HEAD")
     if commit is None:
         return {"commit": None, "dirty": None}
-    status = git("status", "--porcelain", "--untracked-files=no")
+    status = git("status", "--porcelain")  # untracked, not ignored, files count: new modules matter
     return {"commit": commit.strip(), "dirty": None if status is None else bool(status.strip())}
 
 
@@ -178,6 +178,8 @@ class StageOutput:
     key: str
     path: Path
     manifest: dict
+    # True when the call that returned this found it complete and did not run ``compute``.
+    cached: bool = dataclasses.field(default=False, compare=False)
 
     def file(self, name: str) -> Path:
         """``path / name``; a missing file raises a PipelineError naming the stage output."""
@@ -233,7 +235,7 @@ def run_stage(
         if cached is not None:
             _check_seeds(cached, seeds)
             log(f"[{stage}] cached {key}")
-            return StageOutput(stage, key, final, cached)
+            return StageOutput(stage, key, final, cached, cached=True)
 
     with _guard_writes(stage_dir):
         stage_dir.mkdir(parents=True, exist_ok=True)
@@ -244,7 +246,7 @@ def run_stage(
         log(f"[{stage}] computing {key}")
         started = datetime.now(timezone.utc)
         t0 = time.perf_counter()
-        with _guard_writes(work):
+        with _guard_writes(work, _FULL_OR_READ_ONLY):
             metrics = compute(work)
         wall = time.perf_counter() - t0
         finished = datetime.now(timezone.utc)
@@ -255,7 +257,7 @@ def run_stage(
             "key": key,
             "config": to_jsonable(config),
             "inputs": dict(inputs),
-            "seeds": seeds or {},
+            "seeds": to_jsonable(seeds or {}),
             "code_version": code_version(),
             "library_versions": library_versions(),
             "host": socket.gethostname(),
@@ -598,20 +600,13 @@ def _rename_if_free(src: Path, dst: Path) -> bool:
     return True
 
 
-def _write_error(exc: OSError, folder: Path) -> Exception:
-    """A PipelineError naming ``folder`` for disk-full / read-only / permission errors, else ``exc``."""
-    if exc.errno in _WRITE_ERRNOS:
-        return PipelineError(f"{folder}: cannot write stage output ({exc.strerror or exc})")
-    return exc
-
-
 @contextmanager
-def _guard_writes(folder: Path) -> Iterator[None]:
-    """Turn disk-full / read-only OSErrors raised inside the block into PipelineErrors naming ``folder``."""
+def _guard_writes(folder: Path, errnos: frozenset[int] = _NOT_WRITABLE) -> Iterator[None]:
+    """Turn OSErrors with these errnos raised inside the block into PipelineErrors naming ``folder``."""
     try:
         yield
     except OSError as exc:
-        translated = _write_error(exc, folder)
-        if translated is exc:
+        if exc.errno not in errnos:
             raise
-        raise translated from exc
+        where = f" ({exc.filename})" if exc.filename else ""
+        raise PipelineError(f"{folder}: cannot write stage output: {exc.strerror or exc}{where}") from exc

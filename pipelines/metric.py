@@ -176,8 +176,9 @@ def kendall_tau_b(predicted: np.ndarray | Sequence[float], truth: np.ndarray | S
     counts = pair_counts(predicted, truth)
     if counts.pairs == counts.tied_x or counts.pairs == counts.tied_y:
         return math.nan
-    tau = (counts.concordant - counts.discordant) / math.sqrt(counts.pairs - counts.tied_x) \
-        / math.sqrt(counts.pairs - counts.tied_y)
+    # One square root of the exact integer product: a perfect (reversed) order gives exactly 1.0 (-1.0).
+    tau = (counts.concordant - counts.discordant) / math.sqrt((counts.pairs - counts.tied_x)
+                                                              * (counts.pairs - counts.tied_y))
     return min(1.0, max(-1.0, tau))
 
 

@@ -8,10 +8,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from pipelines.errors import FormatError
+
+if TYPE_CHECKING:  # the prune module is only needed for type hints here
+    from pipelines.prune import PrunedGraph
 
 
 @dataclass
@@ -56,3 +60,60 @@ def load_graph_arrays(path: Path | str) -> GraphArrays:
     except (OSError, KeyError, ValueError) as exc:
         raise FormatError(path, f"cannot read cached graph arrays ({exc})") from None
     return GraphArrays(collection=collection, stem=stem, split=split, **values)
+
+
+# ----------------------------------------------------------------------------- computing the arrays
+
+# node_feat columns kept as they are: flags, one-hot types, dim indices, small counts, layouts.
+RAW_COLUMNS = (0, *range(2, 21), *range(31, 37), *range(85, 107), 133, *range(134, 140))
+# Sizes, sums and products (up to ~3e9, some possibly negative paddings): signed log1p.
+LOG_COLUMNS = (*range(27, 31), *range(37, 85), *range(107, 133))
+# Shape dims: signed log1p plus the TPU-tile view x % 128 (scaled to [0, 1)) and log1p(x // 128).
+DIM_COLUMNS = tuple(range(21, 27))
+NODE_FEATURE_DIM = len(RAW_COLUMNS) + len(LOG_COLUMNS) + 3 * len(DIM_COLUMNS)  # 151; column 1 is always 0
+
+
+def node_feature_names() -> list[str]:
+    """Names of the transformed node-feature columns, in order (``c<j>`` = node_feat column j)."""
+    return ([f"c{j}" for j in RAW_COLUMNS] + [f"log_c{j}" for j in LOG_COLUMNS]
+            + [f"log_c{j}" for j in DIM_COLUMNS] + [f"mod128_c{j}" for j in DIM_COLUMNS]
+            + [f"log_div128_c{j}" for j in DIM_COLUMNS])
+
+
+def transform_node_feat(node_feat: np.ndarray) -> np.ndarray:
+    """float32 (n, NODE_FEATURE_DIM) scaled node features from raw (n, 140) node_feat."""
+    raw = node_feat.astype(np.float64)
+    wide = raw[:, LOG_COLUMNS]
+    dims = np.maximum(raw[:, DIM_COLUMNS], 0.0)
+    return np.concatenate([
+        raw[:, RAW_COLUMNS],
+        np.sign(wide) * np.log1p(np.abs(wide)),
+        np.log1p(dims),
+        np.mod(dims, 128.0) / 128.0,
+        np.log1p(np.floor_divide(dims, 128.0)),
+    ], axis=1).astype(np.float32)
+
+
+def make_graph_arrays(graph: PrunedGraph, collection: str, split: str) -> GraphArrays:
+    """The GNN arrays of one pruned (and, for labelled splits, de-duplicated) graph.
+
+    Edges turn from the file convention (row ``[consumer, producer]``) into PyG's ``(2, m)`` with
+    row 0 = producer (message source) and row 1 = consumer. Configs keep their raw values: int8
+    (c, nc, 18) layout blocks (the model embeds them) or float32 (c, 24) tile values (the model
+    scales them itself, sign * log1p).
+    """
+    edges = graph.edge_index.reshape(-1, 2)
+    config_feat = (graph.config_feat.astype(np.float32, copy=False) if graph.kind == "tile"
+                   else graph.config_feat.astype(np.int8, copy=False))
+    return GraphArrays(
+        collection=collection,
+        stem=graph.stem,
+        split=split,
+        opcode=graph.node_opcode.astype(np.int64),
+        node_feat=transform_node_feat(graph.node_feat),
+        edge_index=np.ascontiguousarray(edges[:, ::-1].T).astype(np.int64),
+        config_nodes=graph.config_nodes.astype(np.int64),
+        config_feat=config_feat,
+        runtime=graph.target.astype(np.float64),
+        config_index=graph.config_index.astype(np.int64),
+    )

@@ -11,7 +11,7 @@ The result of both steps is a :class:`PrunedGraph`, which the features and node-
 from __future__ import annotations
 
 import zipfile
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -21,6 +21,8 @@ from pipelines.tpugraphs import LayoutGraph, TileGraph
 
 PRUNE_MODES = ("khop", "config_only")
 DEDUP_MODES = ("first", "mean", "min", "none")
+# Rows x bytes handled at once when hashing or comparing config rows (temporaries ~16 MB).
+CHUNK_CELLS = 2**21
 
 
 @dataclass
@@ -146,10 +148,9 @@ def tile_as_pruned(graph: TileGraph) -> PrunedGraph:
 def deduplicate_configs(config_rows: np.ndarray, runtimes: np.ndarray, how: str) -> tuple[np.ndarray, np.ndarray]:
     """Collapse identical config rows; return the kept row indices (ascending) and their runtimes.
 
-    Rows are compared byte for byte (each row viewed as one opaque void value, so ``np.unique``
-    sorts 100k rows without a Python loop). Each group of duplicates is represented by its first
-    row; its runtime is that row's (``"first"``), or the group's ``"mean"`` or ``"min"``.
-    ``"none"`` keeps every row. Only ever apply this to labelled (train/valid) data.
+    Rows are compared byte for byte. Each group of duplicates is represented by its first row; its
+    runtime is that row's (``"first"``), or the group's ``"mean"`` or ``"min"``. ``"none"`` keeps
+    every row. Only ever apply this to labelled (train/valid) data.
     """
     if how not in DEDUP_MODES:
         raise ConfigError(f"prune.dedup must be one of {', '.join(DEDUP_MODES)}, got {how!r}")
@@ -159,23 +160,52 @@ def deduplicate_configs(config_rows: np.ndarray, runtimes: np.ndarray, how: str)
         raise ValueError(f"{count} config rows but runtimes has shape {runtimes.shape}")
     if how == "none" or count == 0:
         return np.arange(count, dtype=np.int64), runtimes.copy()
-    flat = np.ascontiguousarray(config_rows.reshape(count, -1))
-    keys = flat.view(np.dtype((np.void, flat.dtype.itemsize * flat.shape[1]))).ravel()
-    _, first, inverse = np.unique(keys, return_index=True, return_inverse=True)
-    # np.unique numbers groups in byte order; renumber them in order of first appearance.
+    first, group = duplicate_groups(config_rows)
+    if how == "first":
+        return first, runtimes[first]
+    if how == "mean":
+        sums = np.bincount(group, weights=runtimes, minlength=first.size)
+        return first, sums / np.bincount(group, minlength=first.size)
+    lowest = np.full(first.size, np.inf)
+    np.minimum.at(lowest, group, runtimes)
+    return first, lowest
+
+
+def duplicate_groups(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Groups of byte-identical rows: ``first`` (int64, ascending) holds the first row of each group,
+    ``group`` (int64 (c,)) the group of every row, numbered in order of first appearance.
+
+    Rows are grouped by a 64-bit hash (a random linear form of their bytes, mod 2**64, computed in
+    chunks), so no copy of the (up to ~220 MB) config array is made; every row is then checked
+    against its group's first row, and a hash collision (never expected) falls back to an exact
+    sort of the rows.
+    """
+    count = rows.shape[0]
+    data = np.ascontiguousarray(rows).reshape(count, -1).view(np.uint8)
+    hashes = _row_hashes(data)
+    _, first, inverse = np.unique(hashes, return_index=True, return_inverse=True)
+    step = max(1, CHUNK_CELLS // max(data.shape[1], 1))
+    for start in range(0, count, step):
+        part = slice(start, start + step)
+        if not np.array_equal(data[part], data[first[inverse[part]]]):
+            keys = data.view(np.dtype((np.void, data.shape[1]))).ravel()
+            _, first, inverse = np.unique(keys, return_index=True, return_inverse=True)
+            break
+    # np.unique numbers groups in sorted-key order; renumber them in order of first appearance.
     order = np.argsort(first, kind="stable")
     rank = np.empty_like(order)
     rank[order] = np.arange(order.size)
-    group = rank[inverse.ravel()]
-    kept = first[order].astype(np.int64)
-    if how == "first":
-        return kept, runtimes[kept]
-    if how == "mean":
-        sums = np.bincount(group, weights=runtimes, minlength=kept.size)
-        return kept, sums / np.bincount(group, minlength=kept.size)
-    lowest = np.full(kept.size, np.inf)
-    np.minimum.at(lowest, group, runtimes)
-    return kept, lowest
+    return first[order].astype(np.int64), rank[inverse.ravel()].astype(np.int64)
+
+
+def _row_hashes(data: np.ndarray) -> np.ndarray:
+    """uint64 (c,) hash of each uint8 row: sum of byte * fixed random odd weight, mod 2**64."""
+    weights = np.random.default_rng(0x5EED).integers(0, 2**63, size=data.shape[1], dtype=np.uint64) * 2 + 1
+    hashes = np.empty(data.shape[0], dtype=np.uint64)
+    step = max(1, CHUNK_CELLS // max(data.shape[1], 1))
+    for start in range(0, data.shape[0], step):
+        hashes[start : start + step] = (data[start : start + step] * weights).sum(axis=1, dtype=np.uint64)
+    return hashes
 
 
 def select_configs(graph: PrunedGraph, rows: np.ndarray, target: np.ndarray | None = None) -> PrunedGraph:
@@ -202,6 +232,8 @@ def select_configs(graph: PrunedGraph, rows: np.ndarray, target: np.ndarray | No
 def deduplicate_graph(graph: PrunedGraph, how: str) -> PrunedGraph:
     """Apply :func:`deduplicate_configs` to a (labelled) graph's configs."""
     rows, target = deduplicate_configs(graph.config_feat, graph.target, how)
+    if rows.size == graph.num_configs:  # nothing removed: keep the config array, do not copy it
+        return replace(graph, target=target)
     return select_configs(graph, rows, target)
 
 
@@ -220,13 +252,17 @@ _PRUNED_ARRAYS = ("node_feat", "node_opcode", "edge_index", "node_ids", "config_
 
 
 def save_pruned(path: Path | str, graph: PrunedGraph) -> None:
-    """Write a pruned graph as a compressed npz (int8 layout configs compress ~10x).
+    """Write a pruned graph as an npz that ``np.load`` reads, deflated at level 1: int8 configs
+    still compress several-fold, and writing is ~5x faster than ``np.savez_compressed`` (level 6),
+    whose files are only ~1.4x smaller (measured on a 5522 x 2192 x 18 config array).
 
     Not atomic by itself: stages write into a temporary folder that is renamed into place.
     """
-    with open(path, "wb") as handle:
-        np.savez_compressed(handle, meta=np.array([graph.stem, graph.kind]),
-                            **{name: getattr(graph, name) for name in _PRUNED_ARRAYS})
+    arrays = {"meta": np.array([graph.stem, graph.kind]), **{name: getattr(graph, name) for name in _PRUNED_ARRAYS}}
+    with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_DEFLATED, compresslevel=1) as archive:
+        for name, array in arrays.items():
+            with archive.open(f"{name}.npy", "w", force_zip64=True) as stream:
+                np.lib.format.write_array(stream, np.ascontiguousarray(array), allow_pickle=False)
 
 
 def load_pruned(path: Path | str) -> PrunedGraph:

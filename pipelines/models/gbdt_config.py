@@ -3,39 +3,69 @@
 Every field except ``collections`` is a hyperparameter of :class:`pipelines.models.gbdt.GBDTRanker`
 or of how the training stage feeds it. ``collections`` maps a collection name (``"tile:xla"``) to
 field overrides for that collection; the config machinery resolves them before a model is built.
+``metadata`` holds the allowed ``choices`` and bounds that the config checker enforces on load.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+OBJECTIVES = ("lambdarank", "xendcg", "regression", "pairwise")
+GRAPH_FEATURE_MODES = ("auto", "always", "never")
+LABEL_GAINS = ("exponential", "linear")
+REGRESSION_TARGETS = ("log_centered", "rank_pct")
+
+
+def _choice(default: str, choices: tuple[str, ...]):
+    return field(default=default, metadata={"choices": choices})
+
+
+def _at_least(default: int | float, low: int | float, high: float | None = None):
+    return field(default=default, metadata={"min": low} if high is None else {"min": low, "max": high})
+
 
 @dataclass
 class GBDTConfig:
     # lambdarank | xendcg: one LightGBM query per graph, graded relevance from the runtime rank;
     # regression: pointwise on a per-graph normalised target; pairwise: "which of two is faster".
-    objective: str = "lambdarank"
-    seed: int = 0  # added to every run seed, to draw a different family of models without new run seeds
+    objective: str = _choice("lambdarank", OBJECTIVES)
+    # Added to every run seed, to draw a different family of models without new run seeds.
+    seed: int = 0
     # --- LightGBM trees
-    num_leaves: int = 31
-    learning_rate: float = 0.05
-    n_estimators: int = 600  # upper bound; early stopping on the held-out fold picks the number
-    early_stopping_rounds: int = 50
-    min_child_samples: int = 20
-    feature_fraction: float = 0.8
-    bagging_fraction: float = 0.8  # < 1 (with bagging_freq > 0) makes seeds differ
-    bagging_freq: int = 1
-    lambda_l2: float = 1.0
-    num_threads: int = 0  # 0: cores available / parallel jobs of the training stage
+    num_leaves: int = _at_least(31, 2)
+    learning_rate: float = _at_least(0.05, 1e-6, 1.0)
+    # Upper bound on boosting rounds; early stopping on the held-out fold picks the number.
+    n_estimators: int = _at_least(600, 1)
+    early_stopping_rounds: int = _at_least(50, 1)
+    min_child_samples: int = _at_least(20, 1)
+    feature_fraction: float = _at_least(0.8, 1e-6, 1.0)
+    # Below 1 (with bagging_freq > 0) rows are resampled per round, so seeds give different models.
+    bagging_fraction: float = _at_least(0.8, 1e-6, 1.0)
+    bagging_freq: int = _at_least(1, 0)
+    lambda_l2: float = _at_least(1.0, 0.0)
+    # LightGBM threads per model; 0: the cores available divided by the stage's parallel jobs.
+    num_threads: int = _at_least(0, 0)
     # --- data fed to the trees
-    graph_features: str = "auto"  # g_* columns: auto (tile only) | always | never
-    max_configs_per_graph: int = 1000  # training subsample per graph, stratified by runtime rank
-    load_max_configs: int = 5000  # configs per graph read from the feature cache for fitting (memory bound)
+    # g_* (graph-constant) columns: auto = tile only (they cannot order configs within one graph,
+    # but let tile trees interact graph shape with tile sizes) | always | never.
+    graph_features: str = _choice("auto", GRAPH_FEATURE_MODES)
+    # Add each f_* column's rank within its graph (in [0, 1]): thresholds that transfer across graphs.
+    graph_rank_features: bool = False
+    # Training configs per graph, subsampled by runtime-rank strata (see pipelines.models.gbdt).
+    max_configs_per_graph: int = _at_least(1000, 1)
+    # Configs per graph read from the feature cache for fitting (bounds memory; test never capped).
+    load_max_configs: int = _at_least(5000, 1)
     # --- objective details
-    relevance_bins: int = 31  # lambdarank/xendcg labels 0..bins-1 from the runtime rank, fastest highest
-    label_gain: str = "exponential"  # lambdarank gain of label l: exponential 2^l - 1 | linear l
-    truncation_level: int = 30  # lambdarank: pairs are formed with the top this-many of each query
-    regression_target: str = "log_centered"  # log_centered: log y - mean per graph | rank_pct: rank in [0, 1]
-    pairs_per_graph: int = 4000  # pairwise: training pairs sampled per graph (ties dropped)
-    pairwise_references: int = 64  # pairwise: configs of the same graph each config is compared with
+    # lambdarank/xendcg labels 0..bins-1 from the runtime rank within the graph, fastest highest.
+    relevance_bins: int = _at_least(31, 2)
+    # lambdarank gain of label l: exponential 2^l - 1 (rewards the top) | linear l (the whole order).
+    label_gain: str = _choice("exponential", LABEL_GAINS)
+    # lambdarank: pairs are formed with the top this-many configs of each query.
+    truncation_level: int = _at_least(30, 1)
+    # regression target: log_centered = log y - mean over the graph | rank_pct = rank in [0, 1].
+    regression_target: str = _choice("log_centered", REGRESSION_TARGETS)
+    # pairwise: training pairs drawn per graph (tied pairs dropped).
+    pairs_per_graph: int = _at_least(4000, 1)
+    # pairwise: configs of the same graph each config is compared with when scoring.
+    pairwise_references: int = _at_least(64, 1)
     collections: dict[str, dict] = field(default_factory=dict)

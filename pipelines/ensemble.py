@@ -1,0 +1,368 @@
+"""Blending the predictions of several models, as pure functions over prediction frames (no I/O).
+
+Every frame follows ``pipelines.predictions`` (score LOWER = predicted FASTER). The steps, in order:
+
+1. :func:`normalise_scores` puts each (model, seed, fold model, graph) on a common [0, 1] scale, so
+   models with different score scales (a predicted runtime, a negated logit) can be summed;
+2. :func:`average_over_seeds_and_folds` averages seeds (out-of-fold rows) or seeds and fold models
+   (test rows); :func:`prepare_model_scores` does 1 and 2 and normalises the means again, so each
+   model spans [0, 1] per graph and a weight means the same for every model;
+3. :func:`fit_blend_weights` chooses the weights on OUT-OF-FOLD predictions only, maximising the
+   competition metric (tile top-5 score or mean Kendall tau-b per graph); ties go to the weights
+   closest to equal (the robust choice when the OOF metric cannot tell candidates apart);
+4. :func:`blend` applies the weights, giving a frame in the same schema with ``model="ensemble"``.
+
+:func:`ensemble_collection` chains them for one collection and any number of models.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass
+from typing import Callable, Literal, Mapping, NamedTuple, Sequence
+
+import numpy as np
+import polars as pl
+
+from pipelines.collections import parse_collection
+from pipelines.errors import ConfigError, FormatError
+from pipelines.metric import layout_kendall_tau, order_from_scores, tile_score, tile_top_k
+from pipelines.predictions import validate_predictions
+
+NormaliseMethod = Literal["minmax", "rank"]
+NORMALISE_METHODS: tuple[str, ...] = ("minmax", "rank")
+GraphMetric = Callable[[np.ndarray, np.ndarray], float]
+"""Per-graph metric ``(scores, truth) -> value`` (higher is better); scores: lower = faster."""
+
+ENSEMBLE_MODEL = "ensemble"
+AVERAGED = -1  # fold/seed value of rows that average several folds or seeds
+DEFAULT_GRID_STEP = 0.05
+# Above this many models the full simplex grid grows too fast (5 models at 0.05: 10,626 points);
+# coordinate ascent is used instead.
+MAX_MODELS_FULL_GRID = 3
+_TIE_TOLERANCE = 1e-12
+
+# One prediction per (group, config): a graph's scores from one model, seed and fold model.
+_RUN_KEYS = ["model", "seed", "fold", "split", "collection", "graph"]
+
+
+# ----------------------------------------------------------------------------- normalisation
+
+
+def normalise_scores(frame: pl.DataFrame, method: NormaliseMethod | str = "minmax") -> pl.DataFrame:
+    """Rescale each graph's scores to [0, 1] per (model, seed, fold model, split, graph).
+
+    ``"minmax"``: ``(s - min) / (max - min)``; ``"rank"``: the average rank of each score as a
+    percentile, ``(rank - 1) / (n - 1)``. Both keep the order and the ties of the scores. A graph
+    whose scores are all equal (or that has one config) gets 0.5 everywhere instead of NaN.
+    """
+    frame = validate_predictions(frame)
+    if method == "minmax":
+        low = pl.col("score").min().over(_RUN_KEYS)
+        span = pl.col("score").max().over(_RUN_KEYS) - low
+        scaled = pl.when(span > 0).then((pl.col("score") - low) / span).otherwise(0.5)
+    elif method == "rank":
+        count = pl.len().over(_RUN_KEYS)
+        rank = pl.col("score").rank("average").over(_RUN_KEYS)
+        scaled = pl.when(count > 1).then((rank - 1) / (count - 1)).otherwise(0.5)
+    else:
+        raise ConfigError(f"unknown normalisation {method!r}; expected one of: {', '.join(NORMALISE_METHODS)}")
+    return frame.with_columns(scaled.cast(pl.Float64).alias("score"))
+
+
+# ----------------------------------------------------------------------------- averaging
+
+
+def average_over_seeds_and_folds(frame: pl.DataFrame) -> pl.DataFrame:
+    """Mean score per (model, collection, graph, config): over seeds and fold models for test rows,
+    over seeds for out-of-fold rows (each graph is held out by exactly one fold, which is kept).
+
+    Averaged columns are set to ``AVERAGED`` (-1). A graph held out by several folds of one model,
+    or whose configs were not all predicted by the same number of runs, is a FormatError.
+    """
+    frame = validate_predictions(frame)
+    oof = frame.filter(pl.col("split") == "oof")
+    folds = oof.group_by(["model", "collection", "graph"]).agg(pl.col("fold").n_unique().alias("folds"))
+    several = folds.filter(pl.col("folds") > 1)
+    if several.height:
+        row = several.row(0, named=True)
+        raise FormatError("<predictions>", f"out-of-fold graph {row['collection']}:{row['graph']} of model "
+                                           f"{row['model']!r} appears in {row['folds']} folds; expected one")
+    keys = ["model", "collection", "graph", "split", "config_index"]
+    averaged = (
+        frame.with_columns(pl.when(pl.col("split") == "oof").then(pl.col("fold")).otherwise(AVERAGED)
+                           .cast(pl.Int16).alias("fold"))
+        .group_by([*keys, "fold"])
+        .agg(pl.col("score").mean(), pl.len().alias("_runs"))
+    )
+    uneven = (averaged.group_by(["model", "collection", "graph", "split"])
+              .agg(pl.col("_runs").min().alias("low"), pl.col("_runs").max().alias("high"))
+              .filter(pl.col("low") != pl.col("high")))
+    if uneven.height:
+        row = uneven.row(0, named=True)
+        raise FormatError("<predictions>", f"{row['split']} graph {row['collection']}:{row['graph']} of model "
+                                           f"{row['model']!r}: configs predicted by {row['low']} to {row['high']} "
+                                           f"runs (fold models x seeds); every config needs the same runs")
+    averaged = averaged.drop("_runs").with_columns(pl.lit(AVERAGED).alias("seed"))
+    return validate_predictions(averaged).sort(["model", "split", "collection", "graph", "config_index"])
+
+
+# ----------------------------------------------------------------------------- weight fitting
+
+
+def competition_metric(collection: str) -> GraphMetric:
+    """The per-graph competition metric of a collection, on scores where lower = faster.
+
+    Same formulas as ``pipelines.metric.score_predictions``: the tile top-5 score of the five lowest
+    scores, or the Kendall tau-b of the score order (score ties broken by config index).
+    """
+    if parse_collection(collection).is_tile:
+        return lambda scores, truth: tile_score(tile_top_k(scores), truth)
+    return lambda scores, truth: layout_kendall_tau(order_from_scores(scores), truth)
+
+
+@dataclass(frozen=True)
+class BlendFit:
+    """Fitted blend weights, their out-of-fold score, each model's score alone, and every point tried.
+
+    ``curve`` has one column ``w:<model>`` per model plus ``score`` (the OOF objective), one row per
+    weight vector evaluated, in the order tried.
+    """
+
+    weights: dict[str, float]
+    score: float
+    single_scores: dict[str, float]
+    curve: pl.DataFrame
+
+
+@dataclass(frozen=True)
+class _GraphStack:
+    """One graph's scores from every model, aligned on config: ``scores[m, i]`` for config ``index[i]``."""
+
+    collection: str
+    graph: str
+    index: np.ndarray
+    scores: np.ndarray
+    truth: np.ndarray
+
+
+def _stack_models(frames: Mapping[str, pl.DataFrame], truths: Mapping[tuple[str, str], np.ndarray],
+                  collection: str) -> list[_GraphStack]:
+    """Align the OOF predictions of all models per graph; every model must cover the same configs."""
+    models = list(frames)
+    keys = ["collection", "graph", "config_index"]
+    parts = []
+    for model, frame in frames.items():
+        frame = validate_predictions(frame, f"<oof predictions of {model}>")
+        frame = frame.filter((pl.col("split") == "oof") & (pl.col("collection") == collection))
+        if frame.height == 0:
+            raise FormatError(f"<oof predictions of {model}>", f"no out-of-fold rows for {collection}")
+        if frame.select(keys).is_duplicated().any():
+            raise FormatError(f"<oof predictions of {model}>", "several rows per config: average over seeds first "
+                                                                "(average_over_seeds_and_folds)")
+        parts.append(frame.select(*keys, pl.col("score").alias(f"_model{len(parts)}")))
+    columns = [f"_model{i}" for i in range(len(models))]  # model names may be any string
+    joined = parts[0]
+    for part in parts[1:]:
+        joined = joined.join(part, on=keys, how="full", coalesce=True)
+    incomplete = joined.filter(pl.any_horizontal(pl.col(columns).is_null()))
+    if incomplete.height:
+        row = incomplete.row(0, named=True)
+        lacking = [m for m, c in zip(models, columns) if row[c] is None]
+        raise FormatError("<oof predictions>", f"models cover different configs: {', '.join(map(repr, lacking))} "
+                                               f"lack(s) config {row['config_index']} of {row['collection']}:"
+                                               f"{row['graph']} ({incomplete.height} such rows)")
+    stacks = []
+    for (coll, graph), part in joined.sort(keys).partition_by(["collection", "graph"], as_dict=True,
+                                                               maintain_order=True).items():
+        if (coll, graph) not in truths:
+            raise FormatError("<oof predictions>", f"no true runtimes given for {coll}:{graph}")
+        truth = np.asarray(truths[(coll, graph)])
+        index = part["config_index"].to_numpy().astype(np.int64)
+        if index.min() < 0 or index.max() >= truth.shape[0]:
+            raise FormatError("<oof predictions>", f"{coll}:{graph}: config_index out of range [0, {truth.shape[0]})")
+        scores = part.select(columns).to_numpy().T.astype(np.float64)
+        stacks.append(_GraphStack(coll, graph, index, scores, truth[index]))
+    return stacks
+
+
+def _objective(stacks: Sequence[_GraphStack], weights: np.ndarray, metric: GraphMetric) -> float:
+    """Mean per-graph metric of the blend; graphs where the metric is undefined (NaN) are left out."""
+    values = np.array([metric(weights @ s.scores, s.truth) for s in stacks], dtype=np.float64)
+    defined = values[~np.isnan(values)]
+    return float(defined.mean()) if defined.size else math.nan
+
+
+def _grid_units(step: float) -> int:
+    units = round(1.0 / step) if step > 0 else 0
+    if units < 1 or not math.isclose(units * step, 1.0, rel_tol=0, abs_tol=1e-9):
+        raise ConfigError(f"blend grid step must divide 1 (e.g. 0.05, 0.1, 0.25), got {step}")
+    return units
+
+
+def _simplex_points(models: int, units: int) -> list[tuple[int, ...]]:
+    """All ways to give ``units`` grid units to ``models`` models (weights = units / total)."""
+    points = []
+    for cuts in itertools.combinations(range(units + models - 1), models - 1):
+        bounds = (-1, *cuts, units + models - 1)
+        points.append(tuple(bounds[i + 1] - bounds[i] - 1 for i in range(models)))
+    return points
+
+
+def _closest_to_equal(points: Sequence[tuple[int, ...]]) -> tuple[int, ...]:
+    """Of several tied weight vectors, the one nearest to equal weights (then the first tried)."""
+    def distance(point: tuple[int, ...]) -> float:
+        total = sum(point)
+        return float(np.sum((np.asarray(point) / total - 1.0 / len(point)) ** 2))
+    return min(points, key=distance)
+
+
+def fit_blend_weights(
+    oof_frames_by_model: Mapping[str, pl.DataFrame],
+    truths: Mapping[tuple[str, str], np.ndarray],
+    collection: str,
+    metric: GraphMetric | None = None,
+    grid: float = DEFAULT_GRID_STEP,
+) -> BlendFit:
+    """Choose blend weights (non-negative, summing to 1) that maximise ``metric`` on OOF predictions.
+
+    ``oof_frames_by_model`` maps each model name to its out-of-fold rows (normalised and averaged over
+    seeds: one row per config); ``truths[(collection, graph)]`` holds what the metric ranks (runtime /
+    normaliser for tile, runtime for layout) for every config of the graph. ``metric`` defaults to the
+    competition metric of ``collection``. With up to three models every point of the simplex grid of
+    step ``grid`` is tried; with more, coordinate ascent moves one grid step of weight between two
+    models at a time from the best of equal weights and the single models. Every single model (a
+    vertex of the grid) is always tried, so the blend never scores below the best one on OOF.
+    """
+    models = list(oof_frames_by_model)
+    if not models:
+        raise ConfigError("fit_blend_weights needs at least one model")
+    parse_collection(collection)
+    metric = metric or competition_metric(collection)
+    units = _grid_units(grid)
+    stacks = _stack_models(oof_frames_by_model, truths, collection)
+
+    tried: dict[tuple[int, ...], float] = {}
+
+    def evaluate(point: tuple[int, ...]) -> float:
+        if point not in tried:
+            tried[point] = _objective(stacks, np.asarray(point, dtype=np.float64) / units, metric)
+        return tried[point]
+
+    vertices = [tuple(units if i == m else 0 for i in range(len(models))) for m in range(len(models))]
+    if len(models) <= MAX_MODELS_FULL_GRID:
+        for point in _simplex_points(len(models), units):
+            evaluate(point)
+    else:
+        even = tuple(units // len(models) + (1 if i < units % len(models) else 0) for i in range(len(models)))
+        current = max([even, *vertices], key=lambda p: (evaluate(p), p == even))
+        while True:
+            moves = [tuple(c + (j == dst) - (j == src) for j, c in enumerate(current))
+                     for src, dst in itertools.permutations(range(len(models)), 2) if current[src] > 0]
+            best_move = max(moves, key=evaluate)
+            if not evaluate(best_move) > evaluate(current) + _TIE_TOLERANCE:
+                break
+            current = best_move
+
+    defined = {p: s for p, s in tried.items() if not math.isnan(s)}
+    if not defined:
+        raise FormatError("<oof predictions>", f"the metric is undefined on every {collection} graph "
+                                               "(all true runtimes constant?)")
+    best = max(defined.values())
+    chosen = _closest_to_equal([p for p, s in defined.items() if s >= best - _TIE_TOLERANCE])
+    curve = pl.DataFrame(
+        {**{f"w:{m}": [p[i] / units for p in tried] for i, m in enumerate(models)},
+         "score": list(tried.values())},
+        schema={**{f"w:{m}": pl.Float64 for m in models}, "score": pl.Float64},
+    )
+    return BlendFit(
+        weights={m: chosen[i] / units for i, m in enumerate(models)},
+        score=tried[chosen],
+        single_scores={m: tried[v] for m, v in zip(models, vertices)},
+        curve=curve,
+    )
+
+
+# ----------------------------------------------------------------------------- blending
+
+
+def blend(frame: pl.DataFrame, weights: Mapping[str, float]) -> pl.DataFrame:
+    """Weighted sum of the models' scores per config, as rows of ``model="ensemble"``.
+
+    ``frame`` must hold one row per (model, split, collection, graph, config) (average seeds and
+    folds first) and exactly the models named in ``weights``, agreeing on each graph's fold.
+    """
+    frame = validate_predictions(frame)
+    models = sorted(set(frame["model"].unique().to_list()))
+    if sorted(weights) != models:
+        raise ConfigError(f"blend weights name models {sorted(weights)} but the predictions hold {models}")
+    values = np.array([weights[m] for m in models], dtype=np.float64)
+    if not np.isfinite(values).all() or (values < 0).any() or values.sum() <= 0:
+        raise ConfigError(f"blend weights must be finite, non-negative and not all zero, got {dict(weights)}")
+    keys = ["split", "collection", "graph", "config_index", "fold"]
+    if frame.select(["model", *keys]).is_duplicated().any():
+        raise FormatError("<predictions>", "several rows per model and config: average over seeds and folds first")
+    # Pivot on positional column names: a model may be called like a key column.
+    columns = {m: f"_model{i}" for i, m in enumerate(models)}
+    wide = frame.with_columns(pl.col("model").replace_strict(columns)).pivot(on="model", index=keys, values="score")
+    incomplete = wide.filter(pl.any_horizontal(pl.col(list(columns.values())).is_null()))
+    if incomplete.height:
+        row = incomplete.row(0, named=True)
+        raise FormatError("<predictions>", f"models disagree on {row['split']} config {row['config_index']} of "
+                                           f"{row['collection']}:{row['graph']} (missing, or a different fold)")
+    blended = pl.sum_horizontal([pl.col(columns[m]) * weights[m] for m in models])
+    out = wide.select(*keys, blended.alias("score"), pl.lit(AVERAGED).alias("seed"),
+                      pl.lit(ENSEMBLE_MODEL).alias("model"))
+    return validate_predictions(out).sort(["split", "collection", "graph", "config_index"])
+
+
+class EnsembleResult(NamedTuple):
+    blended_oof: pl.DataFrame
+    blended_test: pl.DataFrame
+    weights: dict[str, float]
+    curve: pl.DataFrame
+    scores: dict[str, float]  # OOF metric of each model alone and of ``"ensemble"``
+
+
+def prepare_model_scores(frame: pl.DataFrame, method: NormaliseMethod | str = "minmax") -> pl.DataFrame:
+    """Normalise per run, average over seeds (and fold models for test), normalise again per graph."""
+    return normalise_scores(average_over_seeds_and_folds(normalise_scores(frame, method)), method)
+
+
+def ensemble_collection(
+    oof: pl.DataFrame,
+    test: pl.DataFrame,
+    truths: Mapping[tuple[str, str], np.ndarray],
+    models: Sequence[str],
+    method: NormaliseMethod | str = "minmax",
+    grid: float = DEFAULT_GRID_STEP,
+    metric: GraphMetric | None = None,
+) -> EnsembleResult:
+    """Blend ``models`` for the one collection that ``oof`` and ``test`` hold.
+
+    Weights are fitted on ``oof`` (out-of-fold rows) only and applied to both frames; ``scores``
+    gives the OOF metric of every model alone and of the ensemble, on the same normalised and
+    averaged predictions (so ``scores["ensemble"] >= max`` of the single models).
+    """
+    models = list(dict.fromkeys(models))
+    if not models:
+        raise ConfigError("ensemble_collection needs at least one model")
+    oof, test = validate_predictions(oof, "<oof predictions>"), validate_predictions(test, "<test predictions>")
+    collections = set(oof["collection"].unique().to_list()) | set(test["collection"].unique().to_list())
+    if len(collections) != 1:
+        raise ConfigError(f"ensemble_collection blends one collection at a time, got {sorted(collections)}")
+    collection = collections.pop()
+    for name, frame, split in (("oof", oof, "oof"), ("test", test, "test")):
+        if (frame["split"] != split).any():
+            raise FormatError(f"<{name} predictions>", f"holds rows whose split is not {split!r}")
+        missing = [m for m in models if m not in set(frame["model"].unique().to_list())]
+        if missing:
+            raise FormatError(f"<{name} predictions>", f"no {name} rows for model(s) {', '.join(missing)}")
+    oof = prepare_model_scores(oof.filter(pl.col("model").is_in(models)), method)
+    test = prepare_model_scores(test.filter(pl.col("model").is_in(models)), method)
+    fit = fit_blend_weights({m: oof.filter(pl.col("model") == m) for m in models}, truths, collection,
+                            metric=metric, grid=grid)
+    scores = {**fit.single_scores, ENSEMBLE_MODEL: fit.score}
+    return EnsembleResult(blend(oof, fit.weights), blend(test, fit.weights), fit.weights, fit.curve, scores)
+

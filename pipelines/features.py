@@ -1,0 +1,414 @@
+"""Hand-made features for the GBDT ranker (pure functions over graphs; the features stage writes them).
+
+Two kinds of table:
+
+* graph aggregates (``g_*``), one row per graph, from the full (unpruned) graph structure: sizes,
+  an opcode histogram, shape statistics and rough flops/bytes of the heavy ops;
+* per-config features (``f_*``), one row per config, vectorised over configs: for layout graphs
+  the costs a layout choice implies (minor-most violations, 8x128 tile padding, copies between
+  disagreeing neighbours, counts of layout choices, how common each choice is); for tile graphs the
+  24 config values plus padding waste and tile count against the output shape.
+
+Layout blocks hold a ``minor_to_major`` permutation of a tensor's dims (slot 0 = minor-most dim).
+An all ``-1`` block means "the compiler chooses"; such blocks are resolved to the node's default
+layout (``node_feat`` columns 134-139) wherever a concrete layout is needed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import polars as pl
+
+from pipelines.prune import PrunedGraph
+
+CONV, DOT, RESHAPE = 26, 34, 75
+LAYOUT_OPS = {"conv": CONV, "dot": DOT, "reshape": RESHAPE}
+# Opcodes worth a histogram column (the configurable ones and the common structural ones).
+HISTOGRAM_OPCODES = {
+    "add": 2, "broadcast": 13, "constant": 24, "convert": 25, "conv": 26, "copy": 27, "dot": 34,
+    "fusion": 41, "gte": 45, "parameter": 63, "reduce": 70, "reshape": 75, "slice": 92,
+    "transpose": 98, "tuple": 100, "while": 102,
+}
+# Bits per element of node_feat's one-hot element types (columns 2-20, in order).
+ELEMENT_BITS = np.array([0, 8, 8, 16, 32, 64, 8, 16, 32, 64, 16, 32, 64, 16, 64, 128, 0, 0, 0], dtype=np.float64)
+DIMS = slice(21, 27)
+DIM_PRODUCT = 28
+WINDOW_PRODUCT = 44
+DEFAULT_LAYOUT = slice(134, 140)
+TILE_MINOR, TILE_SECOND = 128, 8  # the TPU's (8, 128) tile over the two minor-most dims
+BLOCKS = ("out", "in", "kernel")  # node_config_feat columns 0-5, 6-11, 12-17
+LAYOUT_VALUES = range(6)
+# Config rows processed at once ~ this many (config, node) cells, so temporaries stay ~16 MB each.
+CELLS_PER_CHUNK = 2_000_000
+
+
+# ----------------------------------------------------------------------------- node-level helpers
+
+
+def node_dims(node_feat: np.ndarray) -> np.ndarray:
+    """int64 (n, 6) shape dims (unused slots 0)."""
+    return np.rint(node_feat[:, DIMS]).astype(np.int64)
+
+
+def node_rank(dims: np.ndarray) -> np.ndarray:
+    """int64 (n,) rank: one past the last non-zero dim slot."""
+    nonzero = dims > 0
+    return np.where(nonzero.any(axis=1), dims.shape[1] - np.argmax(nonzero[:, ::-1], axis=1), 0)
+
+
+def element_bytes(node_feat: np.ndarray) -> np.ndarray:
+    """float64 (n,) bytes per element from the one-hot element type (0 for tuples and tokens)."""
+    return node_feat[:, 2:21].astype(np.float64) @ ELEMENT_BITS / 8.0
+
+
+def default_layouts(node_feat: np.ndarray, rank: np.ndarray) -> np.ndarray:
+    """int8 (n, 6) default minor_to_major per node with slots past the rank set to -1.
+
+    node_feat pads the layout with 0, which is also a valid dim index; the rank disambiguates.
+    """
+    layout = np.rint(node_feat[:, DEFAULT_LAYOUT]).astype(np.int8)
+    layout[np.arange(6)[None, :] >= rank[:, None]] = -1
+    return layout
+
+
+# ----------------------------------------------------------------------------- graph aggregates
+
+
+def graph_aggregates(node_feat: np.ndarray, node_opcode: np.ndarray, edge_index: np.ndarray,
+                     config_nodes: np.ndarray) -> dict[str, float]:
+    """Graph-level features (``g_*``) of one graph; ``config_nodes`` is empty for tile graphs.
+
+    Flops of a convolution or dot are estimated from sizes alone as
+    ``2 * sqrt(|operands product| * |out| * window)``: exact for a plain matmul (m,k)x(k,n)
+    and for stride-1 "same" convolutions, and a consistent size proxy otherwise.
+    """
+    n, m = node_feat.shape[0], edge_index.shape[0]
+    opcode = node_opcode.astype(np.int64)
+    dims = node_dims(node_feat)
+    rank = node_rank(dims)
+    elems = np.maximum(node_feat[:, DIM_PRODUCT].astype(np.float64), 0.0)
+    nbytes = elems * element_bytes(node_feat)
+    log_elems = np.log1p(elems)
+
+    out: dict[str, float] = {
+        "g_num_nodes": float(n),
+        "g_num_edges": float(m),
+        "g_num_config_nodes": float(config_nodes.size),
+        "g_config_share": config_nodes.size / n,
+    }
+    known = np.zeros(n, dtype=bool)
+    for name, code in HISTOGRAM_OPCODES.items():
+        hit = opcode == code
+        known |= hit
+        out[f"g_op_{name}"] = float(hit.sum())
+    out["g_op_other"] = float((~known).sum())
+    out["g_num_opcodes"] = float(np.unique(opcode).size)
+    out.update({
+        "g_log_elems_mean": float(log_elems.mean()),
+        "g_log_elems_max": float(log_elems.max()),
+        "g_log_elems_std": float(log_elems.std()),
+        "g_log_bytes_total": float(np.log1p(nbytes.sum())),
+        "g_log_max_dim": float(np.log1p(dims.max())),
+        "g_rank_mean": float(rank.mean()),
+        "g_rank_max": float(rank.max()),
+    })
+
+    # log of each node's operand-size product (sum of log sizes over its producers)
+    log_operands = np.zeros(n)
+    np.add.at(log_operands, edge_index[:, 0], np.log(np.maximum(elems[edge_index[:, 1]], 1.0)))
+    log_window = np.log(np.maximum(node_feat[:, WINDOW_PRODUCT].astype(np.float64), 1.0))
+    log_flops = np.log(2.0) + 0.5 * (log_operands + np.log(np.maximum(elems, 1.0)) + log_window)
+    operand_bytes = np.zeros(n)
+    np.add.at(operand_bytes, edge_index[:, 0], nbytes[edge_index[:, 1]])
+    for name, code in (("conv", CONV), ("dot", DOT)):
+        hit = opcode == code
+        out[f"g_log_flops_{name}"] = float(np.log1p(np.exp(log_flops[hit]).sum())) if hit.any() else 0.0
+        out[f"g_log_bytes_{name}"] = float(np.log1p((nbytes[hit] + operand_bytes[hit]).sum()))
+    cfg = config_nodes
+    out["g_log_config_bytes"] = float(np.log1p(nbytes[cfg].sum())) if cfg.size else 0.0
+    out["g_config_log_elems_mean"] = float(log_elems[cfg].mean()) if cfg.size else 0.0
+    out["g_config_rank_mean"] = float(rank[cfg].mean()) if cfg.size else 0.0
+    return out
+
+
+# ----------------------------------------------------------------------------- layout per-config
+
+
+def config_pairs(num_nodes: int, edge_index: np.ndarray, config_nodes: np.ndarray) -> np.ndarray:
+    """int64 (P, 2) pairs ``[producer, consumer]`` of configurable nodes (as positions in
+    ``config_nodes``) where the consumer reads the producer's output directly or through a chain
+    of non-configurable nodes of this graph.
+
+    Breadth-first over (source, node) pairs, all sources at once; a path stops at the first
+    configurable node it meets. Each (source, node) pair is expanded at most once.
+    """
+    nc = config_nodes.size
+    position = np.full(num_nodes, -1, dtype=np.int64)
+    position[config_nodes] = np.arange(nc)
+    order = np.argsort(edge_index[:, 1], kind="stable")
+    consumers = edge_index[order, 0]
+    starts = np.searchsorted(edge_index[order, 1], np.arange(num_nodes + 1))
+
+    source, node = np.arange(nc, dtype=np.int64), config_nodes.astype(np.int64)
+    visited = np.zeros(0, dtype=np.int64)
+    found = []
+    while source.size:
+        degree = starts[node + 1] - starts[node]
+        total = int(degree.sum())
+        if total == 0:
+            break
+        # consumers of every frontier node, concatenated (vectorised ragged ranges)
+        first = np.repeat(starts[node] - np.cumsum(degree) + degree, degree)
+        nxt = consumers[first + np.arange(total)]
+        src = np.repeat(source, degree)
+        hit = position[nxt] >= 0
+        found.append(np.stack([src[hit], position[nxt[hit]]], axis=1))
+        keys = np.unique(src[~hit] * num_nodes + nxt[~hit])
+        keys = keys[~np.isin(keys, visited, assume_unique=True)]
+        visited = np.union1d(visited, keys)
+        source, node = keys // num_nodes, keys % num_nodes
+    if not found:
+        return np.zeros((0, 2), dtype=np.int64)
+    return np.unique(np.concatenate(found), axis=0)
+
+
+def layout_feature_names(value_frequency: bool) -> list[str]:
+    """The ``f_*`` columns :func:`layout_config_features` returns, in order."""
+    names = ["f_violation_ratio", "f_pad_ratio_sum", "f_pad_ratio_mean", "f_pad_log_bytes", "f_pad_waste",
+             "f_implied_copies", "f_implied_copies_explicit", "f_out_off_default", "f_out_off_default_log_bytes"]
+    names += [f"f_default_{block}" for block in BLOCKS]
+    names += [f"f_{op}_{block}_s{slot}_v{value}" for op in LAYOUT_OPS for block in BLOCKS
+              for slot in (0, 1) for value in LAYOUT_VALUES]
+    if value_frequency:
+        names += ["f_freq_mean", "f_freq_min", "f_freq_logmean"]
+    return names
+
+
+@dataclass(frozen=True)
+class _ConfigNodes:
+    """What the per-config layout features need to know about a graph's configurable nodes."""
+
+    dims: np.ndarray  # int64 (nc, 6) shape dims
+    largest: np.ndarray  # int64 (nc,) largest dim
+    nbytes: np.ndarray  # float64 (nc,) output bytes (at least one byte per element)
+    default: np.ndarray  # int8 (nc, 6) default layout, -1 past the rank
+    pairs: np.ndarray  # int64 (P, 2) connected (producer, consumer) positions, see config_pairs
+    op_masks: dict[str, np.ndarray]  # conv/dot/reshape -> bool (nc,)
+
+    @classmethod
+    def of(cls, graph: PrunedGraph) -> _ConfigNodes:
+        feat = graph.node_feat[graph.config_nodes]
+        opcode = graph.node_opcode[graph.config_nodes].astype(np.int64)
+        dims = node_dims(feat)
+        elems = np.maximum(feat[:, DIM_PRODUCT].astype(np.float64), 1.0)
+        return cls(
+            dims=dims,
+            largest=dims.max(axis=1),
+            nbytes=elems * np.maximum(element_bytes(feat), 1.0),
+            default=default_layouts(feat, node_rank(dims)),
+            pairs=config_pairs(graph.num_nodes, graph.edge_index, graph.config_nodes),
+            op_masks={name: opcode == code for name, code in LAYOUT_OPS.items()},
+        )
+
+
+def layout_config_features(graph: PrunedGraph, value_frequency: bool) -> dict[str, np.ndarray]:
+    """Per-config features of a layout graph: name -> float32 (c,), see :func:`layout_feature_names`.
+
+    * violation ratio: share of configurable nodes whose minor-most output dim is smaller than
+      their largest dim (ties are no violation; scalars never violate);
+    * padding: each configurable node's output padded to the (8, 128) tile over its two minor-most
+      dims (rank-1 tensors pad the minor dim only): sum and mean over nodes of padded/actual
+      elements, log of total padded bytes, and total padded bytes / total actual bytes;
+    * implied copies: connected (producer, consumer) pairs of configurable nodes (see
+      :func:`config_pairs`) whose producer output block differs from the consumer input block;
+      default blocks resolve to the producer's default layout; ``_explicit`` counts only pairs
+      where neither block is a default;
+    * off-default outputs: configurable nodes whose chosen output layout differs from their default
+      (non-configurable consumers expect the default, so this implies copies too), count and log of
+      their total bytes;
+    * counts of each value 0..5 in slots 0 and 1 of each block, per opcode (conv/dot/reshape),
+      and of default (-1) blocks;
+    * with ``value_frequency``: share of this graph's configs that choose the same block at the
+      same node, averaged (mean, min, mean log) over the (node, block) cells that vary at all.
+
+    Configs are processed in chunks of about ``CELLS_PER_CHUNK`` (config, node) cells.
+    """
+    configs = graph.config_feat
+    count, nc = configs.shape[0], configs.shape[1]
+    nodes = _ConfigNodes.of(graph)
+    columns = {name: np.zeros(count, dtype=np.float32) for name in layout_feature_names(value_frequency)}
+    step = max(1, CELLS_PER_CHUNK // max(nc, 1))
+    for start in range(0, count, step):
+        cfg = configs[start : start + step]
+        out_default = cfg[:, :, 0] == -1
+        resolved = np.where(out_default[:, :, None], nodes.default[None], cfg[:, :, 0:6])
+        chunk = {
+            **_output_costs(resolved, nodes),
+            **_implied_copies(cfg, resolved, out_default, nodes),
+            **_choice_counts(cfg, nodes),
+        }
+        for name, values in chunk.items():
+            columns[name][start : start + cfg.shape[0]] = values
+    if value_frequency:
+        columns["f_freq_mean"][:], columns["f_freq_min"][:], columns["f_freq_logmean"][:] = value_frequencies(configs)
+    return columns
+
+
+def _output_costs(resolved: np.ndarray, nodes: _ConfigNodes) -> dict[str, np.ndarray]:
+    """Violation ratio, (8, 128) padding and off-default outputs of resolved output blocks (k, nc, 6)."""
+    nc = resolved.shape[1]
+    row = np.arange(nc)[None, :]
+    minor_slot, second_slot = resolved[:, :, 0].astype(np.int64), resolved[:, :, 1].astype(np.int64)
+    minor = np.where(minor_slot >= 0, nodes.dims[row, np.maximum(minor_slot, 0)], 0)
+    second = np.where(second_slot >= 0, nodes.dims[row, np.maximum(second_slot, 0)], 1)
+    minor_f = np.maximum(minor, 1).astype(np.float64)
+    second_f = np.maximum(second, 1).astype(np.float64)
+    padded = np.ceil(minor_f / TILE_MINOR) * TILE_MINOR / minor_f
+    padded *= np.where(second_slot >= 0, np.ceil(second_f / TILE_SECOND) * TILE_SECOND / second_f, 1.0)
+    padded_bytes = padded @ nodes.nbytes
+    off_default = (resolved != nodes.default[None]).any(axis=2)
+    return {
+        "f_violation_ratio": ((minor_slot >= 0) & (minor < nodes.largest)).sum(axis=1) / nc,
+        "f_pad_ratio_sum": padded.sum(axis=1),
+        "f_pad_ratio_mean": padded.mean(axis=1),
+        "f_pad_log_bytes": np.log1p(padded_bytes),
+        "f_pad_waste": padded_bytes / nodes.nbytes.sum(),
+        "f_out_off_default": off_default.sum(axis=1),
+        "f_out_off_default_log_bytes": np.log1p(off_default @ nodes.nbytes),
+    }
+
+
+def _implied_copies(cfg: np.ndarray, resolved: np.ndarray, out_default: np.ndarray,
+                    nodes: _ConfigNodes) -> dict[str, np.ndarray]:
+    """Connected pairs whose producer output and consumer input layouts disagree (see above)."""
+    if nodes.pairs.size == 0:
+        return {}  # the columns stay 0
+    producer, consumer = nodes.pairs[:, 0], nodes.pairs[:, 1]
+    wanted = cfg[:, consumer, 6:12]
+    in_default = wanted[:, :, 0] == -1
+    wanted = np.where(in_default[:, :, None], nodes.default[producer][None], wanted)
+    differ = (resolved[:, producer] != wanted).any(axis=2)
+    explicit = ~out_default[:, producer] & ~in_default
+    return {"f_implied_copies": differ.sum(axis=1), "f_implied_copies_explicit": (differ & explicit).sum(axis=1)}
+
+
+def _choice_counts(cfg: np.ndarray, nodes: _ConfigNodes) -> dict[str, np.ndarray]:
+    """Default blocks per block type; values 0..5 in slots 0-1 per opcode and block type."""
+    out = {f"f_default_{block}": (cfg[:, :, 6 * b] == -1).sum(axis=1) for b, block in enumerate(BLOCKS)}
+    rows = cfg.shape[0]
+    row_offset = 7 * np.arange(rows, dtype=np.int64)[:, None]
+    for op, mask in nodes.op_masks.items():
+        for b, block in enumerate(BLOCKS):
+            for slot in (0, 1):
+                # one bincount per (op, block, slot): value v of config r lands in bin 7r + v + 1
+                codes = cfg[:, mask, 6 * b + slot].astype(np.int64) + 1 + row_offset
+                counts = np.bincount(codes.ravel(), minlength=7 * rows).reshape(rows, 7)
+                for value in LAYOUT_VALUES:
+                    out[f"f_{op}_{block}_s{slot}_v{value}"] = counts[:, value + 1]
+    return out
+
+
+def pack_blocks(configs: np.ndarray) -> np.ndarray:
+    """int32 (c, nc, 3): each 6-value block (values -1..5) packed base 7 into one integer."""
+    blocks = configs.reshape(configs.shape[0], configs.shape[1], 3, 6)
+    packed = np.zeros(blocks.shape[:3], dtype=np.int32)
+    for slot in range(6):  # slot by slot: never an int32 copy of the whole config array
+        packed += (blocks[..., slot].astype(np.int32) + 1) * 7**slot
+    return packed
+
+
+def value_frequencies(configs: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per config: mean, min and mean-log of the share of configs choosing the same block value at
+    each (node, block) cell, over the cells whose value varies across configs (float64 (c,) each).
+
+    Vectorised over cells: each cell's packed value is offset by ``cell * 7**6`` so that one sort
+    plus two ``searchsorted`` calls count every (cell, value) pair at once; cells are processed in
+    groups so the flattened keys stay small.
+    """
+    count = configs.shape[0]
+    packed = pack_blocks(configs).reshape(count, -1)
+    varying = np.flatnonzero((packed != packed[:1]).any(axis=0))
+    total = np.zeros(count)
+    total_log = np.zeros(count)
+    lowest = np.ones(count)
+    if varying.size == 0 or count == 0:
+        return np.ones(count), lowest, total_log
+    span = np.int64(7**6)
+    group = max(1, CELLS_PER_CHUNK // count)
+    for start in range(0, varying.size, group):
+        cells = varying[start : start + group]
+        keys = packed[:, cells].astype(np.int64) + np.arange(cells.size, dtype=np.int64)[None, :] * span
+        ordered = np.sort(keys, axis=None)
+        share = (np.searchsorted(ordered, keys, "right") - np.searchsorted(ordered, keys, "left")) / count
+        total += share.sum(axis=1)
+        total_log += np.log(share).sum(axis=1)
+        lowest = np.minimum(lowest, share.min(axis=1))
+    return total / varying.size, lowest, total_log / varying.size
+
+
+# ----------------------------------------------------------------------------- tile per-config
+
+
+def tile_feature_names() -> list[str]:
+    return [f"f_cfg_{i}" for i in range(24)] + [
+        "f_log_kernel_prod", "f_log_output_prod", "f_log_input_prod", "f_tile_count_log", "f_tile_waste"]
+
+
+def output_node(node_feat: np.ndarray) -> int:
+    """Position of the graph's output: the last node flagged is_root, else the last node."""
+    roots = np.flatnonzero(node_feat[:, 0] > 0.5)
+    return int(roots[-1]) if roots.size else node_feat.shape[0] - 1
+
+
+def tile_config_features(config_feat: np.ndarray, node_feat: np.ndarray) -> dict[str, np.ndarray]:
+    """Per-config features of a tile graph: name -> float32 (c,), see :func:`tile_feature_names`.
+
+    The output tile (config columns 8-13) is laid over the output node's shape dim by dim:
+    ``tile_count = prod ceil(d_i / t_i)`` and ``tile_waste = prod(count_i * t_i) / prod(d_i)``
+    (>= 1; 1 means no padding). Dims whose tile bound is 0 (unused slot) count as one whole tile.
+    """
+    config = config_feat.astype(np.float64)
+    dims = node_dims(node_feat[output_node(node_feat)][None, :])[0].astype(np.float64)
+    used = dims > 0
+    tile = config[:, 8:14]
+    whole = (tile <= 0) | ~used[None, :]
+    safe_tile = np.where(whole, 1.0, tile)
+    counts = np.where(whole, 1.0, np.ceil(dims[None, :] / safe_tile))
+    padded = np.where(whole, np.maximum(dims, 1.0)[None, :], counts * safe_tile)
+    actual = np.prod(np.maximum(dims[used], 1.0))
+    columns = {f"f_cfg_{i}": config_feat[:, i].astype(np.float32) for i in range(24)}
+    columns["f_log_kernel_prod"] = np.log1p(np.maximum(config[:, 7], 0)).astype(np.float32)
+    columns["f_log_output_prod"] = np.log1p(np.maximum(config[:, 15], 0)).astype(np.float32)
+    columns["f_log_input_prod"] = np.log1p(np.maximum(config[:, 23], 0)).astype(np.float32)
+    columns["f_tile_count_log"] = np.log(counts.prod(axis=1)).astype(np.float32)
+    columns["f_tile_waste"] = (np.where(used[None, :], padded, 1.0).prod(axis=1) / actual).astype(np.float32)
+    return columns
+
+
+# ----------------------------------------------------------------------------- tables
+
+
+def config_feature_table(graph: PrunedGraph, *, value_frequency: bool = False) -> pl.DataFrame:
+    """One row per config of ``graph``: ``graph``, ``config_index`` (int32), ``target`` (float64)
+    and the ``f_*`` features (float32). Tile graphs ignore ``value_frequency``."""
+    if graph.kind == "tile":
+        columns = tile_config_features(graph.config_feat, graph.node_feat)
+    else:
+        columns = layout_config_features(graph, value_frequency)
+    return pl.DataFrame({
+        "graph": pl.Series([graph.stem] * graph.num_configs, dtype=pl.String),
+        "config_index": pl.Series(graph.config_index, dtype=pl.Int32),
+        "target": pl.Series(graph.target, dtype=pl.Float64),
+        **{name: pl.Series(values, dtype=pl.Float32) for name, values in columns.items()},
+    })
+
+
+def graph_feature_table(rows: list[dict[str, float]], stems: list[str]) -> pl.DataFrame:
+    """``graph`` + ``g_*`` (float32) from one aggregate dict per graph (all with the same keys)."""
+    names = list(rows[0]) if rows else []
+    return pl.DataFrame({
+        "graph": pl.Series(stems, dtype=pl.String),
+        **{name: pl.Series([row[name] for row in rows], dtype=pl.Float32) for name in names},
+    })

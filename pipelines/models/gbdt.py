@@ -1,0 +1,482 @@
+"""LightGBM ranker over the per-config feature tables: one model per collection, fold and seed.
+
+Input frames follow the feature-table contract of :mod:`pipelines.prepare`: one row per (graph,
+config) with ``graph``, ``config_index``, ``target`` (runtime, or runtime/normalizer for tile; 0 on
+test), per-config features ``f_*`` and graph aggregates ``g_*``. Rows of one graph need not be
+contiguous; the ranker groups them itself and returns costs aligned with the input rows
+(LOWER = predicted FASTER, the convention of :mod:`pipelines.predictions`).
+
+Objectives (``objective=``):
+
+- ``lambdarank`` / ``xendcg``: one LightGBM query per graph; the label is the graded relevance of the
+  config's runtime rank within its graph, ``relevance_bins`` levels with the fastest highest. Ties
+  share their average rank. ``label_gain`` sets lambdarank's gain per level (exponential emphasises the
+  top, which is what the tile metric rewards; linear spreads the effort over the whole order, which is
+  what Kendall tau rewards).
+- ``regression``: pointwise squared error on a per-graph normalised target, ``log y - mean(log y)`` of
+  the graph or the rank percentile in [0, 1]; the prediction itself is the cost.
+- ``pairwise``: binary classification of sampled pairs (i, j) of one graph, "is i faster than j", from
+  the features of i plus the differences ``f_i - f_j``. A config's cost is minus its predicted share
+  of wins against ``pairwise_references`` configs of the same graph (all others when the graph has
+  fewer), as in the 11th-place public solution.
+
+Training subsample: graphs with more than ``max_configs_per_graph`` configs are cut down by rank
+stratification: sort by runtime, split into that many equal-width rank strata, draw one config from
+each. The subsample keeps the graph's runtime distribution (test files are uniform samples) with less
+variance than a uniform draw and always keeps one of the fastest few configs. The validation graphs
+(early stopping) are subsampled the same way.
+
+Early stopping watches the validation graphs with ``stopping_metric``: ``opa`` (ordered-pair accuracy
+on a fixed sample of pairs per graph, a linear proxy of Kendall tau; layout) or ``top5`` (the tile
+metric, ``2 - best runtime among the 5 cheapest predicted / best runtime``; tile). Both are
+vectorised over graphs because they run every boosting round. The pairwise objective stops on its
+own log loss over sampled validation pairs.
+"""
+
+from __future__ import annotations
+
+import zlib
+from typing import Callable
+
+import numpy as np
+import polars as pl
+
+from pipelines.errors import ConfigError
+from pipelines.models.gbdt_config import (GRAPH_FEATURE_MODES, LABEL_GAINS, OBJECTIVES, REGRESSION_TARGETS,
+                                          GBDTConfig)
+
+STOPPING_METRICS = ("opa", "top5")
+# LightGBM refuses ranking queries with this many rows or more.
+LIGHTGBM_MAX_QUERY_ROWS = 10_000
+# Validation pairs per graph for the OPA stopping metric (fixed once per fit).
+STOPPING_PAIRS_PER_GRAPH = 2000
+# Pair-feature rows built at once when scoring pairwise (bounds memory on graphs with 10k configs).
+PAIR_ROWS_PER_BLOCK = 1 << 18
+DIFF_PREFIX = "diff__"  # LightGBM rejects ':' and other JSON characters in feature names
+RANK_PREFIX = "rank__"
+
+
+# ----------------------------------------------------------------------------- grouping
+
+
+def group_rows(graphs: pl.Series | np.ndarray, within: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Return ``(order, offsets)``: ``order`` permutes rows so each graph's rows are contiguous (graphs
+    in first-appearance order; rows in input order within a graph, or ascending ``within`` when
+    given); graph g then spans ``offsets[g]:offsets[g + 1]`` of the permuted rows."""
+    series = graphs if isinstance(graphs, pl.Series) else pl.Series(np.asarray(graphs, dtype=object))
+    table = pl.DataFrame({"graph": series.cast(pl.Utf8)}).with_row_index("row")
+    row = pl.col("row")
+    if within is not None:
+        table = table.with_columns(pl.Series("within", np.asarray(within)))
+        row = row.sort_by("within", maintain_order=True)
+    rows = table.group_by("graph", maintain_order=True).agg(row)["row"]
+    order = rows.explode().to_numpy().astype(np.int64) if len(rows) else np.zeros(0, dtype=np.int64)
+    offsets = np.concatenate([[0], np.cumsum(rows.list.len().to_numpy())]).astype(np.int64)
+    return order, offsets
+
+
+def _group_slices(offsets: np.ndarray):
+    return (slice(int(a), int(b)) for a, b in zip(offsets[:-1], offsets[1:]))
+
+
+# ----------------------------------------------------------------------------- targets
+
+
+def rank_pct(y: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+    """Rank of each row's ``y`` within its group scaled to [0, 1] (0 = smallest = fastest); ties share
+    their average rank; a group of one gets 0."""
+    from scipy.stats import rankdata
+
+    out = np.zeros(len(y), dtype=np.float64)
+    for s in _group_slices(offsets):
+        n = s.stop - s.start
+        if n > 1:
+            out[s] = (rankdata(y[s], method="average") - 1.0) / (n - 1)
+    return out
+
+
+def relevance_labels(y: np.ndarray, offsets: np.ndarray, bins: int) -> np.ndarray:
+    """Graded relevance 0..bins-1 from the rank within the group: the fastest config gets bins-1."""
+    return np.rint((1.0 - rank_pct(y, offsets)) * (bins - 1)).astype(np.int32)
+
+
+def within_graph_ranks(x: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+    """float32 rank of each value within its group and column, scaled to [0, 1] (ties share their
+    average rank; a group of one gets 0): features made comparable across graphs of any size."""
+    from scipy.stats import rankdata
+
+    out = np.zeros(x.shape, dtype=np.float32)
+    for s in _group_slices(offsets):
+        n = s.stop - s.start
+        if n > 1:
+            out[s] = (rankdata(x[s], method="average", axis=0) - 1.0) / (n - 1)
+    return out
+
+
+def regression_targets(y: np.ndarray, offsets: np.ndarray, kind: str) -> np.ndarray:
+    """Per-group normalised regression target (lower = faster), comparable across graphs."""
+    if kind == "rank_pct":
+        return rank_pct(y, offsets)
+    if np.any(y <= 0):
+        raise ValueError("log_centered regression needs positive targets (runtimes); got a value <= 0")
+    logs = np.log(y)
+    out = np.empty_like(logs)
+    for s in _group_slices(offsets):
+        out[s] = logs[s] - logs[s].mean()
+    return out
+
+
+# ----------------------------------------------------------------------------- sampling
+
+
+def stratified_subsample(y: np.ndarray, offsets: np.ndarray, max_per_group: int,
+                         rng: np.random.Generator) -> np.ndarray:
+    """Sorted row indices keeping at most ``max_per_group`` rows per group: a group with more rows is
+    split into ``max_per_group`` equal-width strata of its runtime order and one row is drawn from
+    each (see the module docstring)."""
+    keep: list[np.ndarray] = []
+    for s in _group_slices(offsets):
+        n = s.stop - s.start
+        if n <= max_per_group:
+            keep.append(np.arange(s.start, s.stop))
+            continue
+        by_runtime = np.argsort(y[s], kind="stable")
+        edges = np.linspace(0, n, max_per_group + 1).astype(np.int64)  # every stratum is non-empty
+        picks = rng.integers(edges[:-1], edges[1:])
+        keep.append(s.start + np.sort(by_runtime[picks]))
+    return np.concatenate(keep) if keep else np.zeros(0, dtype=np.int64)
+
+
+def sample_pairs(y: np.ndarray, offsets: np.ndarray, per_group: int,
+                 rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """Row indices (i, j) of ``per_group`` uniformly drawn pairs within each group, pairs with tied
+    ``y`` (including i == j) dropped; both orders of a pair are equally likely."""
+    firsts, seconds = [], []
+    for s in _group_slices(offsets):
+        n = s.stop - s.start
+        if n < 2:
+            continue
+        i = s.start + rng.integers(0, n, per_group)
+        j = s.start + rng.integers(0, n, per_group)
+        untied = y[i] != y[j]
+        firsts.append(i[untied])
+        seconds.append(j[untied])
+    if not firsts:
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+    return np.concatenate(firsts), np.concatenate(seconds)
+
+
+def pair_features(x: np.ndarray, i: np.ndarray, j: np.ndarray, diff_columns: np.ndarray) -> np.ndarray:
+    """Features of the pair (i, j): all columns of row i, then row i minus row j on ``diff_columns``
+    (graph-constant columns would only contribute zeros)."""
+    return np.hstack([x[i], x[i][:, diff_columns] - x[j][:, diff_columns]])
+
+
+def pairwise_costs(x: np.ndarray, offsets: np.ndarray, diff_columns: np.ndarray, n_references: int,
+                   group_rngs: list[np.random.Generator],
+                   win_probability: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:
+    """Cost of each row = minus its mean predicted probability of being faster than the reference
+    configs of its group (``n_references`` drawn without replacement by the group's generator, or the
+    whole group when smaller); a row is never compared with itself. Rows are grouped by ``offsets``."""
+    costs = np.zeros(x.shape[0], dtype=np.float64)
+    for s, rng in zip(_group_slices(offsets), group_rngs):
+        n = s.stop - s.start
+        if n < 2:
+            continue  # nothing to compare with: every single config ties
+        refs = np.arange(n) if n <= n_references else np.sort(rng.choice(n, n_references, replace=False))
+        rows_per_block = max(1, PAIR_ROWS_PER_BLOCK // len(refs))
+        for lo in range(0, n, rows_per_block):
+            rows = np.arange(lo, min(n, lo + rows_per_block))
+            i = np.repeat(rows, len(refs))
+            j = np.tile(refs, len(rows))
+            prob = np.asarray(win_probability(pair_features(x[s], i, j, diff_columns)), dtype=np.float64)
+            prob = prob.reshape(len(rows), len(refs))
+            valid = rows[:, None] != refs[None, :]
+            costs[s.start + rows] = -(prob * valid).sum(axis=1) / valid.sum(axis=1)
+    return costs
+
+
+# ----------------------------------------------------------------------------- stopping metrics
+
+
+def top5_score(cost: np.ndarray, y: np.ndarray, offsets: np.ndarray) -> float:
+    """Mean over groups of the tile metric ``2 - min(y of the 5 lowest-cost rows) / min(y)``; ties in
+    cost are broken by row order (as :func:`pipelines.metric.tile_top_k` breaks them by index)."""
+    sizes = np.diff(offsets)
+    gid = np.repeat(np.arange(len(sizes)), sizes)
+    order = np.lexsort((cost, gid))  # groups stay in place, rows sorted by cost within each
+    position = np.arange(len(y)) - offsets[gid]
+    y_sorted = y[order]
+    best_top = np.minimum.reduceat(np.where(position < 5, y_sorted, np.inf), offsets[:-1])
+    best = np.minimum.reduceat(y, offsets[:-1])
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratio = np.where(best > 0, best_top / best, 1.0)
+    return float(np.mean(2.0 - ratio))
+
+
+def pair_accuracy(cost: np.ndarray, y: np.ndarray, i: np.ndarray, j: np.ndarray) -> float:
+    """Share of untied pairs (i, j) whose cost order matches the runtime order; cost ties count half."""
+    truth = np.sign(y[i] - y[j])
+    guess = np.sign(cost[i] - cost[j])
+    return float(np.mean(np.where(guess == 0, 0.5, guess == truth))) if len(i) else 0.5
+
+
+# ----------------------------------------------------------------------------- the ranker
+
+
+class GBDTRanker:
+    """LightGBM ranker with sklearn conventions: hyperparameters here, data in :meth:`fit`, learned
+    state in attributes ending in ``_``. See the module docstring for the objectives."""
+
+    def __init__(
+        self,
+        objective: str = "lambdarank",
+        *,
+        num_leaves: int = 31,
+        learning_rate: float = 0.05,
+        n_estimators: int = 600,
+        early_stopping_rounds: int = 50,
+        min_child_samples: int = 20,
+        feature_fraction: float = 0.8,
+        bagging_fraction: float = 0.8,
+        bagging_freq: int = 1,
+        lambda_l2: float = 1.0,
+        num_threads: int = 1,
+        graph_features: bool = False,
+        graph_rank_features: bool = False,
+        max_configs_per_graph: int = 1000,
+        relevance_bins: int = 31,
+        label_gain: str = "exponential",
+        truncation_level: int = 30,
+        regression_target: str = "log_centered",
+        pairs_per_graph: int = 4000,
+        pairwise_references: int = 64,
+        stopping_metric: str = "opa",
+    ):
+        self.objective = objective
+        self.num_leaves = num_leaves
+        self.learning_rate = learning_rate
+        self.n_estimators = n_estimators
+        self.early_stopping_rounds = early_stopping_rounds
+        self.min_child_samples = min_child_samples
+        self.feature_fraction = feature_fraction
+        self.bagging_fraction = bagging_fraction
+        self.bagging_freq = bagging_freq
+        self.lambda_l2 = lambda_l2
+        self.num_threads = num_threads
+        self.graph_features = graph_features
+        self.graph_rank_features = graph_rank_features
+        self.max_configs_per_graph = max_configs_per_graph
+        self.relevance_bins = relevance_bins
+        self.label_gain = label_gain
+        self.truncation_level = truncation_level
+        self.regression_target = regression_target
+        self.pairs_per_graph = pairs_per_graph
+        self.pairwise_references = pairwise_references
+        self.stopping_metric = stopping_metric
+        self._check()
+
+    @classmethod
+    def from_config(cls, config: GBDTConfig, *, is_tile: bool, num_threads: int) -> GBDTRanker:
+        """Build from a (collection-resolved) :class:`GBDTConfig`. For tile, ``graph_features="auto"``
+        keeps the g_* columns and early stopping watches the tile metric; for layout, pair accuracy."""
+        if config.graph_features not in GRAPH_FEATURE_MODES:
+            raise ConfigError(f"gbdt.graph_features must be one of {GRAPH_FEATURE_MODES}, "
+                              f"got {config.graph_features!r}")
+        graph_features = {"auto": is_tile, "always": True, "never": False}[config.graph_features]
+        stopping = "top5" if is_tile else "opa"
+        threads = config.num_threads if config.num_threads > 0 else num_threads
+        return cls(
+            config.objective, num_leaves=config.num_leaves, learning_rate=config.learning_rate,
+            n_estimators=config.n_estimators, early_stopping_rounds=config.early_stopping_rounds,
+            min_child_samples=config.min_child_samples, feature_fraction=config.feature_fraction,
+            bagging_fraction=config.bagging_fraction, bagging_freq=config.bagging_freq,
+            lambda_l2=config.lambda_l2, num_threads=threads, graph_features=graph_features,
+            graph_rank_features=config.graph_rank_features,
+            max_configs_per_graph=config.max_configs_per_graph, relevance_bins=config.relevance_bins,
+            label_gain=config.label_gain, truncation_level=config.truncation_level,
+            regression_target=config.regression_target, pairs_per_graph=config.pairs_per_graph,
+            pairwise_references=config.pairwise_references, stopping_metric=stopping,
+        )
+
+    def _check(self) -> None:
+        def bad(name: str, allowed: str) -> ConfigError:
+            return ConfigError(f"gbdt.{name} must be {allowed}, got {getattr(self, name)!r}")
+
+        for name, allowed in (("objective", OBJECTIVES), ("label_gain", LABEL_GAINS),
+                              ("regression_target", REGRESSION_TARGETS),
+                              ("stopping_metric", STOPPING_METRICS)):
+            if getattr(self, name) not in allowed:
+                raise bad(name, f"one of {allowed}")
+        for name in ("num_leaves", "n_estimators", "early_stopping_rounds", "min_child_samples",
+                     "num_threads", "relevance_bins", "truncation_level", "pairs_per_graph",
+                     "pairwise_references", "max_configs_per_graph"):
+            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
+                raise bad(name, "a positive integer")
+        if self.relevance_bins < 2:
+            raise bad("relevance_bins", "at least 2")
+        for name in ("learning_rate", "feature_fraction", "bagging_fraction"):
+            if not 0 < getattr(self, name) <= 1:
+                raise bad(name, "in (0, 1]")
+        if self.objective in ("lambdarank", "xendcg") and self.max_configs_per_graph >= LIGHTGBM_MAX_QUERY_ROWS:
+            raise bad("max_configs_per_graph", f"below {LIGHTGBM_MAX_QUERY_ROWS} for ranking objectives")
+
+    # ------------------------------------------------------------------ data preparation
+
+    def _columns(self, frame: pl.DataFrame) -> list[str]:
+        columns = [c for c in frame.columns if c.startswith("f_")]
+        if not columns:
+            raise ValueError("feature frame has no f_* feature columns")
+        if self.graph_features:
+            columns += [c for c in frame.columns if c.startswith("g_")]
+        return columns
+
+    def _check_columns(self, frame: pl.DataFrame, *extra: str) -> None:
+        missing = [c for c in (*extra, *self.columns_) if c not in frame.columns]
+        if missing:
+            raise ValueError(f"feature frame lacks column(s) {', '.join(missing)}")
+
+    def _matrix(self, frame: pl.DataFrame, order: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+        """float32 model inputs of the rows ``order`` (grouped by ``offsets``): the input columns, then
+        the within-graph ranks of the f_* columns when ``graph_rank_features``."""
+        x = frame.select(self.columns_).to_numpy().astype(np.float32, copy=False)[order]
+        if self.graph_rank_features:
+            per_config = np.array([c.startswith("f_") for c in self.columns_])
+            x = np.hstack([x, within_graph_ranks(x[:, per_config], offsets)])
+        return x
+
+    def _grouped(self, frame: pl.DataFrame, seed: int, subsample: bool):
+        """Rows grouped by graph (and rank-stratified subsample): features, targets, offsets."""
+        self._check_columns(frame, "graph", "target")
+        order, offsets = group_rows(frame["graph"])
+        y = frame["target"].to_numpy().astype(np.float64)[order]
+        if not np.all(np.isfinite(y)):
+            raise ValueError("training frame has non-finite targets")
+        if subsample:
+            keep = stratified_subsample(y, offsets, self.max_configs_per_graph, np.random.default_rng([seed, 1]))
+            offsets = np.searchsorted(keep, offsets).astype(np.int64)  # keep is sorted
+            order, y = order[keep], y[keep]
+        return self._matrix(frame, order, offsets), y, offsets
+
+    def _dataset(self, x: np.ndarray, y: np.ndarray, offsets: np.ndarray, seed: int, reference=None):
+        import lightgbm as lgb
+
+        names = list(self.feature_names_)
+        if self.objective == "pairwise":
+            i, j = sample_pairs(y, offsets, self.pairs_per_graph, np.random.default_rng([seed, 2]))
+            if len(i) == 0:
+                raise ValueError("pairwise objective: no untied pairs of configs to train on")
+            data = lgb.Dataset(pair_features(x, i, j, self.diff_columns_), label=(y[i] < y[j]).astype(np.float32),
+                               feature_name=names + [DIFF_PREFIX + n for n, d in zip(names, self.diff_columns_) if d],
+                               reference=reference, free_raw_data=True)
+            return data
+        if self.objective == "regression":
+            label = regression_targets(y, offsets, self.regression_target)
+            return lgb.Dataset(x, label=label, feature_name=names, reference=reference, free_raw_data=True)
+        label = relevance_labels(y, offsets, self.relevance_bins)
+        return lgb.Dataset(x, label=label, group=np.diff(offsets), feature_name=names, reference=reference,
+                           free_raw_data=True)
+
+    def _params(self, seed: int) -> dict:
+        params = {
+            "learning_rate": self.learning_rate,
+            "num_leaves": self.num_leaves,
+            "min_data_in_leaf": self.min_child_samples,
+            "feature_fraction": self.feature_fraction,
+            "bagging_fraction": self.bagging_fraction,
+            "bagging_freq": self.bagging_freq if self.bagging_fraction < 1 else 0,
+            "lambda_l2": self.lambda_l2,
+            "num_threads": self.num_threads,
+            "seed": seed,
+            "deterministic": True,
+            "force_col_wise": True,
+            "verbosity": -1,
+        }
+        if self.objective == "lambdarank":
+            gains = np.arange(self.relevance_bins, dtype=np.float64)
+            gains = 2.0 ** gains - 1 if self.label_gain == "exponential" else gains
+            params |= {"objective": "lambdarank", "label_gain": gains.tolist(),
+                       "lambdarank_truncation_level": self.truncation_level, "metric": "None"}
+        elif self.objective == "xendcg":
+            params |= {"objective": "rank_xendcg", "metric": "None"}
+        elif self.objective == "regression":
+            params |= {"objective": "regression", "metric": "None"}
+        else:
+            params |= {"objective": "binary", "metric": "binary_logloss"}
+        return params
+
+    # ------------------------------------------------------------------ fit / predict
+
+    def fit(self, train: pl.DataFrame, valid: pl.DataFrame | None = None, *, seed: int) -> GBDTRanker:
+        """Fit on ``train`` (early stopping on ``valid`` when given); returns ``self``."""
+        import lightgbm as lgb
+
+        self.columns_ = self._columns(train)
+        ranked = [RANK_PREFIX + c for c in self.columns_ if c.startswith("f_")] if self.graph_rank_features else []
+        self.feature_names_ = self.columns_ + ranked
+        # per-config inputs (f_* and their ranks) get a difference column in pairwise mode
+        self.diff_columns_ = np.array([not c.startswith("g_") for c in self.feature_names_])
+        x, y, offsets = self._grouped(train, seed, subsample=True)
+        train_set = self._dataset(x, y, offsets, seed)
+        callbacks, valid_sets, feval = [], [], None
+        if valid is not None and valid.height:
+            vx, vy, voffsets = self._grouped(valid, seed, subsample=True)
+            valid_sets = [self._dataset(vx, vy, voffsets, seed + 1, reference=train_set)]
+            feval = None if self.objective == "pairwise" else self._stopping_eval(vy, voffsets, seed)
+            callbacks = [lgb.early_stopping(self.early_stopping_rounds, verbose=False)]
+        booster = lgb.train(self._params(seed), train_set, num_boost_round=self.n_estimators,
+                            valid_sets=valid_sets, feval=feval, callbacks=callbacks)
+        self.best_iteration_ = int(booster.best_iteration or booster.current_iteration())
+        self.booster_ = booster
+        self.seed_ = int(seed)
+        self.n_train_rows_ = int(len(y))
+        return self
+
+    def _stopping_eval(self, y: np.ndarray, offsets: np.ndarray, seed: int):
+        sign = -1.0 if self.objective in ("lambdarank", "xendcg") else 1.0  # relevance -> cost
+        if self.stopping_metric == "top5":
+            def evaluate(preds, _data):
+                return "top5", top5_score(sign * preds, y, offsets), True
+        else:
+            i, j = sample_pairs(y, offsets, STOPPING_PAIRS_PER_GRAPH, np.random.default_rng([seed, 3]))
+
+            def evaluate(preds, _data):
+                return "opa", pair_accuracy(sign * preds, y, i, j), True
+        return evaluate
+
+    def predict(self, frame: pl.DataFrame) -> np.ndarray:
+        """Costs (lower = predicted faster) aligned with the rows of ``frame``."""
+        if not hasattr(self, "booster_"):
+            raise RuntimeError("GBDTRanker.predict called before fit")
+        self._check_columns(frame, "graph", "config_index")
+        if frame.height == 0:
+            return np.zeros(0, dtype=np.float64)
+        # rows grouped by graph in config order: rank features and pairwise references then depend
+        # neither on the row order nor on which graphs are predicted together
+        order, offsets = group_rows(frame["graph"], within=frame["config_index"].to_numpy())
+        x = self._matrix(frame, order, offsets)
+        iteration = self.best_iteration_
+        if self.objective != "pairwise":
+            raw = np.asarray(self.booster_.predict(x, num_iteration=iteration, num_threads=self.num_threads),
+                             dtype=np.float64)
+            costs = -raw if self.objective in ("lambdarank", "xendcg") else raw
+        else:
+            graphs = frame["graph"].to_numpy()[order][offsets[:-1]]
+            rngs = [np.random.default_rng([self.seed_, zlib.crc32(str(g).encode())]) for g in graphs]
+            costs = pairwise_costs(x, offsets, self.diff_columns_, self.pairwise_references, rngs,
+                                   lambda pairs: self.booster_.predict(pairs, num_iteration=iteration,
+                                                                       num_threads=self.num_threads))
+        out = np.empty_like(costs)
+        out[order] = costs
+        return out
+
+    def feature_importance(self) -> pl.DataFrame:
+        """Total gain and split count per model feature (pairwise: ``diff__`` columns are differences)."""
+        if not hasattr(self, "booster_"):
+            raise RuntimeError("GBDTRanker.feature_importance called before fit")
+        booster = self.booster_
+        return pl.DataFrame({
+            "feature": booster.feature_name(),
+            "gain": booster.feature_importance("gain", iteration=self.best_iteration_).astype(np.float64),
+            "split": booster.feature_importance("split", iteration=self.best_iteration_).astype(np.int64),
+        })

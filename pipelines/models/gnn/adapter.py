@@ -1,0 +1,92 @@
+"""How the training stage (``pipelines.train``) drives the GNN: one adapter entry in its registry.
+
+Register with ``"gnn": lambda: importlib.import_module("pipelines.models.gnn.adapter").GNNAdapter()``
+so torch is imported only when the GNN is trained.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import polars as pl
+
+from pipelines.collections import Collection
+from pipelines.models.gnn.ranker import GNNRanker
+from pipelines.node_arrays import GraphArrays
+
+# Configs kept per training graph when loading for a fit: K configs per step over tens of epochs
+# never use more, and it bounds memory (a real layout file holds up to 100k configs x 121 x 18).
+LOAD_MAX_CONFIGS = 20_000
+
+
+def subsample_configs(graph: GraphArrays, max_configs: int, seed: int) -> GraphArrays:
+    """At most ``max_configs`` configs of ``graph`` (a seeded sample, kept in file order)."""
+    if graph.num_configs <= max_configs:
+        return graph
+    rng = np.random.default_rng([seed, *graph.stem.encode()])
+    keep = np.sort(rng.choice(graph.num_configs, size=max_configs, replace=False))
+    return GraphArrays(
+        collection=graph.collection, stem=graph.stem, split=graph.split, opcode=graph.opcode,
+        node_feat=graph.node_feat, edge_index=graph.edge_index, config_nodes=graph.config_nodes,
+        config_feat=graph.config_feat[keep], runtime=graph.runtime[keep], config_index=graph.config_index[keep],
+    )
+
+
+@dataclass
+class StageRanker:
+    """A fitted GNNRanker whose ``predict`` returns one flat cost array, aligned with ``GNNAdapter.index``."""
+
+    ranker: GNNRanker
+
+    def fit(self, train: list[GraphArrays], valid: list[GraphArrays] | None = None, *, seed: int) -> StageRanker:
+        self.ranker.fit(train, valid, seed=seed)
+        return self
+
+    def predict(self, data: list[GraphArrays]) -> np.ndarray:
+        costs = self.ranker.predict(data)
+        return np.concatenate(costs) if costs else np.zeros(0)
+
+
+class GNNAdapter:
+    name = "gnn"
+
+    def settings(self, config: Any, collection: Collection) -> dict[str, Any]:
+        from pipelines.config import config_to_dict, resolve_for_collection
+
+        resolved = config_to_dict(resolve_for_collection(config.gnn, collection))
+        resolved.pop("collections", None)
+        return resolved
+
+    def inputs(self, prepared: Any) -> dict[str, str]:
+        return {"node_arrays": prepared.stages["node_arrays"].key, "folds": prepared.stages["folds"].key}
+
+    def load(self, prepared: Any, graphs: list[str], *, settings: dict[str, Any], fit: bool,
+             seed: int) -> list[GraphArrays]:
+        loaded = [prepared.load_graph_arrays(g) for g in graphs]
+        return [subsample_configs(g, LOAD_MAX_CONFIGS, seed) for g in loaded] if fit else loaded
+
+    def index(self, data: list[GraphArrays]) -> tuple[np.ndarray, np.ndarray]:
+        names = np.concatenate([np.full(g.num_configs, g.stem, dtype=object) for g in data]) if data \
+            else np.zeros(0, dtype=object)
+        index = np.concatenate([g.config_index for g in data]) if data else np.zeros(0, np.int64)
+        return names, index
+
+    def make(self, settings: dict[str, Any], collection: Collection, *, num_threads: int) -> StageRanker:
+        return StageRanker(GNNRanker(**{**settings, "num_threads": num_threads, "progress": False}))
+
+    def job_memory(self, prepared: Any, graphs: list[str], settings: dict[str, Any]) -> int:
+        """Rough peak bytes of a fit: node arrays of every graph plus a step's activations on the largest."""
+        table = prepared.graph_table.filter(pl.col("graph").is_in(graphs))
+        nodes = table["nodes_after"].to_numpy()
+        configs = np.minimum(table["configs_after"].to_numpy(), LOAD_MAX_CONFIGS)
+        per_graph = nodes * 4 * 200 + configs * 64 * 18  # features + int8 configs (<= ~64 configurable nodes avg)
+        step = int(nodes.max(initial=0)) * settings["configs_per_graph"] * settings["hidden"] * 4 * 12
+        return int(per_graph.sum()) + step + 512 * 2**20  # + torch itself
+
+    def describe(self, ranker: StageRanker) -> tuple[dict[str, Any], pl.DataFrame | None]:
+        fitted = ranker.ranker
+        history = fitted.history_
+        return {"best_score": fitted.best_score_, "epochs_run": len(history),
+                "train_seconds": float(sum(h["seconds"] for h in history))}, None

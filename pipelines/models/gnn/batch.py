@@ -1,0 +1,253 @@
+"""Turn GraphArrays into tensors the model consumes: per-graph preparation once, cheap batching per step.
+
+Layout graphs carry, besides the full graph, the *hop levels* used by the fused config layers:
+``D_0`` is the set of configurable nodes and ``D_j`` adds the neighbours (both edge directions) of
+``D_{j-1}``. After ``j`` config-dependent layers only nodes in ``D_j`` can differ between configs,
+so config layer ``j`` needs per-config states only on ``D_j`` and messages only from ``D_{j-1}``
+(see ``model.py``). Everything here is computed once per graph with vectorised numpy.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from pipelines.errors import FormatError
+from pipelines.node_arrays import GraphArrays
+
+LAYOUT_VALUE_OFFSET = 1  # layout config values -1..5 become embedding ids 0..6
+LAYOUT_NUM_VALUES = 7
+
+
+def graph_kind(graph: GraphArrays) -> str:
+    """"layout" when configs are per node (c, nc, 18), "tile" when per graph (c, 24)."""
+    return "layout" if graph.config_feat.ndim == 3 else "tile"
+
+
+@dataclass
+class PreparedLevel:
+    """Messages of config layer j: from rows of D_{j-1} (``*_src`` positions) to rows of D_j."""
+
+    rows: np.ndarray  # node ids in D_j (sorted)
+    root: np.ndarray  # position in ``rows`` of each row of D_{j-1}
+    fwd_src: np.ndarray  # producer's position in D_{j-1}; edge producer -> consumer
+    fwd_dst: np.ndarray  # consumer's position in D_j
+    fwd_w: np.ndarray  # 1 / in-degree of the consumer (mean aggregation)
+    bwd_src: np.ndarray  # consumer's position in D_{j-1}; reversed edge consumer -> producer
+    bwd_dst: np.ndarray  # producer's position in D_j
+    bwd_w: np.ndarray  # 1 / out-degree of the producer
+
+
+@dataclass
+class PreparedGraph:
+    """One graph's tensors-to-be plus its (numpy, possibly huge) configs and runtimes."""
+
+    kind: str
+    opcode: np.ndarray
+    node_feat: np.ndarray
+    edge_index: np.ndarray
+    inv_deg_in: np.ndarray
+    inv_deg_out: np.ndarray
+    config_nodes: np.ndarray
+    levels: list[PreparedLevel]
+    config_in_final: np.ndarray  # position of each configurable node in the last level's rows
+    config_feat: np.ndarray  # int8 (c, nc, 18) or float32 (c, 24)
+    runtime: np.ndarray  # float64 (c,)
+
+    @property
+    def num_nodes(self) -> int:
+        return int(self.opcode.shape[0])
+
+    @property
+    def num_configs(self) -> int:
+        return int(self.config_feat.shape[0])
+
+
+def _check(graph: GraphArrays) -> None:
+    """Raise FormatError naming the graph when its arrays disagree."""
+    where = f"{graph.collection}:{graph.stem}"
+    n = graph.num_nodes
+    problems = []
+    if graph.node_feat.ndim != 2 or graph.node_feat.shape[0] != n:
+        problems.append(f"node_feat shape {graph.node_feat.shape} does not match {n} nodes")
+    if graph.edge_index.ndim != 2 or graph.edge_index.shape[0] != 2:
+        problems.append(f"edge_index must be (2, m), got {graph.edge_index.shape}")
+    elif graph.edge_index.size and (graph.edge_index.min() < 0 or graph.edge_index.max() >= n):
+        problems.append("edge_index refers to a node out of range")
+    if graph.runtime.shape != (graph.num_configs,):
+        problems.append(f"runtime shape {graph.runtime.shape} does not match {graph.num_configs} configs")
+    if graph.num_configs < 1:
+        problems.append("no configs")
+    if graph_kind(graph) == "layout":
+        nc = graph.config_nodes.shape[0]
+        if graph.config_feat.shape[1:] != (nc, 18):
+            problems.append(f"config_feat shape {graph.config_feat.shape} does not match {nc} configurable nodes")
+        if nc and (graph.config_nodes.min() < 0 or graph.config_nodes.max() >= n):
+            problems.append("config_nodes refers to a node out of range")
+        if np.unique(graph.config_nodes).shape[0] != nc:
+            problems.append("config_nodes has repeated nodes")
+        if graph.config_feat.size and (graph.config_feat.min() < -1 or graph.config_feat.max() > 5):
+            problems.append("layout config values outside -1..5")
+    elif graph.config_feat.ndim != 2 or graph.config_feat.shape[1] != 24:
+        problems.append(f"tile config_feat must be (c, 24), got {graph.config_feat.shape}")
+    if problems:
+        raise FormatError(where, "; ".join(problems))
+
+
+def prepare_graph(graph: GraphArrays, config_layers: int) -> PreparedGraph:
+    """Validate one graph and precompute degrees and (layout) the hop levels of the fused layers."""
+    _check(graph)
+    n = graph.num_nodes
+    src, dst = graph.edge_index[0].astype(np.int64), graph.edge_index[1].astype(np.int64)
+    inv_in = 1.0 / np.maximum(np.bincount(dst, minlength=n), 1).astype(np.float32)
+    inv_out = 1.0 / np.maximum(np.bincount(src, minlength=n), 1).astype(np.float32)
+    kind = graph_kind(graph)
+    config_nodes = graph.config_nodes.astype(np.int64) if kind == "layout" else np.zeros(0, np.int64)
+    levels: list[PreparedLevel] = []
+    config_in_final = np.zeros(0, np.int64)
+    if kind == "layout":
+        prev_rows = config_nodes
+        prev_mask = np.zeros(n, bool)
+        prev_mask[prev_rows] = True
+        prev_pos = np.full(n, -1, np.int64)
+        prev_pos[prev_rows] = np.arange(prev_rows.shape[0])
+        for _ in range(config_layers):
+            mask = prev_mask.copy()
+            mask[dst[prev_mask[src]]] = True
+            mask[src[prev_mask[dst]]] = True
+            rows = np.flatnonzero(mask)
+            pos = np.full(n, -1, np.int64)
+            pos[rows] = np.arange(rows.shape[0])
+            fwd, bwd = prev_mask[src], prev_mask[dst]
+            levels.append(PreparedLevel(
+                rows=rows, root=pos[prev_rows],
+                fwd_src=prev_pos[src[fwd]], fwd_dst=pos[dst[fwd]], fwd_w=inv_in[dst[fwd]],
+                bwd_src=prev_pos[dst[bwd]], bwd_dst=pos[src[bwd]], bwd_w=inv_out[src[bwd]],
+            ))
+            prev_rows, prev_mask, prev_pos = rows, mask, pos
+        config_in_final = prev_pos[config_nodes]
+    return PreparedGraph(
+        kind=kind, opcode=graph.opcode.astype(np.int64), node_feat=graph.node_feat.astype(np.float32),
+        edge_index=np.stack([src, dst]), inv_deg_in=inv_in, inv_deg_out=inv_out,
+        config_nodes=config_nodes, levels=levels, config_in_final=config_in_final,
+        config_feat=graph.config_feat, runtime=graph.runtime.astype(np.float64),
+    )
+
+
+@dataclass
+class Level:
+    rows: torch.Tensor
+    root: torch.Tensor
+    fwd_src: torch.Tensor
+    fwd_dst: torch.Tensor
+    fwd_w: torch.Tensor
+    bwd_src: torch.Tensor
+    bwd_dst: torch.Tensor
+    bwd_w: torch.Tensor
+
+
+@dataclass
+class GraphBatch:
+    """A disjoint union of graphs (node ids offset per graph), PyG-style with a ``node_graph`` vector."""
+
+    num_graphs: int
+    opcode: torch.Tensor  # (N,)
+    node_feat: torch.Tensor  # (N, F)
+    edge_index: torch.Tensor  # (2, M)
+    inv_deg_in: torch.Tensor  # (N,)
+    inv_deg_out: torch.Tensor  # (N,)
+    node_graph: torch.Tensor  # (N,) graph of each node
+    num_nodes: torch.Tensor  # (B,) float
+    config_rows: torch.Tensor  # (R0,) configurable nodes, graph after graph
+    config_graph: torch.Tensor  # (R0,) graph of each configurable node
+    num_config_nodes: torch.Tensor  # (B,) float
+    levels: list[Level]
+    config_in_final: torch.Tensor  # (R0,) position of each configurable node in levels[-1].rows
+    final_graph: torch.Tensor  # (|D_L|,) graph of each row of the last level
+    outside_final: torch.Tensor  # (N,) bool: node outside D_L (its state is the same for every config)
+
+
+def _cat(parts: list[np.ndarray], dtype: torch.dtype) -> torch.Tensor:
+    return torch.from_numpy(np.concatenate(parts) if parts else np.zeros(0)).to(dtype)
+
+
+def collate(graphs: list[PreparedGraph]) -> GraphBatch:
+    """Join prepared graphs into one batch (configs are gathered separately, see ``gather_configs``)."""
+    node_off = np.cumsum([0] + [g.num_nodes for g in graphs])
+    b = len(graphs)
+    graph_ids = [np.full(g.num_nodes, i, np.int64) for i, g in enumerate(graphs)]
+    num_levels = len(graphs[0].levels)
+    levels = []
+    prev_off = np.cumsum([0] + [g.config_nodes.shape[0] for g in graphs])
+    for j in range(num_levels):
+        ls = [g.levels[j] for g in graphs]
+        off = np.cumsum([0] + [lv.rows.shape[0] for lv in ls])
+        levels.append(Level(
+            rows=_cat([lv.rows + node_off[i] for i, lv in enumerate(ls)], torch.long),
+            root=_cat([lv.root + off[i] for i, lv in enumerate(ls)], torch.long),
+            fwd_src=_cat([lv.fwd_src + prev_off[i] for i, lv in enumerate(ls)], torch.long),
+            fwd_dst=_cat([lv.fwd_dst + off[i] for i, lv in enumerate(ls)], torch.long),
+            fwd_w=_cat([lv.fwd_w for lv in ls], torch.float32),
+            bwd_src=_cat([lv.bwd_src + prev_off[i] for i, lv in enumerate(ls)], torch.long),
+            bwd_dst=_cat([lv.bwd_dst + off[i] for i, lv in enumerate(ls)], torch.long),
+            bwd_w=_cat([lv.bwd_w for lv in ls], torch.float32),
+        ))
+        prev_off = off
+    node_graph = _cat(graph_ids, torch.long)
+    if num_levels:
+        final_rows = levels[-1].rows
+        final_graph = node_graph[final_rows]
+        config_in_final = _cat([g.config_in_final + prev_off[i] for i, g in enumerate(graphs)], torch.long)
+    else:
+        final_rows = torch.zeros(0, dtype=torch.long)
+        final_graph = torch.zeros(0, dtype=torch.long)
+        config_in_final = torch.zeros(0, dtype=torch.long)
+    outside = torch.ones(int(node_off[-1]), dtype=torch.bool)
+    outside[final_rows] = False
+    return GraphBatch(
+        num_graphs=b,
+        opcode=_cat([g.opcode for g in graphs], torch.long),
+        node_feat=torch.from_numpy(np.concatenate([g.node_feat for g in graphs])),
+        edge_index=torch.from_numpy(np.concatenate([g.edge_index + node_off[i] for i, g in enumerate(graphs)], axis=1)),
+        inv_deg_in=_cat([g.inv_deg_in for g in graphs], torch.float32),
+        inv_deg_out=_cat([g.inv_deg_out for g in graphs], torch.float32),
+        node_graph=node_graph,
+        num_nodes=torch.tensor([g.num_nodes for g in graphs], dtype=torch.float32),
+        config_rows=_cat([g.config_nodes + node_off[i] for i, g in enumerate(graphs)], torch.long),
+        config_graph=_cat([np.full(g.config_nodes.shape[0], i, np.int64) for i, g in enumerate(graphs)], torch.long),
+        num_config_nodes=torch.tensor([g.config_nodes.shape[0] for g in graphs], dtype=torch.float32),
+        levels=levels,
+        config_in_final=config_in_final,
+        final_graph=final_graph,
+        outside_final=outside,
+    )
+
+
+@dataclass
+class ConfigBatch:
+    """K configs for each graph of a batch; padded slots (graphs with fewer configs) are masked."""
+
+    values: torch.Tensor  # layout: long (R0, K, 18) ids 0..6; tile: float (B, K, 24) log-scaled
+    mask: torch.Tensor  # bool (B, K)
+    runtime: torch.Tensor  # float64 (B, K)
+
+
+def gather_configs(graphs: list[PreparedGraph], indices: list[np.ndarray]) -> ConfigBatch:
+    """Configs ``indices[i]`` of graph i, padded to a common K by repeating the first one (masked)."""
+    k = max(idx.shape[0] for idx in indices)
+    mask = np.zeros((len(graphs), k), bool)
+    padded = []
+    for i, idx in enumerate(indices):
+        mask[i, : idx.shape[0]] = True
+        padded.append(np.concatenate([idx, np.repeat(idx[:1], k - idx.shape[0])]))
+    runtime = torch.from_numpy(np.stack([g.runtime[p] for g, p in zip(graphs, padded)]))
+    if graphs[0].kind == "layout":
+        # (K, nc, 18) per graph -> (nc, K, 18): node-major like the node states
+        parts = [np.ascontiguousarray(g.config_feat[p].transpose(1, 0, 2)) for g, p in zip(graphs, padded)]
+        values = torch.from_numpy(np.concatenate(parts).astype(np.int64) + LAYOUT_VALUE_OFFSET)
+    else:
+        raw = np.stack([g.config_feat[p] for g, p in zip(graphs, padded)]).astype(np.float32)
+        values = torch.from_numpy(np.sign(raw) * np.log1p(np.abs(raw)))
+    return ConfigBatch(values=values, mask=torch.from_numpy(mask), runtime=runtime)

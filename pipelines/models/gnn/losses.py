@@ -1,0 +1,64 @@
+"""Ranking losses over the K sampled configs of each graph. Scores are costs: LOWER = predicted FASTER.
+
+Both take ``scores`` (B, K), true ``runtime`` (B, K, float64 so large runtimes keep their order)
+and a ``mask`` (B, K) of real (not padded) configs, and return the mean loss over graphs that
+have something to rank.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+from pipelines.errors import ConfigError
+
+Loss = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def pairwise_hinge_loss(scores: torch.Tensor, runtime: torch.Tensor, mask: torch.Tensor,
+                        margin: float = 0.1) -> torch.Tensor:
+    """Mean over pairs (i faster than j) of ``max(0, margin - (s_j - s_i))``, per graph, then over graphs.
+
+    Pairs with equal runtimes are ignored; the loss is zero when every slower config scores at
+    least ``margin`` above every faster one.
+    """
+    faster = (runtime.unsqueeze(2) < runtime.unsqueeze(1)) & mask.unsqueeze(2) & mask.unsqueeze(1)
+    gap = scores.unsqueeze(1) - scores.unsqueeze(2)  # gap[b, i, j] = s_j - s_i
+    violation = torch.relu(margin - gap) * faster
+    pairs = faster.sum(dim=(1, 2))
+    has_pairs = pairs > 0
+    if not bool(has_pairs.any()):
+        return scores.sum() * 0.0
+    per_graph = violation.sum(dim=(1, 2))[has_pairs] / pairs[has_pairs]
+    return per_graph.mean()
+
+
+def list_mle_loss(scores: torch.Tensor, runtime: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """ListMLE (Xia et al. 2008) on relevance ``-score``: negative log-likelihood of the true order.
+
+    For the configs sorted fastest first, ``sum_i [logsumexp_{j >= i}(-s_j) + s_i]``, divided by
+    the number of configs of the graph. Ties in runtime keep their sampled order (stable sort).
+    """
+    key = torch.where(mask, runtime, torch.full_like(runtime, float("inf")))
+    order = torch.argsort(key, dim=1, stable=True)
+    relevance = torch.gather(-scores, 1, order)
+    valid = torch.gather(mask, 1, order)
+    # padded slots get a very low (finite: -inf would turn the logcumsumexp gradient into NaN) relevance
+    relevance = torch.where(valid, relevance, torch.full_like(relevance, -1e9))
+    # logsumexp over the suffix j >= i: reverse cumulative logsumexp
+    suffix = torch.logcumsumexp(relevance.flip(1), dim=1).flip(1)
+    terms = torch.where(valid, suffix - relevance, torch.zeros_like(relevance))
+    counts = valid.sum(dim=1)
+    has_list = counts > 1
+    if not bool(has_list.any()):
+        return scores.sum() * 0.0
+    return (terms.sum(dim=1)[has_list] / counts[has_list]).mean()
+
+
+def make_loss(name: str, margin: float = 0.1) -> Loss:
+    if name == "hinge":
+        return lambda s, y, m: pairwise_hinge_loss(s, y, m, margin)
+    if name == "listmle":
+        return list_mle_loss
+    raise ConfigError(f"unknown GNN loss {name!r}; expected 'hinge' or 'listmle'")

@@ -1,0 +1,289 @@
+"""The ranking network: node encoder, config injection with intermediate fusion, pooling, score head.
+
+Layout, per step (one or more graphs, K configs each):
+
+1. ``encode`` runs once per graph, independent of configs: opcode embedding + linear projection
+   of the node features, then ``free_layers`` residual message-passing layers on the full graph.
+   A learned "no config" vector is added at every node; the same (shared) states are then pushed
+   through the ``config_layers`` as well, which gives each node's state for a config-less graph.
+2. ``score`` injects the K configs at the configurable nodes only (18 values, each embedded with a
+   small shared value table plus a slot embedding, flattened, MLP). After ``j`` config layers only
+   nodes within ``j`` hops of a configurable node (the set ``D_j``) differ between configs, so the
+   K copies are carried only on ``D_j``. The SAGE layer is linear up to its normalisation, so config
+   layer ``j`` is evaluated *exactly* as ``shared pre-activation + W * delta`` with
+   ``delta = state_k - shared state`` non-zero only on ``D_{j-1}``; the weight matrices touch
+   K x |D_{j-1}| rows and only cheap elementwise work touches K x |D_j|. With one config layer
+   (the default) the matrix work per config is K x (number of configurable nodes); the rest is
+   O(K x |D_1|) elementwise, i.e. K times the pruned graph at most, never the original graph.
+3. Pooling per config: mean and max over all nodes (nodes outside ``D_L`` contribute their shared
+   state once) and mean over the configurable nodes; a linear layer, optionally a transformer
+   encoder layer across the K configs of a graph ("cross-config attention"), and an MLP head give
+   one cost per config (LOWER = predicted FASTER).
+
+GATv2 is offered as an option; attention is not linear in its inputs, so its config layers run
+unfused on K copies of the full graph (``score(..., fused=False)``, also used by the tests to
+check the fused SAGE path). Normalisation is per node (LayerNorm): a graph-level norm would make
+every node depend on every config and defeat the fusion.
+
+Tile: all layers are config-free; the 24 config values (sign * log1p) go through an MLP and are
+joined with the mean/max-pooled node states of their graph (late fusion).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from pipelines.models.gnn.batch import LAYOUT_NUM_VALUES, ConfigBatch, GraphBatch, Level
+from pipelines.models.gnn_config import GNNConfig
+
+NUM_OPCODES = 121  # opcode ids 0..120
+MASK_OPCODE = NUM_OPCODES  # extra embedding row: the "masked" token of pre-training
+LAYOUT_SLOTS = 18
+TILE_CONFIG_DIM = 24
+
+
+# ----------------------------------------------------------------------------- tensor helpers
+
+
+def _weighted_gather_sum(x: torch.Tensor, src: torch.Tensor, dst: torch.Tensor, weight: torch.Tensor,
+                         num_rows: int) -> torch.Tensor:
+    """``out[dst[e]] += weight[e] * x[src[e]]`` over edges e; x is (rows, ...) of any trailing shape."""
+    msg = x.index_select(0, src) * weight.view(-1, *([1] * (x.dim() - 1)))
+    return x.new_zeros((num_rows, *x.shape[1:])).index_add_(0, dst, msg)
+
+
+def segment_sum(x: torch.Tensor, index: torch.Tensor, size: int) -> torch.Tensor:
+    return x.new_zeros((size, *x.shape[1:])).index_add_(0, index, x)
+
+
+def segment_max_sorted(x: torch.Tensor, index: torch.Tensor, size: int) -> torch.Tensor:
+    """Max over rows grouped by ``index`` (sorted, as node ids of a batch are); empty groups give -inf."""
+    counts = torch.bincount(index, minlength=size).tolist()
+    parts = []
+    for chunk in torch.split(x, counts):  # a loop over graphs, never over nodes
+        if chunk.shape[0]:
+            parts.append(chunk.amax(0))
+        else:
+            parts.append(x.new_full(x.shape[1:], float("-inf")))
+    return torch.stack(parts) if parts else x.new_zeros((0, *x.shape[1:]))
+
+
+# ----------------------------------------------------------------------------- layers
+
+
+class SageLayer(nn.Module):
+    """Residual bidirectional GraphSAGE: root + mean over producers + mean over consumers, norm, GELU."""
+
+    fusable = True
+
+    def __init__(self, hidden: int, norm: str, dropout: float):
+        super().__init__()
+        self.lin_root = nn.Linear(hidden, hidden)
+        self.lin_in = nn.Linear(hidden, hidden, bias=False)  # messages producer -> consumer
+        self.lin_out = nn.Linear(hidden, hidden, bias=False)  # messages consumer -> producer
+        self.norm = nn.LayerNorm(hidden) if norm == "layer" else nn.Identity()
+        self.dropout = nn.Dropout(dropout)
+
+    def pre(self, x: torch.Tensor, batch: GraphBatch) -> torch.Tensor:
+        """Pre-activation on the full graph; x is (N, H) or (N, K, H)."""
+        src, dst = batch.edge_index
+        n = x.shape[0]
+        # linear before aggregation (equal by linearity) so the gather moves H-wide rows once
+        agg_in = _weighted_gather_sum(F.linear(x, self.lin_in.weight), src, dst, batch.inv_deg_in[dst], n)
+        agg_out = _weighted_gather_sum(F.linear(x, self.lin_out.weight), dst, src, batch.inv_deg_out[src], n)
+        return self.lin_root(x) + agg_in + agg_out
+
+    def delta_pre(self, delta: torch.Tensor, level: Level) -> torch.Tensor:
+        """Change of the pre-activation on the rows of D_j caused by ``delta`` (R_{j-1}, K, H)."""
+        n = level.rows.shape[0]
+        out = segment_sum(F.linear(delta, self.lin_root.weight), level.root, n)
+        out = out + _weighted_gather_sum(F.linear(delta, self.lin_in.weight), level.fwd_src, level.fwd_dst,
+                                         level.fwd_w, n)
+        return out + _weighted_gather_sum(F.linear(delta, self.lin_out.weight), level.bwd_src, level.bwd_dst,
+                                          level.bwd_w, n)
+
+    def post(self, pre: torch.Tensor) -> torch.Tensor:
+        return self.dropout(F.gelu(self.norm(pre)))
+
+    def forward(self, x: torch.Tensor, batch: GraphBatch) -> torch.Tensor:
+        return x + self.post(self.pre(x, batch))
+
+
+class GatLayer(nn.Module):
+    """Residual GATv2 over both edge directions (direction given as a 1-d edge attribute)."""
+
+    fusable = False
+
+    def __init__(self, hidden: int, heads: int, norm: str, dropout: float):
+        super().__init__()
+        from torch_geometric.nn import GATv2Conv
+
+        self.conv = GATv2Conv(hidden, hidden // heads, heads=heads, edge_dim=1, add_self_loops=True)
+        self.norm = nn.LayerNorm(hidden) if norm == "layer" else nn.Identity()
+        self.dropout = nn.Dropout(dropout)
+
+    def pre(self, x: torch.Tensor, batch: GraphBatch) -> torch.Tensor:
+        m = batch.edge_index.shape[1]
+        edges = torch.cat([batch.edge_index, batch.edge_index.flip(0)], dim=1)
+        direction = torch.cat([x.new_zeros(m), x.new_ones(m)]).unsqueeze(-1)
+        if x.dim() == 2:
+            return self.conv(x, edges, direction)
+        n, k, h = x.shape  # K copies of the graph: node i of copy c is row i * K + c
+        edges = (edges.unsqueeze(-1) * k + torch.arange(k)).reshape(2, -1)
+        direction = direction.repeat_interleave(k, dim=0)
+        return self.conv(x.reshape(n * k, h), edges, direction).reshape(n, k, h)
+
+    def post(self, pre: torch.Tensor) -> torch.Tensor:
+        return self.dropout(F.gelu(self.norm(pre)))
+
+    def forward(self, x: torch.Tensor, batch: GraphBatch) -> torch.Tensor:
+        return x + self.post(self.pre(x, batch))
+
+
+def make_layer(cfg: GNNConfig) -> nn.Module:
+    if cfg.conv == "gat":
+        return GatLayer(cfg.hidden, cfg.gat_heads, cfg.norm, cfg.dropout)
+    return SageLayer(cfg.hidden, cfg.norm, cfg.dropout)
+
+
+# ----------------------------------------------------------------------------- model
+
+
+@dataclass
+class Context:
+    """What ``encode`` computes once per graph batch and ``score`` reuses for every chunk of configs."""
+
+    batch: GraphBatch
+    pooled: torch.Tensor | None = None  # tile: (B, 2H) mean and max of node states
+    config_states: torch.Tensor | None = None  # layout: (R0, H) free-layer states at configurable nodes
+    shared_in: list[torch.Tensor] | None = None  # layout: shared input of each config layer (N, H)
+    shared_pre: list[torch.Tensor] | None = None  # layout: shared pre-activation of each config layer
+    outside_sum: torch.Tensor | None = None  # layout: (B, H) sum of final shared states outside D_L
+    outside_max: torch.Tensor | None = None  # layout: (B, H) their max (-inf if none)
+
+
+class GNNModel(nn.Module):
+    """``encode(batch)`` once per graph batch, then ``score(context, configs)`` -> (B, K) costs."""
+
+    def __init__(self, cfg: GNNConfig, node_feat_dim: int, kind: str):
+        super().__init__()
+        if kind not in ("layout", "tile"):
+            raise ValueError(f"kind must be 'layout' or 'tile', got {kind!r}")
+        hidden = cfg.hidden
+        self.kind = kind
+        self.opcode_embed = nn.Embedding(NUM_OPCODES + 1, cfg.opcode_dim)
+        self.input_proj = nn.Linear(cfg.opcode_dim + node_feat_dim, hidden)
+        num_free = cfg.free_layers + (cfg.config_layers if kind == "tile" else 0)
+        self.free_layers = nn.ModuleList(make_layer(cfg) for _ in range(num_free))
+        if kind == "layout":
+            self.config_layers = nn.ModuleList(make_layer(cfg) for _ in range(cfg.config_layers))
+            self.value_embed = nn.Embedding(LAYOUT_NUM_VALUES, cfg.config_value_dim)
+            self.slot_embed = nn.Parameter(0.1 * torch.randn(LAYOUT_SLOTS, cfg.config_value_dim))
+            self.no_config = nn.Parameter(0.1 * torch.randn(hidden))
+            config_in = LAYOUT_SLOTS * cfg.config_value_dim
+        else:
+            self.config_layers = nn.ModuleList()
+            config_in = TILE_CONFIG_DIM
+        self.config_proj = nn.Sequential(nn.Linear(config_in, hidden), nn.GELU(), nn.Linear(hidden, hidden))
+        self.combine = nn.Sequential(nn.Linear(3 * hidden, hidden), nn.LayerNorm(hidden))
+        self.attention = (
+            nn.TransformerEncoderLayer(hidden, cfg.attention_heads, 2 * hidden, cfg.dropout,
+                                       batch_first=True, norm_first=True)
+            if cfg.cross_config_attention else None
+        )
+        self.head = nn.Sequential(nn.GELU(), nn.Linear(hidden, hidden), nn.GELU(), nn.Linear(hidden, 1))
+
+    # --- config-free part
+
+    def encode_nodes(self, batch: GraphBatch, opcode: torch.Tensor | None = None) -> torch.Tensor:
+        """Node states after the config-free layers (N, H); ``opcode`` overrides (pre-training masks)."""
+        ops = batch.opcode if opcode is None else opcode
+        h = self.input_proj(torch.cat([self.opcode_embed(ops), batch.node_feat], dim=-1))
+        for layer in self.free_layers:
+            h = layer(h, batch)
+        return h
+
+    def encode(self, batch: GraphBatch) -> Context:
+        h = self.encode_nodes(batch)
+        b = batch.num_graphs
+        if self.kind == "tile":
+            mean = segment_sum(h, batch.node_graph, b) / batch.num_nodes[:, None]
+            return Context(batch, pooled=torch.cat([mean, segment_max_sorted(h, batch.node_graph, b)], -1))
+        x = h + self.no_config
+        shared_in, shared_pre = [], []
+        if all(layer.fusable for layer in self.config_layers):
+            for layer in self.config_layers:
+                pre = layer.pre(x, batch)
+                shared_in.append(x)
+                shared_pre.append(pre)
+                x = x + layer.post(pre)
+        else:
+            shared_in.append(x)
+        outside = batch.outside_final
+        return Context(
+            batch, config_states=h[batch.config_rows], shared_in=shared_in, shared_pre=shared_pre,
+            outside_sum=segment_sum(x[outside], batch.node_graph[outside], b),
+            outside_max=segment_max_sorted(x[outside], batch.node_graph[outside], b),
+        )
+
+    # --- config-dependent part
+
+    def embed_layout_configs(self, values: torch.Tensor) -> torch.Tensor:
+        """(R, K, 18) value ids -> (R, K, H)."""
+        e = self.value_embed(values) + self.slot_embed
+        return self.config_proj(e.flatten(-2))
+
+    def score(self, ctx: Context, configs: ConfigBatch, fused: bool = True) -> torch.Tensor:
+        """Costs (B, K) of the configs of each graph; padded slots hold meaningless values."""
+        batch = ctx.batch
+        if self.kind == "tile":
+            c = self.config_proj(configs.values)
+            feats = torch.cat([ctx.pooled.unsqueeze(1).expand(-1, c.shape[1], -1), c], dim=-1)
+        elif fused and ctx.shared_pre:
+            feats = self._layout_fused(ctx, configs.values)
+        else:
+            feats = self._layout_unfused(ctx, configs.values)
+        z = self.combine(feats)
+        if self.attention is not None:
+            z = self.attention(z, src_key_padding_mask=~configs.mask)
+        return self.head(z).squeeze(-1)
+
+    def _pool_layout(self, batch: GraphBatch, total: torch.Tensor, maximum: torch.Tensor,
+                     at_config: torch.Tensor) -> torch.Tensor:
+        mean = total / batch.num_nodes[:, None, None]
+        config_mean = segment_sum(at_config, batch.config_graph, batch.num_graphs)
+        config_mean = config_mean / batch.num_config_nodes.clamp(min=1)[:, None, None]
+        return torch.cat([mean, maximum, config_mean], dim=-1)
+
+    def _layout_fused(self, ctx: Context, values: torch.Tensor) -> torch.Tensor:
+        batch = ctx.batch
+        b = batch.num_graphs
+        x = ctx.config_states.unsqueeze(1) + self.embed_layout_configs(values)  # (R0, K, H)
+        k = x.shape[1]
+        prev_rows = batch.config_rows
+        for layer, level, x_shared, pre_shared in zip(self.config_layers, batch.levels, ctx.shared_in,
+                                                      ctx.shared_pre):
+            delta = x - x_shared[prev_rows].unsqueeze(1)
+            pre = pre_shared[level.rows].unsqueeze(1) + layer.delta_pre(delta, level)
+            residual = x_shared[level.rows].unsqueeze(1).expand(-1, k, -1).index_add(0, level.root, delta)
+            x = residual + layer.post(pre)
+            prev_rows = level.rows
+        total = segment_sum(x, batch.final_graph, b) + ctx.outside_sum.unsqueeze(1)
+        maximum = torch.maximum(segment_max_sorted(x, batch.final_graph, b), ctx.outside_max.unsqueeze(1))
+        return self._pool_layout(batch, total, maximum, x[batch.config_in_final])
+
+    def _layout_unfused(self, ctx: Context, values: torch.Tensor) -> torch.Tensor:
+        """Reference path: K full copies of the graph (GAT, and the check of the fused path)."""
+        batch = ctx.batch
+        injected = ctx.config_states.unsqueeze(1) + self.embed_layout_configs(values)
+        k = injected.shape[1]
+        x = ctx.shared_in[0].unsqueeze(1).expand(-1, k, -1).index_copy(0, batch.config_rows, injected)
+        for layer in self.config_layers:
+            x = layer(x, batch)
+        total = segment_sum(x, batch.node_graph, batch.num_graphs)
+        maximum = segment_max_sorted(x, batch.node_graph, batch.num_graphs)
+        return self._pool_layout(batch, total, maximum, x[batch.config_rows])

@@ -1,0 +1,176 @@
+"""GNNRanker: the scikit-learn-shaped face of the GNN (hyperparameters in, fit, predict, save/load)."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import math
+from pathlib import Path
+from typing import Callable, Iterator
+
+import numpy as np
+import torch
+
+from pipelines.errors import ConfigError, FormatError
+from pipelines.models.gnn.batch import PreparedGraph, graph_kind, prepare_graph
+from pipelines.models.gnn.model import GNNModel
+from pipelines.models.gnn.pretrain import pretrain_encoder
+from pipelines.models.gnn.trainer import atomic_torch_save, score_graph, train_model
+from pipelines.models.gnn_config import GNNConfig
+from pipelines.node_arrays import GraphArrays
+
+MODEL_FORMAT = 1
+
+
+def _no_log(message: str) -> None:
+    del message
+
+
+@contextlib.contextmanager
+def _torch_threads(count: int) -> Iterator[None]:
+    """Use ``count`` intra-op threads inside the block, restoring the caller's setting afterwards."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def _single_value(graphs: list[GraphArrays], what: str, get: Callable[[GraphArrays], object]) -> object:
+    values = {get(g) for g in graphs}
+    if len(values) != 1:
+        raise ConfigError(f"GNN: graphs of one model must share one {what}, got {sorted(map(str, values))}")
+    return values.pop()
+
+
+class GNNRanker:
+    """Per-collection graph ranker. ``fit(train, valid, seed=...)`` then ``predict(graphs)``.
+
+    Learned state: ``model_`` (the torch module), ``config_`` (the config resolved for the
+    collection), ``collection_``, ``kind_``, ``node_feat_dim_``, ``history_`` (one dict per
+    epoch) and ``best_score_`` (validation score of the kept weights; NaN without validation).
+    """
+
+    def __init__(self, **hparams):
+        try:
+            self.config = GNNConfig(**hparams)
+        except TypeError as exc:
+            raise ConfigError(f"GNN config: {exc}") from None
+
+    def get_params(self) -> dict:
+        return self.config.to_dict()
+
+    # ------------------------------------------------------------------ fit
+
+    def fit(
+        self,
+        train: list[GraphArrays],
+        valid: list[GraphArrays] | None = None,
+        *,
+        seed: int,
+        checkpoint_dir: Path | None = None,
+        log: Callable[[str], None] | None = None,
+        unlabeled: list[GraphArrays] | None = None,
+    ) -> GNNRanker:
+        """Train on ``train``; early-stop on ``valid``; resume from ``checkpoint_dir`` if it holds a run.
+
+        ``unlabeled`` graphs (e.g. test) are used only by the optional encoder pre-training, which
+        sees train, valid and unlabeled graphs alike.
+        """
+        log = log or _no_log
+        valid = list(valid or [])
+        unlabeled = list(unlabeled or [])
+        if not train:
+            raise ConfigError("GNN: no training graphs")
+        collection = str(_single_value(train + valid + unlabeled, "collection", lambda g: g.collection))
+        kind = str(_single_value(train + valid + unlabeled, "kind (tile or layout)", graph_kind))
+        feat_dim = int(_single_value(train + valid + unlabeled, "node feature width", lambda g: g.node_feat.shape[1]))
+        for g in train + valid:
+            if not np.any(g.runtime > 0):
+                raise FormatError(f"{g.collection}:{g.stem}", "training/validation graph has no runtimes")
+        cfg = self.config.for_collection(collection)
+        prepared_train = [prepare_graph(g, cfg.config_layers) for g in train]
+        prepared_valid = [prepare_graph(g, cfg.config_layers) for g in valid]
+        fingerprint = _fingerprint(cfg, seed, train, valid, unlabeled)
+        checkpoint_path = None if checkpoint_dir is None else Path(checkpoint_dir) / f"gnn_seed{seed}.pt"
+
+        with _torch_threads(cfg.num_threads), torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            model = GNNModel(cfg, feat_dim, kind)
+
+            def pretrain(rng: np.random.Generator) -> None:
+                if cfg.pretrain:
+                    everything = prepared_train + prepared_valid + [prepare_graph(g, 0) for g in unlabeled]
+                    pretrain_encoder(model, everything, cfg, rng, log)
+
+            state = train_model(model, prepared_train, prepared_valid, cfg, seed=seed, fingerprint=fingerprint,
+                                checkpoint_path=checkpoint_path, log=log, before_training=pretrain)
+        model.eval()
+        self.model_ = model
+        self.config_ = cfg
+        self.collection_ = collection
+        self.kind_ = kind
+        self.node_feat_dim_ = feat_dim
+        self.history_ = state.history
+        self.best_score_ = state.best_score if valid else math.nan
+        return self
+
+    # ------------------------------------------------------------------ predict
+
+    def _check_fitted(self) -> None:
+        if not hasattr(self, "model_"):
+            raise RuntimeError("GNNRanker: call fit (or load) before predict")
+
+    def predict(self, graphs: list[GraphArrays]) -> list[np.ndarray]:
+        """Per graph, a float64 cost per config in the graph's order (LOWER = predicted FASTER)."""
+        self._check_fitted()
+        out = []
+        with _torch_threads(self.config_.num_threads):
+            for g in graphs:
+                where = f"{g.collection}:{g.stem}"
+                if graph_kind(g) != self.kind_ or g.node_feat.shape[1] != self.node_feat_dim_:
+                    raise FormatError(where, f"graph does not fit a {self.kind_} model with "
+                                             f"{self.node_feat_dim_} node features")
+                prepared: PreparedGraph = prepare_graph(g, self.config_.config_layers)
+                out.append(score_graph(self.model_, prepared, self.config_.eval_chunk))
+        return out
+
+    # ------------------------------------------------------------------ persistence
+
+    def save(self, path: Path | str) -> None:
+        """Write the fitted ranker (config, dims, weights, history) atomically."""
+        self._check_fitted()
+        atomic_torch_save({
+            "format": MODEL_FORMAT, "config": self.config.to_dict(), "resolved": self.config_.to_dict(),
+            "collection": self.collection_, "kind": self.kind_, "node_feat_dim": self.node_feat_dim_,
+            "history": self.history_, "best_score": self.best_score_, "model": self.model_.state_dict(),
+        }, Path(path))
+
+    @classmethod
+    def load(cls, path: Path | str) -> GNNRanker:
+        path = Path(path)
+        try:
+            saved = torch.load(path, map_location="cpu", weights_only=False)
+        except Exception as exc:  # torch raises several types for a truncated or foreign file
+            raise FormatError(path, f"cannot read GNN model ({exc})") from None
+        if not isinstance(saved, dict) or saved.get("format") != MODEL_FORMAT:
+            raise FormatError(path, "not a GNN model file of this version")
+        ranker = cls(**saved["config"])
+        ranker.config_ = GNNConfig(**saved["resolved"])
+        ranker.collection_, ranker.kind_ = saved["collection"], saved["kind"]
+        ranker.node_feat_dim_ = saved["node_feat_dim"]
+        ranker.history_, ranker.best_score_ = saved["history"], saved["best_score"]
+        ranker.model_ = GNNModel(ranker.config_, ranker.node_feat_dim_, ranker.kind_)
+        ranker.model_.load_state_dict(saved["model"])
+        ranker.model_.eval()
+        return ranker
+
+
+def _fingerprint(cfg: GNNConfig, seed: int, *graph_lists: list[GraphArrays]) -> str:
+    """Identity of a training run, so a checkpoint is only resumed by the run that wrote it."""
+    settings = {k: v for k, v in cfg.to_dict().items() if k not in ("progress", "num_threads")}
+    data = [[(g.collection, g.stem, g.num_nodes, g.num_configs) for g in graphs] for graphs in graph_lists]
+    text = json.dumps({"config": settings, "seed": seed, "data": data}, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()

@@ -1,0 +1,229 @@
+"""The training loop: sampling K configs per graph, AdamW + schedule, early stopping, checkpoints.
+
+Everything random comes from one ``np.random.Generator`` (graph order, config samples) and the
+torch RNG that the ranker seeds inside a ``fork_rng`` block (initialisation, dropout). Both states
+are stored in the per-epoch checkpoint, so a resumed run continues exactly where it stopped.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import os
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import torch
+from torch import nn
+
+from pipelines.errors import ConfigError
+from pipelines.metric import kendall_tau_b, tile_score, tile_top_k
+from pipelines.models.gnn.batch import PreparedGraph, collate, gather_configs
+from pipelines.models.gnn.losses import make_loss
+from pipelines.models.gnn.model import GNNModel
+from pipelines.models.gnn_config import GNNConfig
+
+CHECKPOINT_FORMAT = 1
+Log = Callable[[str], None]
+
+
+# ----------------------------------------------------------------------------- evaluation
+
+
+def sample_configs(rng: np.random.Generator, num_configs: int, k: int) -> np.ndarray:
+    """Up to ``k`` distinct config indices, uniformly."""
+    if num_configs <= k:
+        return rng.permutation(num_configs)
+    return rng.choice(num_configs, size=k, replace=False)
+
+
+@torch.no_grad()
+def score_graph(model: GNNModel, graph: PreparedGraph, chunk: int, indices: np.ndarray | None = None) -> np.ndarray:
+    """Costs of the configs ``indices`` (default: all) of one graph, encoded once, scored in chunks."""
+    was_training = model.training
+    model.eval()
+    try:
+        ctx = model.encode(collate([graph]))
+        idx = np.arange(graph.num_configs) if indices is None else indices
+        parts = [model.score(ctx, gather_configs([graph], [idx[s:s + chunk]]))[0].double().numpy()
+                 for s in range(0, idx.shape[0], chunk)]
+    finally:
+        model.train(was_training)
+    return np.concatenate(parts) if parts else np.zeros(0)
+
+
+def graph_metric(kind: str, scores: np.ndarray, runtime: np.ndarray) -> float:
+    """Kendall tau-b (layout) or the top-5 tile score of one graph; NaN when undefined."""
+    if kind == "layout":
+        return kendall_tau_b(scores, runtime)
+    if runtime.min() <= 0:
+        return math.nan
+    return tile_score(tile_top_k(scores), runtime)
+
+
+def validation_score(model: GNNModel, graphs: list[PreparedGraph], subsets: list[np.ndarray], chunk: int) -> float:
+    values = [graph_metric(g.kind, score_graph(model, g, chunk, idx), g.runtime[idx])
+              for g, idx in zip(graphs, subsets)]
+    values = [v for v in values if not math.isnan(v)]
+    return float(np.mean(values)) if values else math.nan
+
+
+# ----------------------------------------------------------------------------- optimisation
+
+
+def make_scheduler(optimizer: torch.optim.Optimizer, cfg: GNNConfig, total_steps: int):
+    warmup = int(cfg.warmup_fraction * total_steps)
+    if cfg.schedule == "onecycle":
+        return torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=cfg.lr, total_steps=max(total_steps, 2),
+                                                   pct_start=max(cfg.warmup_fraction, 0.01))
+
+    def factor(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / warmup
+        if cfg.schedule == "constant":
+            return 1.0
+        progress = (step - warmup) / max(1, total_steps - warmup)
+        return 0.5 * (1.0 + math.cos(math.pi * min(progress, 1.0)))
+
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+
+
+@dataclass
+class TrainState:
+    """Everything a checkpoint holds besides model, optimizer and scheduler."""
+
+    epoch: int = 0  # epochs completed
+    best_score: float = -math.inf
+    best_state: dict | None = None
+    best_epoch: int = 0
+    bad_epochs: int = 0
+    stopped: bool = False
+    history: list[dict] = field(default_factory=list)
+
+
+def atomic_torch_save(obj: dict, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
+    os.close(fd)
+    try:
+        torch.save(obj, tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def save_checkpoint(path: Path, fingerprint: str, model: nn.Module, optimizer, scheduler, state: TrainState,
+                    rng: np.random.Generator) -> None:
+    atomic_torch_save({
+        "format": CHECKPOINT_FORMAT, "fingerprint": fingerprint, "model": model.state_dict(),
+        "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "state": state.__dict__,
+        "np_rng": rng.bit_generator.state, "torch_rng": torch.get_rng_state(),
+    }, path)
+
+
+def load_checkpoint(path: Path, fingerprint: str, model: nn.Module, optimizer, scheduler,
+                    rng: np.random.Generator) -> TrainState:
+    try:
+        saved = torch.load(path, map_location="cpu", weights_only=False)
+    except Exception as exc:  # torch raises several types for a truncated or foreign file
+        raise ConfigError(f"{path}: cannot read GNN checkpoint ({exc})") from None
+    if saved.get("format") != CHECKPOINT_FORMAT or saved.get("fingerprint") != fingerprint:
+        raise ConfigError(f"{path}: checkpoint belongs to another config, seed or data; "
+                          "use a fresh checkpoint directory")
+    model.load_state_dict(saved["model"])
+    optimizer.load_state_dict(saved["optimizer"])
+    scheduler.load_state_dict(saved["scheduler"])
+    rng.bit_generator.state = saved["np_rng"]
+    torch.set_rng_state(saved["torch_rng"])
+    return TrainState(**saved["state"])
+
+
+# ----------------------------------------------------------------------------- loop
+
+
+def _show_progress(cfg: GNNConfig) -> bool:
+    return cfg.progress and sys.stderr.isatty()
+
+
+def train_model(
+    model: GNNModel,
+    train: list[PreparedGraph],
+    valid: list[PreparedGraph],
+    cfg: GNNConfig,
+    *,
+    seed: int,
+    fingerprint: str,
+    checkpoint_path: Path | None,
+    log: Log,
+    before_training: Callable[[np.random.Generator], None] | None = None,
+) -> TrainState:
+    """Train ``model`` in place; it ends holding the best-validation weights (or the last, without valid)."""
+    from tqdm.auto import tqdm
+
+    rng = np.random.default_rng(seed)
+    # fixed validation subsets (as large as a test graph), drawn from their own stream
+    eval_rng = np.random.default_rng([seed, 1])
+    subsets = [sample_configs(eval_rng, g.num_configs, cfg.eval_max_configs) for g in valid]
+    steps_per_epoch = math.ceil(len(train) / cfg.graphs_per_step)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    scheduler = make_scheduler(optimizer, cfg, cfg.epochs * steps_per_epoch)
+    loss_fn = make_loss(cfg.loss, cfg.margin)
+
+    if checkpoint_path is not None and checkpoint_path.exists():
+        state = load_checkpoint(checkpoint_path, fingerprint, model, optimizer, scheduler, rng)
+        log(f"resumed from {checkpoint_path} after epoch {state.epoch}")
+    else:
+        state = TrainState()
+        if before_training is not None:
+            before_training(rng)
+
+    while state.epoch < cfg.epochs and not state.stopped:
+        epoch = state.epoch + 1
+        started = time.perf_counter()
+        model.train()
+        order = rng.permutation(len(train))
+        losses = []
+        bar = tqdm(total=steps_per_epoch, desc=f"epoch {epoch}/{cfg.epochs}", leave=False,
+                   disable=not _show_progress(cfg))
+        for start in range(0, len(train), cfg.graphs_per_step):
+            graphs = [train[i] for i in order[start:start + cfg.graphs_per_step]]
+            indices = [sample_configs(rng, g.num_configs, cfg.configs_per_graph) for g in graphs]
+            configs = gather_configs(graphs, indices)
+            scores = model.score(model.encode(collate(graphs)), configs)
+            loss = loss_fn(scores, configs.runtime, configs.mask)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+            optimizer.step()
+            scheduler.step()
+            losses.append(float(loss.detach()))
+            bar.update(1)
+            bar.set_postfix(loss=f"{np.mean(losses[-20:]):.4f}", valid=f"{state.best_score:.4f}")
+        bar.close()
+        score = validation_score(model, valid, subsets, cfg.eval_chunk) if valid else math.nan
+        state.epoch = epoch
+        if not valid or score > state.best_score:
+            state.best_score = score if valid else math.nan
+            state.best_state = copy.deepcopy(model.state_dict())
+            state.best_epoch = epoch
+            state.bad_epochs = 0
+        else:
+            state.bad_epochs += 1
+            state.stopped = cfg.patience > 0 and state.bad_epochs >= cfg.patience
+        seconds = time.perf_counter() - started
+        state.history.append({"epoch": epoch, "loss": float(np.mean(losses)), "valid": score,
+                              "lr": scheduler.get_last_lr()[0], "seconds": seconds})
+        if checkpoint_path is not None:
+            save_checkpoint(checkpoint_path, fingerprint, model, optimizer, scheduler, state, rng)
+        log(f"epoch {epoch}/{cfg.epochs} loss {np.mean(losses):.4f} valid {score:.4f} "
+            f"best {state.best_score:.4f}@{state.best_epoch} ({seconds:.1f}s)"
+            + (" early stop" if state.stopped else ""))
+    if state.best_state is not None:  # None only when every validation score was NaN
+        model.load_state_dict(state.best_state)
+    return state

@@ -1,0 +1,353 @@
+"""The data-preparation stages and their orchestration: prune -> features, node arrays; folds.
+
+Each stage runs once per collection through :func:`pipelines.engine.run_stage`, so its output is
+keyed by stage version, resolved config and input keys, and reused until one of them changes:
+
+* ``prune``: raw files of the collection (key: sizes and times of its files) -> per-graph pruned
+  npz (layout graphs cut to the k-hop neighbourhood of their configurable nodes; labelled configs
+  de-duplicated) plus ``graphs.parquet`` (one row per graph: split and before/after counts);
+* ``features``: prune output + raw structure -> per-graph config feature tables
+  ``<split>/configs/<stem>.parquet`` and ``<split>/graph_features.parquet``;
+* ``node_arrays``: prune output -> per-graph :class:`GraphArrays` for the GNN;
+* ``folds``: the train/valid stems -> ``folds.parquet``, the grouped folds every model shares.
+
+Graphs are processed one at a time, so memory stays bounded by the largest single graph.
+:func:`prepare` runs all four and returns a :class:`Prepared` per collection, the handle the
+models load their data through.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import polars as pl
+
+from pipelines.collections import SPLITS, Collection, parse_collection
+from pipelines.config import PipelineConfig
+from pipelines.engine import StageOutput, data_fingerprint, fingerprint, load_stage, run_stage, stage_key
+from pipelines.errors import FormatError, PipelineError
+from pipelines.features import config_feature_table, graph_aggregates, graph_feature_table
+from pipelines.folds import assign_folds
+from pipelines.node_arrays import GraphArrays, load_graph_arrays, make_graph_arrays, save_graph_arrays
+from pipelines.prune import (
+    PrunedGraph,
+    deduplicate_graph,
+    load_file_target,
+    load_pruned,
+    prune_layout_graph,
+    sample_configs,
+    save_pruned,
+    tile_as_pruned,
+)
+from pipelines.tpugraphs import GraphRef, LayoutGraph, available_collections, collection_dir, list_graphs, load_ref
+
+Log = Callable[[str], None]
+Ran = tuple[StageOutput, bool]  # a stage output and whether it was reused from the cache
+
+PRUNE_VERSION = 1
+FEATURES_VERSION = 1
+NODE_ARRAYS_VERSION = 1
+FOLDS_VERSION = 1
+STAGES = ("prune", "features", "node_arrays", "folds")
+LABELLED = ("train", "valid")
+GRAPHS_TABLE = "graphs.parquet"
+GRAPH_FEATURES = "graph_features.parquet"
+FOLDS_TABLE = "folds.parquet"
+
+
+# ----------------------------------------------------------------------------- inputs
+
+
+def collection_refs(data_root: Path | str, collection: Collection) -> dict[str, list[GraphRef]]:
+    """The collection's files per split; a stem found in two splits is a FormatError."""
+    refs = {split: list_graphs(data_root, collection, split) for split in SPLITS}
+    seen: dict[str, str] = {}
+    for split, items in refs.items():
+        for ref in items:
+            if ref.stem in seen:
+                raise FormatError(ref.path, f"{collection.name}: stem {ref.stem!r} appears in both "
+                                            f"{seen[ref.stem]} and {split}")
+            seen[ref.stem] = split
+    return refs
+
+
+def raw_data_key(data_root: Path | str, refs: dict[str, list[GraphRef]]) -> str:
+    return data_fingerprint([ref.path for items in refs.values() for ref in items], Path(data_root))
+
+
+def _seeded_rng(seed: int, stem: str) -> np.random.Generator:
+    """A generator per (seed, graph), so a graph's sample does not depend on which graphs ran before."""
+    return np.random.default_rng([seed, zlib.crc32(stem.encode("utf-8"))])
+
+
+# ----------------------------------------------------------------------------- stage: prune
+
+
+def prune_config(config: PipelineConfig, collection: Collection) -> dict[str, Any]:
+    """What the prune stage of ``collection`` depends on (tile graphs ignore the pruning knobs)."""
+    if collection.is_tile:
+        return {"collection": collection.name, "dedup": config.prune.dedup}
+    return {"collection": collection.name, **asdict(config.prune)}
+
+
+def prune_one(ref: GraphRef, config: PipelineConfig) -> tuple[PrunedGraph, dict[str, Any]]:
+    """Load, prune (layout) and de-duplicate (labelled splits) one graph; returns it and its stats row."""
+    graph = load_ref(ref)
+    if isinstance(graph, LayoutGraph):
+        pruned, stats = prune_layout_graph(graph, config.prune.hops, config.prune.mode)
+        counts = stats.as_dict()
+    else:
+        pruned = tile_as_pruned(graph)
+        counts = {"nodes_before": graph.num_nodes, "nodes_after": graph.num_nodes,
+                  "edges_before": int(graph.edge_index.shape[0]), "edges_after": int(graph.edge_index.shape[0])}
+    del graph  # the pruned graph shares the config array; nothing else of the raw graph is kept
+    configs_before = pruned.num_configs
+    if ref.split in LABELLED:
+        pruned = deduplicate_graph(pruned, config.prune.dedup)
+    row = {"graph": ref.stem, "split": ref.split, **counts,
+           "configs_before": configs_before, "configs_after": pruned.num_configs}
+    return pruned, row
+
+
+def _prune_to(folder: Path, ref: GraphRef, config: PipelineConfig) -> dict[str, Any]:
+    pruned, row = prune_one(ref, config)
+    save_pruned(folder / ref.split / f"{ref.stem}.npz", pruned)
+    return row
+
+
+def run_prune(config: PipelineConfig, collection: Collection, work_dir: Path, refs: dict[str, list[GraphRef]],
+              data_key: str, force: bool, log: Log) -> Ran:
+    def compute(folder: Path) -> dict[str, Any]:
+        rows = []
+        for split, items in refs.items():
+            (folder / split).mkdir()
+            rows += [_prune_to(folder, ref, config) for ref in items]
+        table = pl.DataFrame(rows, schema=_GRAPHS_SCHEMA)
+        table.write_parquet(folder / GRAPHS_TABLE)
+        labelled = table.filter(pl.col("split").is_in(LABELLED))
+        return {
+            "graphs": {split: len(items) for split, items in refs.items()},
+            "nodes_removed": int((table["nodes_before"] - table["nodes_after"]).sum()),
+            "edges_removed": int((table["edges_before"] - table["edges_after"]).sum()),
+            "node_share_kept": float(table["nodes_after"].sum() / max(table["nodes_before"].sum(), 1)),
+            "configs_removed_by_dedup": int((labelled["configs_before"] - labelled["configs_after"]).sum()),
+        }
+
+    return _run(work_dir, "prune", PRUNE_VERSION, prune_config(config, collection), {"data": data_key},
+                compute, force, log)
+
+
+_GRAPHS_SCHEMA = {"graph": pl.String, "split": pl.String, "nodes_before": pl.Int64, "nodes_after": pl.Int64,
+                  "edges_before": pl.Int64, "edges_after": pl.Int64, "configs_before": pl.Int64,
+                  "configs_after": pl.Int64}
+
+
+# ----------------------------------------------------------------------------- stage: features
+
+
+def features_config(config: PipelineConfig, collection: Collection) -> dict[str, Any]:
+    return {"collection": collection.name, **asdict(config.features),
+            # how often each chosen value occurs is only informative where configs come from a search
+            "value_frequency": collection.search == "default"}
+
+
+def run_features(config: PipelineConfig, collection: Collection, work_dir: Path, refs: dict[str, list[GraphRef]],
+                 data_key: str, prune: StageOutput, force: bool, log: Log) -> Ran:
+    stage_config = features_config(config, collection)
+
+    def graph_table(ref: GraphRef) -> tuple[pl.DataFrame, dict[str, float]]:
+        pruned = load_pruned(prune.path / ref.split / f"{ref.stem}.npz")
+        if ref.split in LABELLED:
+            pruned = sample_configs(pruned, config.features.max_configs_per_graph,
+                                    _seeded_rng(config.features.seed, ref.stem))
+        table = config_feature_table(pruned, value_frequency=stage_config["value_frequency"])
+        if pruned.kind == "tile":  # unpruned: the graph is the whole program
+            return table, graph_aggregates(pruned.node_feat, pruned.node_opcode, pruned.edge_index,
+                                           pruned.config_nodes)
+        # aggregates describe the whole program, not the pruned part: re-read the raw structure
+        raw = load_ref(ref, with_configs=False)
+        return table, graph_aggregates(raw.node_feat, raw.node_opcode, raw.edge_index, raw.node_config_ids)
+
+    def compute(folder: Path) -> dict[str, Any]:
+        rows = 0
+        columns: list[str] = []
+        for split, items in refs.items():
+            (folder / split / "configs").mkdir(parents=True)
+            aggregates = []
+            for ref in items:
+                table, aggregate = graph_table(ref)
+                table.write_parquet(folder / split / "configs" / f"{ref.stem}.parquet")
+                rows += table.height
+                columns = columns or [c for c in table.columns if c.startswith("f_")]
+                aggregates.append(aggregate)
+            graph_feature_table(aggregates, [ref.stem for ref in items]).write_parquet(folder / split / GRAPH_FEATURES)
+        return {"rows": rows, "config_features": len(columns)}
+
+    return _run(work_dir, "features", FEATURES_VERSION, stage_config,
+                {"prune": prune.key, "data": data_key}, compute, force, log,
+                seeds={"features": config.features.seed})
+
+
+# ----------------------------------------------------------------------------- stage: node arrays
+
+
+def run_node_arrays(collection: Collection, work_dir: Path, graphs: pl.DataFrame, prune: StageOutput,
+                    force: bool, log: Log) -> Ran:
+    def compute(folder: Path) -> dict[str, Any]:
+        for split in SPLITS:
+            (folder / split).mkdir()
+        for stem, split in graphs.select("graph", "split").iter_rows():
+            pruned = load_pruned(prune.path / split / f"{stem}.npz")
+            save_graph_arrays(folder / split / f"{stem}.npz", make_graph_arrays(pruned, collection.name, split))
+        return {"graphs": graphs.height}
+
+    return _run(work_dir, "node_arrays", NODE_ARRAYS_VERSION, {"collection": collection.name},
+                {"prune": prune.key}, compute, force, log)
+
+
+# ----------------------------------------------------------------------------- stage: folds
+
+
+def run_folds(config: PipelineConfig, collection: Collection, work_dir: Path, refs: dict[str, list[GraphRef]],
+              force: bool, log: Log) -> Ran:
+    labelled = [(ref.stem, split) for split in LABELLED for ref in refs[split]]
+
+    def compute(folder: Path) -> dict[str, Any]:
+        table = assign_folds([s for s, _ in labelled], [sp for _, sp in labelled], config.folds.k,
+                             config.folds.seed, config.folds.holdout_valid)
+        table.write_parquet(folder / FOLDS_TABLE)
+        counts = table.group_by("fold").len().sort("fold")
+        return {"families": table["family"].n_unique(),
+                "graphs_per_fold": {str(f): int(n) for f, n in counts.iter_rows()}}
+
+    return _run(work_dir, "folds", FOLDS_VERSION, {"collection": collection.name, **asdict(config.folds)},
+                {"graphs": fingerprint(labelled)}, compute, force, log, seeds={"folds": config.folds.seed})
+
+
+# ----------------------------------------------------------------------------- orchestration
+
+
+@dataclass
+class Prepared:
+    """The prepared data of one collection: its stage outputs and how to read them."""
+
+    collection: Collection
+    stages: dict[str, StageOutput]
+    cached: dict[str, bool] = field(default_factory=dict)  # per stage: reused rather than computed
+
+    @cached_property
+    def graph_table(self) -> pl.DataFrame:
+        """One row per graph: ``graph``, ``split`` and the prune counts."""
+        return pl.read_parquet(self.stages["prune"].file(GRAPHS_TABLE))
+
+    @cached_property
+    def _split_of(self) -> dict[str, str]:
+        return dict(self.graph_table.select("graph", "split").iter_rows())
+
+    def split_of(self, graph: str) -> str:
+        try:
+            return self._split_of[graph]
+        except KeyError:
+            raise PipelineError(f"{self.collection.name}: no graph {graph!r} in the prepared data") from None
+
+    def graphs(self, split: str) -> list[str]:
+        """Stems of ``split``, sorted."""
+        if split not in SPLITS:
+            raise ValueError(f"unknown split {split!r}; expected one of {SPLITS}")
+        return sorted(self.graph_table.filter(pl.col("split") == split)["graph"].to_list())
+
+    def load_features(self, graphs: Iterable[str], max_configs: int | None = None, seed: int = 0) -> pl.DataFrame:
+        """Config feature rows of ``graphs`` (at most ``max_configs`` per graph, a seeded sample kept
+        in file order), joined with their ``g_*`` graph aggregates."""
+        graphs = list(graphs)
+        features = self.stages["features"]
+        tables = []
+        for stem in graphs:
+            table = pl.read_parquet(features.file(f"{self.split_of(stem)}/configs/{stem}.parquet"))
+            if max_configs is not None and table.height > max_configs:
+                table = table[np.sort(_seeded_rng(seed, stem).choice(table.height, size=max_configs, replace=False))]
+            tables.append(table)
+        if not tables:
+            raise ValueError("load_features needs at least one graph")
+        splits = sorted({self.split_of(stem) for stem in graphs})
+        aggregates = pl.concat([pl.read_parquet(features.file(f"{split}/{GRAPH_FEATURES}")) for split in splits])
+        return pl.concat(tables).join(aggregates, on="graph", how="left")
+
+    def load_graph_arrays(self, graph: str) -> GraphArrays:
+        return load_graph_arrays(self.stages["node_arrays"].file(f"{self.split_of(graph)}/{graph}.npz"))
+
+    def folds(self) -> pl.DataFrame:
+        """``graph``, ``split``, ``family``, ``fold`` of every train/valid graph (fold -1: holdout)."""
+        return pl.read_parquet(self.stages["folds"].file(FOLDS_TABLE))
+
+    def runtimes(self, graph: str) -> np.ndarray:
+        """float64 target of every config of the original file in file order (runtime for layout,
+        runtime/normalizer for tile; zeros for test), for scoring predictions."""
+        return load_file_target(self.stages["prune"].file(f"{self.split_of(graph)}/{graph}.npz"))
+
+    def pruned_graph(self, graph: str) -> PrunedGraph:
+        return load_pruned(self.stages["prune"].file(f"{self.split_of(graph)}/{graph}.npz"))
+
+
+def prepare(config: PipelineConfig, data_root: Path | str, work_dir: Path | str,
+            collections: Sequence[Collection | str] | None = None, force: bool = False,
+            log: Log = print) -> dict[str, Prepared]:
+    """Run (or reuse) the four preparation stages for each collection; ``None`` = every collection
+    with a train directory under ``data_root``."""
+    data_root, work_dir = Path(data_root), Path(work_dir)
+    if collections is None:
+        chosen = available_collections(data_root)
+    else:
+        chosen = [c if isinstance(c, Collection) else parse_collection(c) for c in collections]
+    if not chosen:
+        raise FormatError(data_root, "no collection to prepare (no train directory found)")
+    return {c.name: prepare_collection(config, c, data_root, work_dir, force, log) for c in chosen}
+
+
+def prepare_collection(config: PipelineConfig, collection: Collection, data_root: Path, work_dir: Path,
+                       force: bool = False, log: Log = print) -> Prepared:
+    tagged = _tagged(log, collection)
+    refs = collection_refs(data_root, collection)
+    if not refs["train"]:
+        raise FormatError(collection_dir(data_root, collection, "train"), f"{collection.name}: no train graphs")
+    data_key = raw_data_key(data_root, refs)
+    ran: dict[str, Ran] = {}
+    ran["prune"] = run_prune(config, collection, work_dir, refs, data_key, force, tagged)
+    prune = ran["prune"][0]
+    graphs = pl.read_parquet(prune.file(GRAPHS_TABLE))
+    ran["features"] = run_features(config, collection, work_dir, refs, data_key, prune, force, tagged)
+    ran["node_arrays"] = run_node_arrays(collection, work_dir, graphs, prune, force, tagged)
+    ran["folds"] = run_folds(config, collection, work_dir, refs, force, tagged)
+    return Prepared(collection, {name: out for name, (out, _) in ran.items()},
+                    {name: cached for name, (_, cached) in ran.items()})
+
+
+# ----------------------------------------------------------------------------- internals
+
+
+def _run(work_dir: Path, stage: str, version: int, config: dict[str, Any], inputs: dict[str, str],
+         compute: Callable[[Path], dict[str, Any]], force: bool, log: Log,
+         seeds: dict[str, int] | None = None) -> Ran:
+    """``run_stage`` plus whether it reused a complete output (known from the key beforehand)."""
+    cached = not force and _is_complete(work_dir, stage, stage_key(stage, version, config, inputs))
+    output = run_stage(work_dir=work_dir, stage=stage, version=version, config=config, inputs=inputs,
+                       compute=compute, seeds=seeds, force=force, log=log)
+    return output, cached
+
+
+def _is_complete(work_dir: Path, stage: str, key: str) -> bool:
+    try:
+        load_stage(work_dir, stage, key)
+    except PipelineError:
+        return False
+    return True
+
+
+def _tagged(log: Log, collection: Collection) -> Log:
+    return lambda message: log(f"{collection.name} {message}")

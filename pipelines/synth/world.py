@@ -1,0 +1,551 @@
+"""Scales, naming and writing of a synthetic TpuGraphs world (the I/O shell around the generators).
+
+A world is written exactly like the Kaggle download (``npz_all/npz/...`` plus
+``sample_submission.csv``), through :func:`pipelines.tpugraphs.save_graph`.
+
+Scales (graphs per split and sizes):
+
+========  =====================  ======================================  ==========================
+scale     tile train/valid/test  layout train/valid/test per collection  sizes
+========  =====================  ======================================  ==========================
+tiny      16 / 4 / 4             6 / 2 / 2                               layout ~20-170 nodes,
+                                                                         30-100 configs (test 8);
+                                                                         tile 2-40 configs
+small     240 / 40 / 40          xla 24/5/5 (random 26/5/5),             layout ~100-900 nodes,
+                                 nlp 28/6/6 (random 30/6/6)              10-90 configurable, 300-2000
+                                                                         configs (test 200);
+                                                                         tile 10-300 configs
+full      5709 / 676 / 844       xla:default 61/7/8, xla:random 69/7/8,  layout up to ~44k nodes
+                                 nlp:default 198/20/17,                  (xla mean ~13k, nlp ~6k),
+                                 nlp:random 207/20/17                    up to 100,040 configs
+                                                                         (c * nc <= 100,040 * 121),
+                                                                         test 1000 (two with 1001);
+                                                                         tile 5-80 nodes, 2-10k configs
+========  =====================  ======================================  ==========================
+
+Tile test splits hold graphs with fewer than 5 configs (16 at full scale, 1-2 otherwise).
+
+Names. Tile train/valid stems are ``<model>_<train|inference>_batch_<b>_<signed 16-hex>``; layout
+xla stems follow one of the real patterns per family (``resnet50.4x4.fp16``,
+``inception_v3_batch_128_train``, ``mlperf_bert_batch_24_2x2``, ...); nlp stems are
+``<model>_batch_size_<b>_<train|test>``; test stems are anonymous 32-hex. The family (the stem
+without batch, precision, topology, mode and hash parts, see :func:`family_of`) fixes a program's
+skeleton; its variants change sizes and add backward passes.
+
+Determinism. Each file's randomness comes from ``SeedSequence((seed, collection, split, index))``
+(programs shared by a source's default and random collections from the source's key), so
+``--limit`` and ``--jobs`` never change a file. Files are listed in stem order and ``--limit N``
+writes the first N, which are byte-identical to those of an unlimited run.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import tempfile
+import time
+import zlib
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from pipelines.collections import ALL_COLLECTIONS, SPLITS, TILE_XLA, Collection, parse_collections
+from pipelines.errors import ConfigError
+from pipelines.synth import costmodel, searches
+from pipelines.synth.programs import Family, Variant, build_program, build_tile_kernel
+from pipelines.tpugraphs import LayoutGraph, TileGraph, save_graph
+
+SYNTH_VERSION = 1
+MARKER = "synth.json"
+PARTIAL_MARKER = ".synth-incomplete.json"
+REMEASURED_DUPLICATES = 0.05  # share of duplicate layout configs measured again (other runtime)
+
+
+# ----------------------------------------------------------------------------- scales
+
+
+@dataclass(frozen=True)
+class Scale:
+    name: str
+    tile_counts: tuple[int, int, int]
+    layout_counts: dict[str, tuple[int, int, int]]
+    tile_nodes: tuple[int, int]
+    tile_configs: tuple[int, int]  # log-uniform range for labelled files
+    tile_test_configs: tuple[int, int]
+    tile_few_config_tests: int  # test graphs with 2-4 configs
+    layout_budget: dict[str, tuple[float, float, int]]  # source -> (median, log-sd, max) forward nodes
+    layout_configs: tuple[int, int]  # log-uniform range for labelled layout files
+    layout_test_configs: int
+    max_config_cells: int  # cap on configs * configurable nodes per file
+    extra_config_tests: tuple[str, ...] = ()  # collections whose first test graph gets one more config
+
+
+SCALES: dict[str, Scale] = {
+    "tiny": Scale(
+        "tiny", (16, 4, 4),
+        {"layout:xla:default": (6, 2, 2), "layout:xla:random": (6, 2, 2),
+         "layout:nlp:default": (6, 2, 2), "layout:nlp:random": (6, 2, 2)},
+        tile_nodes=(5, 30), tile_configs=(10, 40), tile_test_configs=(5, 12), tile_few_config_tests=1,
+        layout_budget={"xla": (20, 0.2, 30), "nlp": (20, 0.2, 30)},
+        layout_configs=(30, 100), layout_test_configs=8, max_config_cells=100 * 200),
+    "small": Scale(
+        "small", (240, 40, 40),
+        {"layout:xla:default": (24, 5, 5), "layout:xla:random": (26, 5, 5),
+         "layout:nlp:default": (28, 6, 6), "layout:nlp:random": (30, 6, 6)},
+        tile_nodes=(5, 60), tile_configs=(10, 300), tile_test_configs=(10, 200), tile_few_config_tests=2,
+        layout_budget={"xla": (260, 0.5, 600), "nlp": (150, 0.4, 400)},
+        layout_configs=(300, 2000), layout_test_configs=200, max_config_cells=2000 * 60),
+    "full": Scale(
+        "full", (5709, 676, 844),
+        {"layout:xla:default": (61, 7, 8), "layout:xla:random": (69, 7, 8),
+         "layout:nlp:default": (198, 20, 17), "layout:nlp:random": (207, 20, 17)},
+        tile_nodes=(5, 80), tile_configs=(2, 10_000), tile_test_configs=(2, 10_000), tile_few_config_tests=16,
+        layout_budget={"xla": (7000, 0.7, 16000), "nlp": (3000, 0.6, 12000)},
+        layout_configs=(500, 100_040), layout_test_configs=1000, max_config_cells=100_040 * 121,
+        extra_config_tests=("layout:xla:random", "layout:nlp:default")),
+}
+
+
+# ----------------------------------------------------------------------------- families and names
+
+# (family, kind, width, stem pattern, extra Family fields)
+XLA_FAMILIES: tuple[tuple[str, str, int, str, dict], ...] = (
+    ("resnet50", "cnn", 64, "dot", {"layout_style": "feature_minor"}),
+    ("resnet_v1_50_official", "cnn", 64, "batch_prec", {}),
+    ("resnet_v2_101", "cnn", 64, "batch_mode", {"layout_style": "feature_minor"}),
+    ("inception_v3", "cnn", 32, "batch_mode", {}),
+    ("efficientnet_b7", "cnn", 32, "batch_mode", {"filler": 3}),
+    ("mnasnet_a1", "cnn", 16, "batch_mode", {"filler": 2}),
+    ("mobilenet_v2", "cnn", 16, "batch_prec", {}),
+    ("retinanet", "cnn", 64, "dot", {"image": 512}),
+    ("mask_rcnn", "cnn", 64, "batch_topo", {"image": 512, "layout_style": "feature_minor"}),
+    ("shapemask", "cnn", 64, "dot", {"image": 384}),
+    ("unet_3d", "cnn", 32, "dot", {"spatial_rank": 3, "image": 64}),
+    ("densenet121", "cnn", 32, "batch_prec", {"filler": 2}),
+    ("mlperf_bert", "transformer", 1024, "batch_topo", {"heads": 16, "seq": 512}),
+    ("bert_pretraining", "transformer", 768, "dot", {"heads": 12, "seq": 128}),
+    ("transformer_tf2", "transformer", 512, "batch_mode", {"heads": 8, "seq": 256}),
+    ("magenta_music_transformer", "transformer", 256, "batch_mode", {"heads": 4, "seq": 1024}),
+    ("trax_lsh_attention", "transformer", 512, "batch_topo", {"heads": 8, "seq": 2048}),
+    ("ncf", "mlp", 64, "dot", {}),
+    ("dlrm", "mlp", 128, "batch_mode", {"filler": 2}),
+    ("brax_es", "mlp", 32, "batch_topo", {}),
+)
+
+_NLP_NAMED = (
+    ("bert_en_cased_L-12_H-768_A-12", 12, 768, 12), ("bert_en_uncased_L-12_H-768_A-12", 12, 768, 12),
+    ("bert_en_uncased_L-24_H-1024_A-16", 24, 1024, 16), ("bert_multi_cased_L-12_H-768_A-12", 12, 768, 12),
+    ("albert_en_base", 12, 768, 12), ("albert_en_large", 24, 1024, 16), ("albert_en_xlarge", 24, 2048, 32),
+    ("electra_small", 12, 256, 4), ("electra_base", 12, 768, 12), ("experts_pubmed", 12, 768, 12),
+    ("experts_wiki_books", 12, 768, 12), ("talking-heads_base", 12, 768, 12), ("talking-heads_large", 24, 1024, 16),
+    ("mobilebert_en_uncased", 24, 512, 4), ("lambert_en_uncased_L-24_H-1024_A-16", 24, 1024, 16),
+)
+NLP_FAMILIES: tuple[tuple[str, int, int, int], ...] = _NLP_NAMED + tuple(
+    (f"small_bert_bert_en_uncased_L-{layers}_H-{hidden}_A-{hidden // 64}", layers, hidden, hidden // 64)
+    for layers in (2, 4, 6, 8, 10, 12) for hidden in (128, 256, 512, 768))
+
+TILE_MODELS: tuple[tuple[str, str, int], ...] = (
+    ("alexnet", "cnn", 64), ("resnet50", "cnn", 64), ("resnet_v1_50", "cnn", 64), ("inception_v3", "cnn", 32),
+    ("inception_v4", "cnn", 32), ("vgg16", "cnn", 64), ("vgg19", "cnn", 64), ("mobilenet_v1", "cnn", 16),
+    ("mobilenet_v2", "cnn", 16), ("efficientnet_b0", "cnn", 16), ("densenet121", "cnn", 32),
+    ("unet", "cnn", 32), ("ssd_resnet34", "cnn", 64), ("yolov3", "cnn", 32), ("mask_rcnn", "cnn", 64),
+    ("deeplab_v3", "cnn", 64), ("wavenet", "cnn", 32), ("bert", "transformer", 128),
+    ("albert", "transformer", 128), ("transformer", "transformer", 128), ("gpt2", "transformer", 128),
+    ("t5_small", "transformer", 64), ("ncf", "mlp", 64), ("dlrm", "mlp", 64),
+)
+_TILE_KINDS = {"cnn": ("conv", "conv", "conv", "reduce", "eltwise", "eltwise", "dot"),
+               "transformer": ("dot", "dot", "dot", "reduce", "reduce", "eltwise", "eltwise"),
+               "mlp": ("dot", "dot", "eltwise", "reduce")}
+_PRECISION = {"fp16": "f16", "fp32": "f32", "bf16": "bf16"}
+_TOPOLOGIES = ("2x2", "4x4", "8x8")
+
+_FAMILY_SUFFIX = re.compile(
+    r"[._](?:batch_size_\d+|batch_\d+|train|test|eval|inference|\d+x\d+|fp16|fp32|bf16)(?=[._]|$)")
+_HASH_SUFFIX = re.compile(r"_-?[0-9a-f]{16}$")
+
+
+def family_of(stem: str) -> str:
+    """The program family of a stem: drop hash, batch, precision, topology and mode parts.
+
+    ``alexnet_train_batch_32_-1bae27a41d70f4dc`` -> ``alexnet``; ``resnet50.4x4.fp16`` ->
+    ``resnet50``; ``bert_en_cased_L-12_H-768_A-12_batch_size_16_train`` ->
+    ``bert_en_cased_L-12_H-768_A-12``. (For this module's tests; the folds use their own.)
+    """
+    return _FAMILY_SUFFIX.sub("", _HASH_SUFFIX.sub("", stem))
+
+
+def _variants(pattern: str) -> list[tuple[str, Variant]]:
+    """Every (stem suffix, variant) of a stem pattern."""
+    out: list[tuple[str, Variant]] = []
+    batches = (8, 16, 32, 64, 128, 256)
+    if pattern == "dot":
+        for topo in _TOPOLOGIES:
+            for prec, etype in _PRECISION.items():
+                chips = math.prod(int(t) for t in topo.split("x"))
+                out.append((f".{topo}.{prec}", Variant(256, etype, True, chips)))
+    elif pattern == "batch_mode":
+        for b in batches:
+            for mode in ("train", "eval"):
+                out.append((f"_batch_{b}_{mode}", Variant(b, "bf16", mode == "train")))
+    elif pattern == "batch_prec":
+        for b in batches:
+            for prec, etype in _PRECISION.items():
+                out.append((f"_batch_{b}_{prec}", Variant(b, etype, True)))
+    elif pattern == "batch_topo":
+        for b in (8, 12, 16, 24, 32, 48):
+            for topo in _TOPOLOGIES:
+                chips = math.prod(int(t) for t in topo.split("x"))
+                out.append((f"_batch_{b}_{topo}", Variant(b * chips, "bf16", True, chips)))
+    elif pattern == "nlp":
+        for b in (16, 32, 64, 128):
+            for mode in ("train", "test"):
+                train = mode == "train"
+                out.append((f"_batch_size_{b}_{mode}", Variant(b, "f32" if train else "bf16", train)))
+    else:
+        raise ValueError(f"unknown stem pattern {pattern!r}")
+    return out
+
+
+def _hex(rng: np.random.Generator, digits: int) -> str:
+    return "".join(f"{int(x):x}" for x in rng.integers(0, 16, size=digits))
+
+
+# ----------------------------------------------------------------------------- specs (what each file holds)
+
+
+@dataclass(frozen=True)
+class FileSpec:
+    """One file to write; everything needed to generate it (picklable for worker processes)."""
+
+    collection: str
+    split: str
+    stem: str
+    index: int  # pool index: the file's (and its program's) RNG key
+    family: Family
+    variant: Variant
+    kind: str = ""  # tile kernel kind
+    nodes: int = 0  # tile kernel node target
+    num_configs: int = 0  # tile and test files: fixed count; 0: drawn per file
+
+
+def _seq(seed: int, *keys: str | int) -> np.random.SeedSequence:
+    return np.random.SeedSequence([seed, *(zlib.crc32(k.encode()) if isinstance(k, str) else k for k in keys)])
+
+
+def _rng(seed: int, *keys: str | int) -> np.random.Generator:
+    return np.random.default_rng(_seq(seed, *keys))
+
+
+def _loguniform(rng: np.random.Generator, low: int, high: int) -> int:
+    return int(round(math.exp(rng.uniform(math.log(low), math.log(high)))))
+
+
+def _layout_family(scale: Scale, seed: int, source: str, name: str, kind: str, width: int, extra: dict,
+                   layers: int = 0, heads: int = 4) -> Family:
+    """Family constants (node budget, filler, layout style) from the family's own RNG key."""
+    rng = _rng(seed, scale.name, "family", source, name)
+    median, sd, cap = scale.layout_budget[source]
+    budget = int(min(cap, max(8, median * math.exp(sd * rng.standard_normal()))))
+    fields = {"filler": int(rng.integers(1, 4)), "layout_style": str(rng.choice(["default", "feature_minor"])),
+              "heads": heads}
+    fields.update(extra)
+    if kind == "transformer" and layers:  # a fixed depth: grow the per-layer elementwise work instead
+        fields["filler"] = int(np.clip(round((budget / layers - 90) / 4), 1, 100))
+    return Family(name, kind, budget, width, layers=layers, **fields)
+
+
+def _choose_variants(rng: np.random.Generator, catalog: list[tuple[Family, list[tuple[str, Variant]]]],
+                     total: int) -> list[tuple[Family, str, Variant]]:
+    """``total`` distinct (family, stem, variant), several variants per family, in random order."""
+    order = rng.permutation(len(catalog))
+    families = max(2, min(len(catalog), -(-total // 4)))
+    chosen = [catalog[i] for i in order[:families]]
+    pools = [(fam, [variants[j] for j in rng.permutation(len(variants))]) for fam, variants in chosen]
+    picked: list[tuple[Family, str, Variant]] = []
+    depth = 0
+    while len(picked) < total:
+        progress = False
+        for fam, variants in pools:
+            if depth < len(variants) and len(picked) < total:
+                suffix, variant = variants[depth]
+                picked.append((fam, fam.name + suffix, variant))
+                progress = True
+        if not progress:
+            raise ConfigError(f"not enough distinct layout variants for {total} graphs")
+        depth += 1
+    return [picked[i] for i in rng.permutation(len(picked))]
+
+
+def layout_specs(scale: Scale, seed: int, collection: Collection) -> dict[str, list[FileSpec]]:
+    """Files of one layout collection per split, sorted by stem (the order ``--limit`` keeps)."""
+    source = collection.source
+    searches_of_source = [c for c in ALL_COLLECTIONS if c.is_layout and c.source == source]
+    sizes = [max(scale.layout_counts[c.name][s] for c in searches_of_source) for s in range(3)]
+    rng = _rng(seed, scale.name, "pool", source)
+    if source == "xla":
+        catalog = [(_layout_family(scale, seed, source, name, kind, width, extra), _variants(pattern))
+                   for name, kind, width, pattern, extra in XLA_FAMILIES]
+    else:
+        catalog = [(_layout_family(scale, seed, source, name, "transformer", hidden, {"heads": heads},
+                                   layers=layers), _variants("nlp"))
+                   for name, layers, hidden, heads in NLP_FAMILIES]
+    chosen = _choose_variants(rng, catalog, sum(sizes))
+    test_stems = [_hex(rng, 32) for _ in range(sizes[2])]
+    own = scale.layout_counts[collection.name]
+    out: dict[str, list[FileSpec]] = {}
+    start = 0
+    for s, split in enumerate(SPLITS):
+        specs = []
+        for index in range(own[s]):  # a search's files are the first ones of the source's pool
+            family, stem, variant = chosen[start + index]
+            num = 0
+            if split == "test":
+                stem = test_stems[index]
+                extra = 1 if collection.name in scale.extra_config_tests and index == 0 else 0
+                num = scale.layout_test_configs + extra
+            specs.append(FileSpec(collection.name, split, stem, index, family, variant, num_configs=num))
+        out[split] = sorted(specs, key=lambda spec: spec.stem)
+        start += sizes[s]
+    return out
+
+
+def tile_specs(scale: Scale, seed: int) -> dict[str, list[FileSpec]]:
+    """Tile kernel files per split, sorted by stem."""
+    rng = _rng(seed, scale.name, "pool", "tile")
+    units = [(Family(name, kind, 0, width), f"_{mode}_batch_{b}", Variant(b, str(rng.choice(["bf16", "f32"]))))
+             for name, kind, width in TILE_MODELS for mode in ("train", "inference") for b in (1, 8, 16, 32, 64, 128)]
+    total = sum(scale.tile_counts)
+    seen: set[str] = set()
+    specs: list[tuple[Family, str, Variant, str, int]] = []
+    while len(specs) < total:
+        family, suffix, variant = units[rng.integers(len(units))]
+        stem = f"{family.name}{suffix}_{'-' if rng.random() < 0.5 else ''}{_hex(rng, 16)}"
+        if stem in seen:
+            continue
+        seen.add(stem)
+        kind = str(rng.choice(_TILE_KINDS[family.kind]))
+        specs.append((family, stem, variant, kind, int(rng.integers(scale.tile_nodes[0], scale.tile_nodes[1] + 1))))
+    out: dict[str, list[FileSpec]] = {}
+    start = 0
+    for s, split in enumerate(SPLITS):
+        files = []
+        count = scale.tile_counts[s]
+        for index in range(count):
+            family, stem, variant, kind, nodes = specs[start + index]
+            if split == "test":
+                stem = _hex(rng, 32)
+                low, high = scale.tile_test_configs
+                num = int(rng.integers(2, 5)) if index < scale.tile_few_config_tests else _loguniform(rng, low, high)
+            else:
+                num = _loguniform(rng, *scale.tile_configs)
+            files.append(FileSpec(TILE_XLA.name, split, stem, index, family, variant, kind, nodes, num))
+        out[split] = sorted(files, key=lambda spec: spec.stem)
+        start += count
+    return out
+
+
+# ----------------------------------------------------------------------------- generating one file
+
+
+def make_tile_graph(spec: FileSpec, seed: int) -> TileGraph:
+    """The tile graph of ``spec`` (pure: no I/O)."""
+    rng = _rng(seed, spec.collection, spec.split, spec.index)
+    program, kernel = build_tile_kernel(spec.family, spec.variant, spec.kind, spec.nodes, rng)
+    minimum = 1 if spec.num_configs < 5 else 5
+    config_feat = searches.tile_configs(kernel, max(spec.num_configs, minimum), rng)
+    c = config_feat.shape[0]
+    if spec.split == "test":
+        runtime, normalizer = np.zeros(c, np.int64), np.ones(c, np.int64)
+    else:
+        costs = costmodel.tile_costs(kernel, config_feat)
+        sigma = rng.uniform(0.005, 0.02)
+        runtime = costmodel.noisy(costs, costmodel.TILE_REPEATS, sigma, rng)
+        normalizer = costmodel.noisy(np.full(c, np.median(costs)), costmodel.TILE_REPEATS, 0.01, rng)
+    return TileGraph(spec.stem, program.node_feat, program.node_opcode, program.edge_index, config_feat,
+                     runtime, normalizer)
+
+
+def make_layout_graph(spec: FileSpec, seed: int, scale: Scale) -> LayoutGraph:
+    """The layout graph of ``spec`` (pure: no I/O). Its program is shared by both searches."""
+    collection = parse_collections(spec.collection)[0]
+    program = build_program(spec.family, spec.variant, _rng(seed, "layout", collection.source, spec.split, spec.index))
+    model = costmodel.layout_cost_model(program)
+    rng = _rng(seed, spec.collection, spec.split, spec.index)
+    count = spec.num_configs  # fixed for test files
+    if not count:
+        cap = scale.max_config_cells // max(model.num_configurable, 1)
+        low, high = scale.layout_configs
+        # drawn past the maximum and clipped, so some files hold exactly the maximum (as in the real data)
+        count = max(2, min(_loguniform(rng, low, int(high * 1.5)), high, cap))
+    if collection.search == "random":
+        configs = searches.random_search(model, count, rng)
+    else:
+        duplicate_share = float(rng.choice([0.05, 0.3, 0.6, 0.9, 0.99]))
+        configs = searches.default_search(model, count, rng, duplicate_share, float(rng.uniform(0.5, 3.0)))
+    if spec.split == "test":
+        runtime = np.zeros(count, dtype=np.int64)
+    else:
+        runtime = measure_layout(model, configs, rng)
+    return LayoutGraph(spec.stem, program.node_feat, program.node_opcode, program.edge_index, program.config_ids,
+                       configs, runtime, program.node_splits)
+
+
+def measure_layout(model: costmodel.LayoutCostModel, configs: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """Runtimes of configs: duplicates share a measurement, except a few that were measured again."""
+    hashes = searches.row_hashes(configs)
+    _, first, inverse = np.unique(hashes, return_index=True, return_inverse=True)
+    costs = np.empty(first.shape[0], dtype=np.float64)
+    rows = max(1, 1_000_000 // max(model.num_configurable, 1))
+    for start in range(0, first.shape[0], rows):
+        costs[start:start + rows] = costmodel.layout_costs(model, configs[first[start:start + rows]])
+    sigma = rng.uniform(0.006, 0.015)
+    runtime = costmodel.noisy(costs, costmodel.LAYOUT_REPEATS, sigma, rng)[inverse]
+    duplicate = np.arange(len(configs)) != first[inverse]
+    repeated = np.flatnonzero(duplicate & (rng.random(len(configs)) < REMEASURED_DUPLICATES))
+    runtime[repeated] = costmodel.noisy(costs[inverse[repeated]], costmodel.LAYOUT_REPEATS, sigma, rng)
+    return runtime
+
+
+def _write_file(out: str, scale_name: str, seed: int, spec: FileSpec) -> tuple[str, str, int, int, int]:
+    """Generate and write one file; returns (collection, split, nodes, configurable, configs)."""
+    collection = parse_collections(spec.collection)[0]
+    path = collection_dir_path(Path(out), collection, spec.split) / f"{spec.stem}.npz"
+    if collection.is_tile:
+        graph = make_tile_graph(spec, seed)
+        nc = 0
+    else:
+        graph = make_layout_graph(spec, seed, SCALES[scale_name])
+        nc = int(graph.node_config_ids.shape[0])
+    save_graph(path, graph)
+    return spec.collection, spec.split, graph.num_nodes, nc, graph.num_configs
+
+
+def collection_dir_path(out: Path, collection: Collection, split: str) -> Path:
+    """Where a collection's split lives under a world root (also before the root exists)."""
+    return out.joinpath("npz_all", "npz", *collection.relative_dir.parts, split)
+
+
+# ----------------------------------------------------------------------------- the world
+
+
+def world_specs(scale: Scale, seed: int, collections: tuple[Collection, ...],
+                limit: int | None) -> list[FileSpec]:
+    """Every file of the world, collection by collection, split by split, in stem order."""
+    files: list[FileSpec] = []
+    for collection in collections:
+        by_split = tile_specs(scale, seed) if collection.is_tile else layout_specs(scale, seed, collection)
+        for split in SPLITS:
+            files.extend(by_split[split][:limit])
+    return files
+
+
+def _marker(scale: str, seed: int, limit: int | None, collections: tuple[Collection, ...]) -> dict:
+    return {"generator": "pipelines.synth", "version": SYNTH_VERSION, "scale": scale, "seed": seed,
+            "limit": limit, "collections": [c.name for c in collections]}
+
+
+def _read_json(path: Path) -> dict | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _write_text_atomic(path: Path, text: str) -> None:
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as handle:
+            handle.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def submission_rows(out: Path, specs: list[FileSpec]) -> list[str]:
+    """Sample-submission rows for the test files: tile ``0;1;2;3;4`` (fewer if c<5), layout identity."""
+    rows = []
+    for spec in specs:
+        if spec.split != "test":
+            continue
+        collection = parse_collections(spec.collection)[0]
+        path = collection_dir_path(out, collection, "test") / f"{spec.stem}.npz"
+        with np.load(path) as archive:
+            count = int(archive["config_runtime"].shape[0])
+        top = range(min(5, count)) if collection.is_tile else range(count)
+        rows.append(f"{collection.submission_id(spec.stem)},{';'.join(map(str, top))}")
+    return rows
+
+
+def generate_world(out: Path | str, *, scale: str, seed: int, limit: int | None = None,
+                   collections: str | list[str] | None = None, jobs: int = 1) -> str:
+    """Write a synthetic world under ``out``; returns a printable summary.
+
+    Refuses a non-empty ``out`` unless it is (part of) a world of the same arguments: a complete
+    one is left alone, an interrupted one is completed.
+    """
+    if scale not in SCALES:
+        raise ConfigError(f"unknown scale {scale!r}; expected one of {', '.join(SCALES)}")
+    if limit is not None and limit < 1:
+        raise ConfigError(f"--limit must be at least 1, got {limit}")
+    if jobs < 1:
+        raise ConfigError(f"--jobs must be at least 1, got {jobs}")
+    chosen = parse_collections(collections)
+    chosen = tuple(c for c in ALL_COLLECTIONS if c in chosen)  # canonical order
+    out = Path(out)
+    marker = _marker(scale, seed, limit, chosen)
+    specs = world_specs(SCALES[scale], seed, chosen, limit)
+    submission = out / "sample_submission.csv"
+    paths = [collection_dir_path(out, parse_collections(s.collection)[0], s.split) / f"{s.stem}.npz" for s in specs]
+
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"{out}: exists and is not a directory")
+    if out.is_dir() and any(out.iterdir()):
+        done, partial = _read_json(out / MARKER), _read_json(out / PARTIAL_MARKER)
+        if done == marker and submission.is_file() and all(p.is_file() for p in paths):
+            return f"{out}: synthetic world (scale={scale}, seed={seed}) is already complete; nothing written"
+        if marker not in (done, partial):
+            found = done or partial
+            why = f"its {MARKER} was written with other arguments ({found})" if found else "it is not a synth world"
+            raise ConfigError(f"{out}: refusing to write into a non-empty directory: {why}")
+    out.mkdir(parents=True, exist_ok=True)
+    _write_text_atomic(out / PARTIAL_MARKER, json.dumps(marker, indent=2))
+    (out / MARKER).unlink(missing_ok=True)  # only the partial marker may exist while writing
+
+    started = time.perf_counter()
+    todo = [s for s, p in zip(specs, paths) if not p.is_file()]
+    for collection in chosen:
+        for split in SPLITS:
+            collection_dir_path(out, collection, split).mkdir(parents=True, exist_ok=True)
+    if jobs == 1:
+        results = [_write_file(str(out), scale, seed, spec) for spec in todo]
+    else:
+        with ProcessPoolExecutor(max_workers=jobs) as pool:
+            results = list(pool.map(_write_file, [str(out)] * len(todo), [scale] * len(todo), [seed] * len(todo),
+                                    todo, chunksize=1))
+    header = "ID,TopConfigs"
+    _write_text_atomic(submission, "\n".join([header, *submission_rows(out, specs)]) + "\n")
+    _write_text_atomic(out / MARKER, json.dumps(marker, indent=2))
+    (out / PARTIAL_MARKER).unlink(missing_ok=True)
+    return _summary(out, marker, specs, results, len(specs) - len(todo), time.perf_counter() - started)
+
+
+def _summary(out: Path, marker: dict, specs: list[FileSpec], results: list[tuple[str, str, int, int, int]],
+             skipped: int, seconds: float) -> str:
+    lines = [f"synthetic world at {out} (scale={marker['scale']}, seed={marker['seed']}, limit={marker['limit']}): "
+             f"{len(specs)} files, {len(results)} written, {skipped} already present, {seconds:.1f} s"]
+    groups: dict[tuple[str, str], list[tuple[int, int, int]]] = {}
+    for collection, split, n, nc, c in results:
+        groups.setdefault((collection, split), []).append((n, nc, c))
+    for (collection, split), rows in groups.items():
+        n, nc, c = (np.array(col) for col in zip(*rows))
+        detail = f"nodes {n.min()}-{n.max()}, configs {c.min()}-{c.max()}"
+        if nc.any():
+            detail += f", configurable {nc.min()}-{nc.max()}"
+        lines.append(f"  {collection:20s} {split:5s} {len(rows):5d} files: {detail}")
+    return "\n".join(lines)
+

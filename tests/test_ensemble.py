@@ -1,0 +1,237 @@
+import numpy as np
+import polars as pl
+import pytest
+
+from pipelines.ensemble import (
+    AVERAGED, average_over_seeds_and_folds, blend, ensemble_collection, fit_blend_weights, normalise_scores,
+    prepare_model_scores,
+)
+from pipelines.collections import parse_collection
+from pipelines.errors import ConfigError, FormatError
+from pipelines.metric import score_predictions
+from pipelines.predictions import PREDICTION_SCHEMA, prediction_frame
+
+LAYOUT = "layout:xla:random"
+TILE = "tile:xla"
+
+
+def frame_of(rows: list[dict]) -> pl.DataFrame:
+    """Concatenate prediction_frame(**row) for each row spec."""
+    return pl.concat([prediction_frame(**row) for row in rows])
+
+
+def scores_of(frame: pl.DataFrame, **where) -> list[float]:
+    for column, value in where.items():
+        frame = frame.filter(pl.col(column) == value)
+    return frame.sort("config_index")["score"].to_list()
+
+
+def make_world(collection: str, graphs: int, configs: int, seed: int = 0) -> dict[tuple[str, str], np.ndarray]:
+    rng = np.random.default_rng(seed)
+    if parse_collection(collection).is_tile:
+        return {(collection, f"g{g}"): rng.uniform(1.0, 3.0, configs) for g in range(graphs)}
+    return {(collection, f"g{g}"): rng.integers(10**6, 10**9, configs).astype(np.int64) for g in range(graphs)}
+
+
+def oof_frame(truths, model: str, noise: float, seed: int, signal: float = 1.0, seeds: int = 1) -> pl.DataFrame:
+    """OOF predictions: ``signal * standardised truth + noise * N(0, 1)`` per graph (lower = faster)."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for i, ((collection, graph), truth) in enumerate(sorted(truths.items())):
+        z = (truth - truth.mean()) / truth.std()
+        for s in range(seeds):
+            rows.append(dict(collection=collection, graph=graph, split="oof", fold=i % 3, seed=s, model=model,
+                             scores=signal * z + noise * rng.standard_normal(truth.shape[0])))
+    return frame_of(rows)
+
+
+def oof_score(frame: pl.DataFrame, truths) -> float:
+    return score_predictions(frame, truths).per_collection["score"][0]
+
+
+# ----------------------------------------------------------------------------- normalisation
+
+
+def test_minmax_hand_cases():
+    frame = frame_of([
+        dict(collection=LAYOUT, graph="a", split="oof", fold=0, seed=0, model="m", scores=[3.0, 1.0, 2.0]),
+        dict(collection=LAYOUT, graph="a", split="oof", fold=0, seed=1, model="m", scores=[10.0, 30.0, 20.0]),
+        dict(collection=LAYOUT, graph="b", split="oof", fold=1, seed=0, model="m", scores=[5.0, 5.0]),
+        dict(collection=LAYOUT, graph="c", split="oof", fold=1, seed=0, model="m", scores=[-7.0]),
+    ])
+    out = normalise_scores(frame, "minmax")
+    assert scores_of(out, graph="a", seed=0) == [1.0, 0.0, 0.5]
+    assert scores_of(out, graph="a", seed=1) == [0.0, 1.0, 0.5]  # each seed is scaled on its own
+    assert scores_of(out, graph="b") == [0.5, 0.5]  # constant: 0.5, not NaN
+    assert scores_of(out, graph="c") == [0.5]
+    assert out.schema == pl.Schema(PREDICTION_SCHEMA)
+
+
+def test_rank_percentiles_with_ties():
+    frame = frame_of([
+        dict(collection=LAYOUT, graph="a", split="test", fold=0, seed=0, model="m", scores=[30.0, 10.0, 20.0, 20.0]),
+        dict(collection=LAYOUT, graph="a", split="test", fold=1, seed=0, model="m", scores=[1.0, 1.0, 1.0, 1.0]),
+        dict(collection=LAYOUT, graph="a", split="test", fold=0, seed=0, model="other", scores=[4.0, 3.0, 2.0, 1.0]),
+    ])
+    out = normalise_scores(frame, "rank")
+    assert scores_of(out, fold=0, model="m") == [1.0, 0.0, 0.5, 0.5]  # average ranks 4, 1, 2.5, 2.5
+    assert scores_of(out, fold=1, model="m") == [0.5] * 4
+    assert scores_of(out, model="other") == pytest.approx([1.0, 2 / 3, 1 / 3, 0.0])
+    with pytest.raises(ConfigError, match="unknown normalisation 'zscore'"):
+        normalise_scores(frame, "zscore")
+
+
+# ----------------------------------------------------------------------------- averaging
+
+
+def test_average_test_over_folds_and_seeds_and_oof_over_seeds():
+    rows = []
+    for fold in range(2):
+        for seed in range(2):
+            rows.append(dict(collection=LAYOUT, graph="t", split="test", fold=fold, seed=seed, model="m",
+                             scores=[fold * 10 + seed, 100.0 + fold]))
+    rows += [dict(collection=LAYOUT, graph="o", split="oof", fold=2, seed=s, model="m", scores=[s, 2.0 * s])
+             for s in range(3)]
+    out = average_over_seeds_and_folds(frame_of(rows))
+    test = out.filter(pl.col("split") == "test")
+    assert test.height == 2
+    assert scores_of(test) == [(0 + 1 + 10 + 11) / 4, 100.5]
+    assert set(test["fold"]) == {AVERAGED} and set(test["seed"]) == {AVERAGED}
+    oof = out.filter(pl.col("split") == "oof")
+    assert scores_of(oof) == [1.0, 2.0]
+    assert set(oof["fold"]) == {2} and set(oof["seed"]) == {AVERAGED}
+    assert out.schema == pl.Schema(PREDICTION_SCHEMA)
+
+
+def test_average_refuses_oof_graph_in_two_folds_and_uneven_runs():
+    two_folds = frame_of([dict(collection=LAYOUT, graph="o", split="oof", fold=f, seed=0, model="m", scores=[1.0])
+                          for f in range(2)])
+    with pytest.raises(FormatError, match="appears in 2 folds"):
+        average_over_seeds_and_folds(two_folds)
+    uneven = frame_of([
+        dict(collection=LAYOUT, graph="t", split="test", fold=0, seed=0, model="m", scores=[1.0, 2.0]),
+        dict(collection=LAYOUT, graph="t", split="test", fold=1, seed=0, model="m", scores=[1.0],
+             config_index=np.array([1])),
+    ])
+    with pytest.raises(FormatError, match="predicted by 1 to 2 runs"):
+        average_over_seeds_and_folds(uneven)
+
+
+# ----------------------------------------------------------------------------- weight fitting
+
+
+def test_weights_recover_the_informative_model():
+    truths = make_world(LAYOUT, graphs=20, configs=40)
+    good = prepare_model_scores(oof_frame(truths, "A", noise=0.3, seed=1, seeds=2))
+    noise = prepare_model_scores(oof_frame(truths, "B", noise=1.0, seed=2, signal=0.0))
+    fit = fit_blend_weights({"A": good, "B": noise}, truths, LAYOUT)
+    assert fit.weights["A"] >= 0.9 and fit.weights["A"] + fit.weights["B"] == pytest.approx(1.0)
+    assert fit.single_scores["A"] > 0.5 > abs(fit.single_scores["B"])
+    assert fit.score >= fit.single_scores["A"]
+    # The single-model scores are the metric module's scores of the same predictions.
+    assert fit.single_scores["A"] == pytest.approx(oof_score(good, truths))
+    assert fit.curve.columns == ["w:A", "w:B", "score"] and fit.curve.height == 21
+    assert fit.curve["score"].max() == pytest.approx(fit.score)
+
+
+def test_two_independent_equally_good_models_blend_better():
+    truths = make_world(LAYOUT, graphs=30, configs=40, seed=3)
+    frames = {m: prepare_model_scores(oof_frame(truths, m, noise=1.5, seed=s)) for m, s in (("A", 4), ("B", 5))}
+    fit = fit_blend_weights(frames, truths, LAYOUT)
+    assert fit.score >= max(fit.single_scores.values())
+    assert fit.score > max(fit.single_scores.values()) + 0.02  # averaging independent noise helps
+    assert 0.2 <= fit.weights["A"] <= 0.8
+
+
+def test_ties_go_to_equal_weights():
+    truths = make_world(LAYOUT, graphs=5, configs=10)
+    same = prepare_model_scores(oof_frame(truths, "A", noise=0.5, seed=1))
+    fit = fit_blend_weights({"A": same, "B": same.with_columns(pl.lit("B").alias("model"))}, truths, LAYOUT)
+    assert fit.curve["score"].n_unique() == 1
+    assert fit.weights == {"A": 0.5, "B": 0.5}
+
+
+@pytest.mark.parametrize("collection", [LAYOUT, TILE])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_blend_never_below_best_single_model(collection, seed):
+    truths = make_world(collection, graphs=12, configs=25, seed=seed)
+    frames = {m: prepare_model_scores(oof_frame(truths, m, noise=noise, seed=seed * 10 + i))
+              for i, (m, noise) in enumerate((("gnn", 0.8), ("gbdt", 1.2), ("mlp", 3.0)))}
+    fit = fit_blend_weights(frames, truths, collection, grid=0.1)
+    assert fit.curve.height == 66  # every point of the 3-model simplex at step 0.1
+    weight_sums = fit.curve.select(pl.sum_horizontal(pl.col("^w:.*$"))).to_series()
+    assert weight_sums.to_numpy() == pytest.approx(1.0)
+    assert fit.score >= max(fit.single_scores.values())
+    for model, frame in frames.items():
+        assert fit.single_scores[model] == pytest.approx(oof_score(frame, truths))
+
+
+def test_coordinate_ascent_for_many_models():
+    truths = make_world(LAYOUT, graphs=20, configs=30, seed=7)
+    # Two equally good independent models and two pure-noise ones: the optimum is inside the simplex.
+    frames = {m: prepare_model_scores(oof_frame(truths, m, noise=1.5, seed=s)) for m, s in (("A", 1), ("B", 2))}
+    for i in range(2):
+        frames[f"noise{i}"] = prepare_model_scores(oof_frame(truths, f"noise{i}", noise=1.0, seed=3 + i, signal=0.0))
+    fit = fit_blend_weights(frames, truths, LAYOUT, grid=0.25)
+    assert fit.weights["A"] > 0 and fit.weights["B"] > 0 and fit.weights["A"] + fit.weights["B"] >= 0.75
+    assert sum(fit.weights.values()) == pytest.approx(1.0)
+    assert fit.score > max(fit.single_scores.values())
+    assert fit.curve.height < 35  # not the whole simplex (35 points at step 0.25)
+
+
+def test_fit_refuses_bad_grid_and_mismatched_coverage():
+    truths = make_world(LAYOUT, graphs=3, configs=5)
+    a = prepare_model_scores(oof_frame(truths, "A", noise=0.5, seed=1))
+    with pytest.raises(ConfigError, match="grid step must divide 1"):
+        fit_blend_weights({"A": a}, truths, LAYOUT, grid=0.3)
+    b = a.with_columns(pl.lit("B").alias("model")).filter(pl.col("config_index") != 2)
+    with pytest.raises(FormatError, match="'B' lack"):
+        fit_blend_weights({"A": a, "B": b}, truths, LAYOUT)
+    with pytest.raises(FormatError, match="average over seeds first"):
+        fit_blend_weights({"A": pl.concat([a, a])}, truths, LAYOUT)
+
+
+# ----------------------------------------------------------------------------- blending
+
+
+def test_blend_hand_case_and_names_like_columns():
+    frame = frame_of([
+        dict(collection=LAYOUT, graph="a", split="oof", fold=1, seed=AVERAGED, model="graph", scores=[0.0, 1.0]),
+        dict(collection=LAYOUT, graph="a", split="oof", fold=1, seed=AVERAGED, model="score", scores=[1.0, 0.5]),
+    ])
+    out = blend(frame, {"graph": 0.25, "score": 0.75})
+    assert scores_of(out) == [0.75, 0.25 + 0.375]
+    assert out.schema == pl.Schema(PREDICTION_SCHEMA)
+    assert set(out["model"]) == {"ensemble"} and set(out["fold"]) == {1}
+    with pytest.raises(ConfigError, match="weights name models"):
+        blend(frame, {"graph": 1.0})
+    other_fold = frame.with_columns(pl.when(pl.col("model") == "score").then(2).otherwise(pl.col("fold"))
+                                    .cast(pl.Int16).alias("fold"))
+    with pytest.raises(FormatError, match="models disagree"):
+        blend(other_fold, {"graph": 0.5, "score": 0.5})
+
+
+def test_ensemble_collection_end_to_end():
+    truths = make_world(TILE, graphs=15, configs=20, seed=4)
+    oof = pl.concat([oof_frame(truths, "A", noise=0.4, seed=1, seeds=2), oof_frame(truths, "B", noise=0.8, seed=2)])
+    rng = np.random.default_rng(9)
+    test = frame_of([dict(collection=TILE, graph=f"t{g}", split="test", fold=f, seed=s, model=m,
+                          scores=rng.standard_normal(7) * (10 if m == "B" else 1))
+                     for g in range(3) for f in range(3) for s in range(2) for m in ("A", "B")])
+    result = ensemble_collection(oof, test, truths, ["A", "B"], method="rank")
+    assert set(result.scores) == {"A", "B", "ensemble"}
+    assert result.scores["ensemble"] >= max(result.scores["A"], result.scores["B"])
+    assert result.scores["ensemble"] == pytest.approx(oof_score(result.blended_oof, truths))
+    for blended in (result.blended_oof, result.blended_test):
+        assert blended.schema == pl.Schema(PREDICTION_SCHEMA)
+        assert set(blended["model"]) == {"ensemble"}
+        assert not blended.select("collection", "graph", "config_index").is_duplicated().any()
+    assert result.blended_test.height == 3 * 7 and set(result.blended_test["fold"]) == {AVERAGED}
+    assert result.blended_oof.height == 15 * 20
+    # OOF folds survive the blend, so later stages can still split by fold.
+    folds = dict(oof.select("graph", "fold").unique().iter_rows())
+    assert dict(result.blended_oof.select("graph", "fold").unique().iter_rows()) == folds
+    assert sum(result.weights.values()) == pytest.approx(1.0)
+    assert result.curve.height == 21
+    with pytest.raises(FormatError, match="no test rows for model"):
+        ensemble_collection(oof, test.filter(pl.col("model") == "A"), truths, ["A", "B"])

@@ -1,0 +1,214 @@
+"""Features and GNN node arrays against hand computations on 3-node graphs."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import polars as pl
+import pytest
+
+from pipelines.features import (
+    config_feature_table,
+    config_pairs,
+    graph_aggregates,
+    graph_feature_table,
+    layout_config_features,
+    layout_feature_names,
+    tile_config_features,
+    value_frequencies,
+)
+from pipelines.node_arrays import NODE_FEATURE_DIM, make_graph_arrays, node_feature_names
+from pipelines.prune import PrunedGraph
+
+F32 = 13  # node_feat column of the one-hot f32 element type (2 + index 11)
+DOT, ADD = 34, 2
+
+
+def node(dims: tuple[int, ...], layout: tuple[int, ...] = ()) -> np.ndarray:
+    row = np.zeros(140, dtype=np.float32)
+    row[F32] = 1
+    row[21 : 21 + len(dims)] = dims
+    row[27] = sum(dims)
+    row[28] = math.prod(dims)
+    row[134 : 134 + len(layout)] = layout
+    return row
+
+
+def block(*values: int) -> list[int]:
+    return list(values) + [-1] * (6 - len(values))
+
+
+DEFAULT = block()
+
+
+def three_node_layout_graph() -> PrunedGraph:
+    """dot(3x200) -> add -> dot(200x3); both dots configurable, defaults (1,0) and (0,1).
+
+    Configs (out, in, kernel) per configurable node:
+      A: n0 (1,0) (1,0) -  | n2 (0,1) (1,0) -
+      B: n0 (0,1) (1,0) -  | n2  -    (1,0) -
+      C: n0  -    (0,1) -  | n2 (1,0)  -    -
+    """
+    node_feat = np.stack([node((3, 200), (1, 0)), node((3, 200), (1, 0)), node((200, 3), (0, 1))])
+    rows = {
+        "A": [block(1, 0) + block(1, 0) + DEFAULT, block(0, 1) + block(1, 0) + DEFAULT],
+        "B": [block(0, 1) + block(1, 0) + DEFAULT, DEFAULT + block(1, 0) + DEFAULT],
+        "C": [DEFAULT + block(0, 1) + DEFAULT, block(1, 0) + DEFAULT + DEFAULT],
+    }
+    configs = np.array([rows[k] for k in "ABC"], dtype=np.int8)
+    return PrunedGraph(
+        stem="g3", kind="layout", node_feat=node_feat, node_opcode=np.array([DOT, ADD, DOT], np.uint8),
+        edge_index=np.array([[1, 0], [2, 1]]), node_ids=np.arange(3), config_nodes=np.array([0, 2]),
+        config_feat=configs, config_index=np.array([4, 7, 9]), target=np.array([5.0, 6.0, 7.0]),
+        file_target=np.zeros(10),
+    )
+
+
+@pytest.fixture(scope="module")
+def layout_features() -> dict[str, np.ndarray]:
+    return layout_config_features(three_node_layout_graph(), value_frequency=True)
+
+
+def test_violation_ratio(layout_features) -> None:
+    # A: both minor-most dims are the 200s. B: n0 puts 3 minor-most; n2's default (0,1) has 200.
+    # C: n0's default (1,0) has 200; n2 puts its dim 1 (= 3) minor-most.
+    np.testing.assert_allclose(layout_features["f_violation_ratio"], [0.0, 0.5, 0.5])
+
+
+def test_padding_on_the_8x128_tile(layout_features) -> None:
+    # 200 minor -> 256, 3 second -> 8: 2048 / 600; 3 minor -> 128, 200 second -> 200: 25600 / 600.
+    good, bad = 256 * 8 / 600, 128 * 200 / 600
+    np.testing.assert_allclose(layout_features["f_pad_ratio_sum"], [2 * good, bad + good, good + bad], rtol=1e-6)
+    np.testing.assert_allclose(layout_features["f_pad_ratio_mean"], [good, (bad + good) / 2, (good + bad) / 2],
+                               rtol=1e-6)
+    actual = 2 * 600 * 4  # two f32 tensors of 600 elements
+    np.testing.assert_allclose(layout_features["f_pad_waste"][0], 2 * good * 2400 / actual, rtol=1e-6)
+    np.testing.assert_allclose(layout_features["f_pad_log_bytes"][1], np.log1p((bad + good) * 2400), rtol=1e-6)
+
+
+def test_implied_copies_through_a_non_configurable_node(layout_features) -> None:
+    # A: (1,0) -> (1,0) agree. B: (0,1) -> (1,0) differ, both explicit.
+    # C: producer default (1,0) vs consumer default input, resolved to the producer's default: agree.
+    np.testing.assert_array_equal(layout_features["f_implied_copies"], [0, 1, 0])
+    np.testing.assert_array_equal(layout_features["f_implied_copies_explicit"], [0, 1, 0])
+
+
+def test_outputs_off_their_default(layout_features) -> None:
+    # A: n2 (0,1) is its default, n0 (1,0) too. B: n0 (0,1) is not. C: n2 (1,0) is not.
+    np.testing.assert_array_equal(layout_features["f_out_off_default"], [0, 1, 1])
+    np.testing.assert_allclose(layout_features["f_out_off_default_log_bytes"], np.log1p([0, 2400, 2400]), rtol=1e-6)
+
+
+def test_default_and_value_counts(layout_features) -> None:
+    np.testing.assert_array_equal(layout_features["f_default_out"], [0, 1, 1])
+    np.testing.assert_array_equal(layout_features["f_default_in"], [0, 0, 1])
+    np.testing.assert_array_equal(layout_features["f_default_kernel"], [2, 2, 2])
+    np.testing.assert_array_equal(layout_features["f_dot_out_s0_v1"], [1, 0, 1])
+    np.testing.assert_array_equal(layout_features["f_dot_out_s0_v0"], [1, 1, 0])
+    np.testing.assert_array_equal(layout_features["f_dot_in_s1_v0"], [2, 2, 0])
+    np.testing.assert_array_equal(layout_features["f_conv_out_s0_v1"], [0, 0, 0])
+
+
+def test_value_frequencies(layout_features) -> None:
+    # varying cells: n0.out (all distinct), n0.in (A=B), n2.out (all distinct), n2.in (A=B);
+    # the two kernel cells never vary and are left out.
+    third, two_thirds = 1 / 3, 2 / 3
+    np.testing.assert_allclose(layout_features["f_freq_mean"], [0.5, 0.5, third], rtol=1e-6)
+    np.testing.assert_allclose(layout_features["f_freq_min"], [third, third, third], rtol=1e-6)
+    logmean = (2 * math.log(third) + 2 * math.log(two_thirds)) / 4
+    np.testing.assert_allclose(layout_features["f_freq_logmean"], [logmean, logmean, math.log(third)], rtol=1e-6)
+    mean, _, _ = value_frequencies(np.zeros((4, 2, 18), np.int8))  # nothing varies
+    np.testing.assert_allclose(mean, 1.0)
+
+
+def test_feature_names_and_chunking_agree(monkeypatch, layout_features) -> None:
+    graph = three_node_layout_graph()
+    assert list(layout_features) == layout_feature_names(True)
+    assert "f_freq_mean" not in layout_config_features(graph, value_frequency=False)
+    monkeypatch.setattr("pipelines.features.CELLS_PER_CHUNK", 2)  # one config per chunk, one cell per group
+    chunked = layout_config_features(graph, value_frequency=True)
+    for name, values in layout_features.items():
+        np.testing.assert_allclose(chunked[name], values, err_msg=name)
+
+
+def test_config_pairs_stop_at_configurable_nodes() -> None:
+    # c0 -> x -> c1 -> y -> c2 (positions 0..4); configurable: 0, 2, 4
+    edges = np.array([[1, 0], [2, 1], [3, 2], [4, 3]])
+    pairs = config_pairs(5, edges, np.array([0, 2, 4]))
+    np.testing.assert_array_equal(pairs, [[0, 1], [1, 2]])
+    # a diamond of non-configurable nodes gives the pair once
+    edges = np.array([[1, 0], [2, 0], [3, 1], [3, 2]])
+    np.testing.assert_array_equal(config_pairs(4, edges, np.array([0, 3])), [[0, 1]])
+    assert config_pairs(3, np.zeros((0, 2), np.int64), np.array([0, 2])).shape == (0, 2)
+
+
+def test_tile_padding_waste_and_count() -> None:
+    node_feat = np.stack([node((7,)), node((100, 300))])
+    node_feat[1, 0] = 1  # is_root: the output node
+    config = np.zeros((3, 24), dtype=np.float32)
+    config[0, 8:10] = (64, 128)  # 2 x 3 tiles covering 128 x 384
+    config[1, 8:10] = (100, 300)  # one exact tile
+    config[0, 15] = 64 * 128
+    features = tile_config_features(config, node_feat)
+    np.testing.assert_allclose(features["f_tile_waste"], [128 * 384 / 30000, 1.0, 1.0], rtol=1e-6)
+    np.testing.assert_allclose(features["f_tile_count_log"], [math.log(6), 0.0, 0.0], atol=1e-6)
+    np.testing.assert_allclose(features["f_log_output_prod"], [math.log1p(8192), 0, 0], rtol=1e-6)
+    np.testing.assert_array_equal(features["f_cfg_9"], [128, 300, 0])
+
+
+def test_graph_aggregates_matmul_by_hand() -> None:
+    node_feat = np.stack([node((4, 8)), node((8, 16)), node((4, 16))])
+    aggregates = graph_aggregates(node_feat, np.array([63, 63, DOT]), np.array([[2, 0], [2, 1]]), np.array([2]))
+    assert aggregates["g_num_nodes"] == 3 and aggregates["g_num_edges"] == 2
+    assert aggregates["g_op_parameter"] == 2 and aggregates["g_op_dot"] == 1 and aggregates["g_op_other"] == 0
+    assert aggregates["g_log_flops_dot"] == pytest.approx(math.log1p(2 * 4 * 8 * 16))  # 2*m*k*n
+    assert aggregates["g_log_bytes_dot"] == pytest.approx(math.log1p((32 + 128 + 64) * 4))
+    assert aggregates["g_log_config_bytes"] == pytest.approx(math.log1p(64 * 4))
+    assert aggregates["g_num_config_nodes"] == 1 and aggregates["g_rank_max"] == 2
+    assert aggregates["g_log_flops_conv"] == 0.0
+
+
+def test_tables_follow_the_schema() -> None:
+    table = config_feature_table(three_node_layout_graph(), value_frequency=True)
+    assert table.columns[:3] == ["graph", "config_index", "target"]
+    assert table.schema["config_index"] == pl.Int32 and table.schema["target"] == pl.Float64
+    assert all(table.schema[c] == pl.Float32 for c in table.columns[3:]) and all(
+        c.startswith("f_") for c in table.columns[3:])
+    assert table["config_index"].to_list() == [4, 7, 9]
+    graphs = graph_feature_table([{"g_a": 1.0}, {"g_a": 2.0}], ["x", "y"])
+    assert graphs.columns == ["graph", "g_a"] and graphs.schema["g_a"] == pl.Float32
+
+
+def test_graph_arrays_from_pruned_graph() -> None:
+    graph = three_node_layout_graph()
+    graph.node_feat[0, 21] = 300
+    graph.node_feat[0, 28] = 1e9
+    graph.node_feat[0, 53] = -3  # a negative window padding
+    arrays = make_graph_arrays(graph, "layout:xla:default", "train")
+    names = node_feature_names()
+    assert arrays.node_feat.shape == (3, NODE_FEATURE_DIM) and len(names) == NODE_FEATURE_DIM
+    assert arrays.node_feat.dtype == np.float32 and np.isfinite(arrays.node_feat).all()
+    row = dict(zip(names, arrays.node_feat[0].tolist()))
+    assert row["log_c21"] == pytest.approx(math.log1p(300), rel=1e-6)
+    assert row["mod128_c21"] == pytest.approx(44 / 128)
+    assert row["log_div128_c21"] == pytest.approx(math.log1p(2), rel=1e-6)
+    assert row["log_c28"] == pytest.approx(math.log1p(1e9), rel=1e-6)
+    assert row["log_c53"] == pytest.approx(-math.log1p(3), rel=1e-6)
+    assert row["c13"] == 1.0
+    np.testing.assert_array_equal(arrays.edge_index, [[0, 1], [1, 2]])  # row 0 producer, row 1 consumer
+    assert arrays.edge_index.dtype == np.int64 and arrays.opcode.dtype == np.int64
+    np.testing.assert_array_equal(arrays.config_nodes, [0, 2])
+    assert arrays.config_feat.dtype == np.int8 and arrays.config_feat.shape == (3, 2, 18)
+    np.testing.assert_array_equal(arrays.config_index, [4, 7, 9])
+    assert arrays.runtime.dtype == np.float64
+
+
+def test_tile_graph_arrays_keep_raw_configs() -> None:
+    graph = PrunedGraph("t", "tile", np.stack([node((4,)), node((4,))]), np.array([1, 2], np.uint8),
+                        np.array([[1, 0]]), np.arange(2), np.zeros(0, np.int64),
+                        np.full((2, 24), 7.0, np.float32), np.arange(2), np.array([1.5, 2.5]), np.array([1.5, 2.5]))
+    arrays = make_graph_arrays(graph, "tile:xla", "valid")
+    assert arrays.config_feat.dtype == np.float32 and arrays.config_feat.shape == (2, 24)
+    np.testing.assert_array_equal(arrays.config_feat, 7.0)  # the GNN scales tile values itself
+    assert arrays.config_nodes.size == 0 and arrays.split == "valid"

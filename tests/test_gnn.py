@@ -1,0 +1,320 @@
+"""GNN ranker: shapes over options, losses on hand cases, fusion exactness, learning, determinism, resume."""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+from scipy.stats import kendalltau
+
+from pipelines.errors import ConfigError, FormatError
+from pipelines.models.gnn import GNNRanker
+from pipelines.models.gnn.batch import collate, gather_configs, prepare_graph
+from pipelines.models.gnn.losses import list_mle_loss, make_loss, pairwise_hinge_loss
+from pipelines.models.gnn.model import GNNModel
+from pipelines.models.gnn.pretrain import encoder_parameters, pretrain_encoder
+from pipelines.models.gnn_config import GNNConfig
+from pipelines.node_arrays import GraphArrays
+
+FEAT = 6
+FAST = dict(hidden=16, opcode_dim=8, config_value_dim=4, progress=False, num_threads=1)
+
+
+# ----------------------------------------------------------------------------- graph builders
+
+
+def _edges(rng: np.random.Generator, n: int) -> np.ndarray:
+    """A random DAG in PyG convention (row 0 producer < row 1 consumer), every node but 0 fed."""
+    consumer = np.arange(1, n)
+    producer = (rng.random(n - 1) * consumer).astype(np.int64)
+    extra_c = rng.integers(1, n, n // 2)
+    extra_p = (rng.random(n // 2) * extra_c).astype(np.int64)
+    return np.unique(np.stack([np.concatenate([producer, extra_p]), np.concatenate([consumer, extra_c])]), axis=1)
+
+
+def layout_graph(rng: np.random.Generator, n: int = 12, nc: int = 3, c: int = 24, stem: str = "g",
+                 weights: np.ndarray | None = None) -> GraphArrays:
+    """Random layout graph; runtime = weighted sum of config values (an easy, learnable signal)."""
+    config_nodes = np.sort(rng.choice(n, nc, replace=False))
+    config_feat = rng.integers(-1, 6, (c, nc, 18)).astype(np.int8)
+    w = rng.normal(size=18) if weights is None else weights
+    runtime = 1e9 + 1e6 * (config_feat.astype(np.float64) @ w).sum(1)
+    return GraphArrays(
+        collection="layout:xla:random", stem=stem, split="train", opcode=rng.integers(0, 121, n),
+        node_feat=rng.normal(size=(n, FEAT)).astype(np.float32), edge_index=_edges(rng, n),
+        config_nodes=config_nodes, config_feat=config_feat, runtime=runtime, config_index=np.arange(c),
+    )
+
+
+def tile_graph(rng: np.random.Generator, n: int = 5, c: int = 16, stem: str = "t",
+               weights: np.ndarray | None = None) -> GraphArrays:
+    config_feat = rng.integers(1, 64, (c, 24)).astype(np.float32)
+    w = rng.normal(size=24) if weights is None else weights
+    runtime = np.exp(0.3 * np.log(config_feat) @ w)
+    return GraphArrays(
+        collection="tile:xla", stem=stem, split="train", opcode=rng.integers(0, 121, n),
+        node_feat=rng.normal(size=(n, FEAT)).astype(np.float32), edge_index=_edges(rng, n),
+        config_nodes=np.zeros(0, np.int64), config_feat=config_feat, runtime=runtime, config_index=np.arange(c),
+    )
+
+
+def three_node(kind: str, c: int = 4) -> GraphArrays:
+    """0 -> 1 -> 2, node 1 configurable (layout)."""
+    rng = np.random.default_rng(3)
+    if kind == "tile":
+        g = tile_graph(rng, n=3, c=c)
+    else:
+        g = layout_graph(rng, n=3, nc=1, c=c)
+        g.config_nodes = np.array([1])
+    g.edge_index = np.array([[0, 1], [1, 2]])
+    return g
+
+
+def easy_world(seed: int, kind: str, count: int) -> list[GraphArrays]:
+    rng = np.random.default_rng(seed)
+    weights = rng.normal(size=18 if kind == "layout" else 24)
+    make = layout_graph if kind == "layout" else tile_graph
+    return [make(rng, stem=f"{kind}{i}", weights=weights) for i in range(count)]
+
+
+# ----------------------------------------------------------------------------- config
+
+
+def test_config_import_does_not_import_torch():
+    code = "import sys, pipelines.models.gnn_config; assert 'torch' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_config_validation_and_overrides():
+    with pytest.raises(ConfigError, match="conv"):
+        GNNConfig(conv="gcn")
+    with pytest.raises(ConfigError, match="unknown_field"):
+        GNNRanker(unknown_field=1)
+    cfg = GNNConfig(collections={"layout:xla:default": {"cross_config_attention": True, "loss": "hinge"}})
+    resolved = cfg.for_collection("layout:xla:default")
+    assert resolved.cross_config_attention and resolved.loss == "hinge" and resolved.collections == {}
+    assert cfg.for_collection("tile:xla").loss == "listmle"
+    with pytest.raises(ConfigError, match="bogus"):
+        GNNConfig(collections={"tile:xla": {"bogus": 1}}).for_collection("tile:xla")
+
+
+# ----------------------------------------------------------------------------- shapes
+
+
+@pytest.mark.parametrize("kind", ["layout", "tile"])
+@pytest.mark.parametrize("conv", ["sage", "gat"])
+@pytest.mark.parametrize("attention", [False, True])
+@pytest.mark.parametrize("loss", ["hinge", "listmle"])
+def test_three_node_shapes_and_gradients(kind, conv, attention, loss):
+    cfg = GNNConfig(conv=conv, cross_config_attention=attention, loss=loss, config_layers=2, **FAST)
+    torch.manual_seed(0)
+    model = GNNModel(cfg, FEAT, kind)
+    graphs = [prepare_graph(three_node(kind, c=4), cfg.config_layers), prepare_graph(three_node(kind, c=2), 2)]
+    configs = gather_configs(graphs, [np.arange(4), np.arange(2)])
+    scores = model.score(model.encode(collate(graphs)), configs)
+    assert scores.shape == (2, 4)
+    assert configs.mask.tolist() == [[True] * 4, [True, True, False, False]]
+    value = make_loss(loss, cfg.margin)(scores, configs.runtime, configs.mask)
+    value.backward()
+    assert torch.isfinite(value)
+    assert model.head[-1].weight.grad is not None and torch.isfinite(model.head[-1].weight.grad).all()
+
+
+# ----------------------------------------------------------------------------- losses
+
+
+def test_hinge_hand_cases():
+    runtime = torch.tensor([[1.0, 2.0, 3.0]], dtype=torch.float64)
+    mask = torch.ones(1, 3, dtype=torch.bool)
+    separated = torch.tensor([[0.0, 1.0, 2.0]])
+    assert float(pairwise_hinge_loss(separated, runtime, mask, margin=1.0)) == 0.0
+    # pairs (0,1): gap 0.5 -> 0.5; (0,2): gap 1.0 -> 0; (1,2): gap 0.5 -> 0.5; mean over 3 pairs
+    close = torch.tensor([[0.0, 0.5, 1.0]])
+    assert float(pairwise_hinge_loss(close, runtime, mask, margin=1.0)) == pytest.approx(1.0 / 3)
+    # equal runtimes form no pair; a masked config takes no part
+    tied = torch.tensor([[1.0, 1.0, 9.0]], dtype=torch.float64)
+    masked = torch.tensor([[True, True, False]])
+    assert float(pairwise_hinge_loss(torch.tensor([[5.0, 0.0, 0.0]]), tied, masked)) == 0.0
+
+
+def test_listmle_hand_cases():
+    runtime = torch.tensor([[1.0, 2.0]], dtype=torch.float64)
+    mask = torch.ones(1, 2, dtype=torch.bool)
+    right, wrong = torch.tensor([[0.0, 1.0]]), torch.tensor([[1.0, 0.0]])
+    # right order: [log(e^0 + e^-1) - 0 + log(e^-1) + 1] / 2
+    expected = (math.log(1 + math.exp(-1)) + 0.0) / 2
+    assert float(list_mle_loss(right, runtime, mask)) == pytest.approx(expected, rel=1e-6)
+    assert float(list_mle_loss(right, runtime, mask)) < float(list_mle_loss(wrong, runtime, mask))
+    # a padded slot changes nothing, and its gradient stays finite
+    padded = torch.tensor([[0.0, 1.0, -50.0]], requires_grad=True)
+    value = list_mle_loss(padded, torch.tensor([[1.0, 2.0, 0.0]], dtype=torch.float64),
+                          torch.tensor([[True, True, False]]))
+    value.backward()
+    assert float(value.detach()) == pytest.approx(expected, rel=1e-6)
+    assert torch.isfinite(padded.grad).all() and float(padded.grad[0, 2]) == 0.0
+
+
+# ----------------------------------------------------------------------------- fusion and batching
+
+
+def test_fused_layout_equals_unfused_reference():
+    cfg = GNNConfig(config_layers=3, free_layers=1, **FAST)
+    torch.manual_seed(1)
+    model = GNNModel(cfg, FEAT, "layout").eval()
+    rng = np.random.default_rng(5)
+    graphs = [prepare_graph(layout_graph(rng, n=40, nc=4, c=8, stem=f"g{i}"), cfg.config_layers) for i in range(2)]
+    # a graph bigger than 3 hops around its configurable nodes has nodes outside D_3
+    assert (~collate(graphs).outside_final).sum() < sum(g.num_nodes for g in graphs)
+    ctx = model.encode(collate(graphs))
+    configs = gather_configs(graphs, [np.arange(8), np.arange(5)])
+    with torch.no_grad():
+        fused, reference = model.score(ctx, configs), model.score(ctx, configs, fused=False)
+    torch.testing.assert_close(fused, reference, rtol=1e-4, atol=1e-5)
+
+
+def test_batched_configs_and_graphs_score_like_one_at_a_time():
+    rng = np.random.default_rng(7)
+    graphs = [layout_graph(rng, n=15, nc=3, c=10, stem=f"g{i}") for i in range(3)]
+    ranker = GNNRanker(epochs=1, eval_chunk=64, **FAST).fit(graphs, seed=0)
+    together = ranker.predict(graphs)
+    ranker.config_.eval_chunk = 1  # one config per forward pass
+    for a, b in zip(together, ranker.predict(graphs)):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    # several graphs in one batch give each graph's own scores
+    model = ranker.model_
+    prepared = [prepare_graph(g, ranker.config_.config_layers) for g in graphs]
+    with torch.no_grad():
+        joint = model.score(model.encode(collate(prepared)), gather_configs(prepared, [np.arange(10)] * 3))
+    for i, p in enumerate(prepared):
+        np.testing.assert_allclose(joint[i].numpy(), together[i], rtol=1e-5, atol=1e-6)
+
+
+# ----------------------------------------------------------------------------- training behaviour
+
+
+def test_learns_easy_layout_signal():
+    graphs = easy_world(0, "layout", 10)
+    ranker = GNNRanker(epochs=12, lr=3e-3, configs_per_graph=16, patience=0, **FAST)
+    ranker.fit(graphs[:7], graphs[7:], seed=0)
+    taus = [kendalltau(p, g.runtime)[0] for p, g in zip(ranker.predict(graphs[7:]), graphs[7:])]
+    assert np.mean(taus) > 0.4, taus
+    assert ranker.best_score_ == pytest.approx(max(h["valid"] for h in ranker.history_))
+
+
+def test_learns_easy_tile_signal():
+    graphs = easy_world(1, "tile", 40)
+    ranker = GNNRanker(epochs=10, lr=3e-3, graphs_per_step=8, configs_per_graph=16, patience=0, **FAST)
+    ranker.fit(graphs[:30], seed=0)
+    taus = [kendalltau(p, g.runtime)[0] for p, g in zip(ranker.predict(graphs[30:]), graphs[30:])]
+    assert np.mean(taus) > 0.4, taus
+
+
+def test_deterministic_for_a_seed():
+    graphs = easy_world(2, "layout", 4)
+    fit = lambda seed: GNNRanker(epochs=2, dropout=0.1, **FAST).fit(graphs[:3], graphs[3:], seed=seed)
+    a, b, c = fit(0).predict(graphs), fit(0).predict(graphs), fit(1).predict(graphs)
+    for x, y in zip(a, b):
+        np.testing.assert_array_equal(x, y)
+    assert not np.allclose(a[0], c[0])
+
+
+def test_predict_before_fit_raises():
+    with pytest.raises(RuntimeError, match="fit"):
+        GNNRanker(**FAST).predict([three_node("layout")])
+
+
+def test_bad_graph_is_a_format_error():
+    g = three_node("layout")
+    g.config_feat[0, 0, 0] = 9
+    with pytest.raises(FormatError, match="outside -1..5"):
+        GNNRanker(epochs=1, **FAST).fit([g], seed=0)
+
+
+class _Interrupt(Exception):
+    pass
+
+
+def test_resume_from_checkpoint_matches_uninterrupted_run(tmp_path):
+    graphs = easy_world(3, "layout", 5)
+    hp = dict(epochs=4, dropout=0.1, patience=0, **FAST)
+    straight = GNNRanker(**hp).fit(graphs[:4], graphs[4:], seed=0)
+
+    def stop_after_two(message: str) -> None:
+        if message.startswith("epoch 2/"):
+            raise _Interrupt
+
+    with pytest.raises(_Interrupt):
+        GNNRanker(**hp).fit(graphs[:4], graphs[4:], seed=0, checkpoint_dir=tmp_path, log=stop_after_two)
+    messages = []
+    resumed = GNNRanker(**hp).fit(graphs[:4], graphs[4:], seed=0, checkpoint_dir=tmp_path, log=messages.append)
+    assert messages[0].startswith("resumed") and "after epoch 2" in messages[0]
+    assert [h["epoch"] for h in resumed.history_] == [1, 2, 3, 4]
+    for (name, a), b in zip(straight.model_.state_dict().items(), resumed.model_.state_dict().values()):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, msg=name)
+    with pytest.raises(ConfigError, match="fresh checkpoint"):
+        GNNRanker(**{**hp, "lr": 0.01}).fit(graphs[:4], graphs[4:], seed=0, checkpoint_dir=tmp_path)
+
+
+def test_save_load_round_trip(tmp_path):
+    graphs = easy_world(4, "tile", 6)
+    ranker = GNNRanker(epochs=1, graphs_per_step=3, **FAST).fit(graphs, seed=0)
+    ranker.save(tmp_path / "m.pt")
+    loaded = GNNRanker.load(tmp_path / "m.pt")
+    for a, b in zip(ranker.predict(graphs), loaded.predict(graphs)):
+        np.testing.assert_array_equal(a, b)
+    (tmp_path / "junk.pt").write_bytes(b"not a model")
+    with pytest.raises(FormatError):
+        GNNRanker.load(tmp_path / "junk.pt")
+
+
+def test_pretraining_changes_only_the_encoder():
+    cfg = GNNConfig(pretrain=True, pretrain_epochs=2, **FAST)
+    torch.manual_seed(0)
+    model = GNNModel(cfg, FEAT, "layout")
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    encoder_ids = {id(p) for p in encoder_parameters(model)}
+    graphs = [prepare_graph(g, 0) for g in easy_world(5, "layout", 3)]
+    losses = pretrain_encoder(model, graphs, cfg, np.random.default_rng(0), log=lambda m: None)
+    assert len(losses) == 2 and all(math.isfinite(v) for v in losses)
+    for name, param in model.named_parameters():
+        changed = not torch.equal(before[name], param.detach())
+        assert changed == (id(param) in encoder_ids), name
+    # and the ranker runs it (on unlabeled graphs too) before supervised training
+    messages = []
+    unlabeled = easy_world(6, "layout", 1)
+    unlabeled[0].runtime[:] = 0
+    GNNRanker(pretrain=True, pretrain_epochs=1, epochs=1, **FAST).fit(
+        easy_world(5, "layout", 2), seed=0, log=messages.append, unlabeled=unlabeled)
+    assert any(m.startswith("pretrain epoch 1/1") for m in messages)
+
+
+def test_stage_adapter_flattens_predictions_in_index_order(monkeypatch):
+    from pipelines.collections import LAYOUT_XLA_RANDOM
+    from pipelines.models.gnn import adapter as adapter_module
+
+    graphs = {g.stem: g for g in easy_world(7, "layout", 3)}
+
+    class FakePrepared:
+        def load_graph_arrays(self, name: str) -> GraphArrays:
+            return graphs[name]
+
+    monkeypatch.setattr(adapter_module, "LOAD_MAX_CONFIGS", 10)
+    adapter = adapter_module.GNNAdapter()
+    train = adapter.load(FakePrepared(), ["layout0", "layout1"], settings={}, fit=True, seed=0)
+    assert [g.num_configs for g in train] == [10, 10]
+    kept = train[0].config_index
+    assert np.all(np.diff(kept) > 0)  # a sample kept in file order, rows aligned with their runtimes
+    np.testing.assert_array_equal(train[0].runtime, graphs["layout0"].runtime[kept])
+    ranker = adapter.make({**FAST, "epochs": 1}, LAYOUT_XLA_RANDOM, num_threads=1).fit(train, seed=0)
+    test = adapter.load(FakePrepared(), ["layout2", "layout0"], settings={}, fit=False, seed=0)
+    names, index = adapter.index(test)
+    costs = ranker.predict(test)
+    assert costs.shape == names.shape == index.shape == (48,)
+    assert list(names[:24]) == ["layout2"] * 24 and list(index[24:]) == list(range(24))
+    np.testing.assert_array_equal(costs[24:], ranker.ranker.predict([graphs["layout0"]])[0])
+    facts, importance = adapter.describe(ranker)
+    assert facts["epochs_run"] == 1 and importance is None

@@ -1,0 +1,194 @@
+"""Pruning keeps exactly the k-hop set with correct relabelling; de-duplication on hand cases."""
+
+from __future__ import annotations
+
+from collections import deque
+
+import numpy as np
+import pytest
+
+from pipelines.errors import ConfigError
+from pipelines.prune import (
+    deduplicate_configs,
+    deduplicate_graph,
+    load_file_target,
+    load_pruned,
+    prune_layout_graph,
+    sample_configs,
+    save_pruned,
+    tile_as_pruned,
+)
+from pipelines.tpugraphs import LayoutGraph, TileGraph
+
+
+def random_layout_graph(rng: np.random.Generator, n: int = 14, configs: int = 6) -> LayoutGraph:
+    """A random DAG in the file convention (rows [u, v], u > v, sorted) with random configurable nodes."""
+    pairs = {(int(u), int(v)) for u in range(1, n) for v in range(u) if rng.random() < 0.15}
+    edges = np.array(sorted(pairs), dtype=np.int64).reshape(-1, 2)
+    config_ids = np.sort(rng.choice(n, size=int(rng.integers(1, 4)), replace=False)).astype(np.int64)
+    node_feat = rng.normal(size=(n, 140)).astype(np.float32)
+    node_feat[:, 0] = np.arange(n)  # a column that identifies each node
+    return LayoutGraph(
+        stem="g", node_feat=node_feat, node_opcode=rng.integers(1, 120, n).astype(np.uint8), edge_index=edges,
+        node_config_ids=config_ids,
+        node_config_feat=rng.integers(-1, 6, (configs, config_ids.size, 18)).astype(np.int8),
+        config_runtime=rng.integers(1, 10**9, configs), node_splits=np.array([[0, n]]),
+    )
+
+
+def brute_force_khop(n: int, edges: np.ndarray, seeds: np.ndarray, hops: int) -> set[int]:
+    neighbours: dict[int, set[int]] = {i: set() for i in range(n)}
+    for u, v in edges:
+        neighbours[int(u)].add(int(v))
+        neighbours[int(v)].add(int(u))
+    depth = {int(s): 0 for s in seeds}
+    queue = deque(depth)
+    while queue:
+        node = queue.popleft()
+        if depth[node] == hops:
+            continue
+        for nxt in neighbours[node]:
+            if nxt not in depth:
+                depth[nxt] = depth[node] + 1
+                queue.append(nxt)
+    return set(depth)
+
+
+@pytest.mark.parametrize("hops", [0, 1, 2, 3])
+def test_khop_matches_brute_force_bfs_and_relabels_edges(hops: int) -> None:
+    rng = np.random.default_rng(hops)
+    for _ in range(25):
+        graph = random_layout_graph(rng)
+        pruned, stats = prune_layout_graph(graph, hops, "khop")
+        expected = brute_force_khop(graph.num_nodes, graph.edge_index, graph.node_config_ids, hops)
+        assert set(pruned.node_ids.tolist()) == expected
+        assert np.all(np.diff(pruned.node_ids) > 0)  # original order kept
+        # edges: exactly the original edges with both ends kept, mapped back through node_ids
+        back = {tuple(e) for e in pruned.node_ids[pruned.edge_index].tolist()}
+        want = {(int(u), int(v)) for u, v in graph.edge_index if u in expected and v in expected}
+        assert back == want and len(back) == pruned.edge_index.shape[0]
+        assert np.all(pruned.edge_index[:, 0] > pruned.edge_index[:, 1])
+        np.testing.assert_array_equal(pruned.node_ids[pruned.config_nodes], graph.node_config_ids)
+        np.testing.assert_array_equal(pruned.node_feat, graph.node_feat[pruned.node_ids])
+        np.testing.assert_array_equal(pruned.node_opcode, graph.node_opcode[pruned.node_ids])
+        assert stats.as_dict() == {"nodes_before": graph.num_nodes, "nodes_after": len(expected),
+                                   "edges_before": graph.edge_index.shape[0], "edges_after": len(want)}
+
+
+def test_config_only_is_hops_zero() -> None:
+    graph = random_layout_graph(np.random.default_rng(7))
+    only, _ = prune_layout_graph(graph, 3, "config_only")
+    zero, _ = prune_layout_graph(graph, 0, "khop")
+    np.testing.assert_array_equal(only.node_ids, graph.node_config_ids)
+    np.testing.assert_array_equal(zero.node_ids, graph.node_config_ids)
+    np.testing.assert_array_equal(only.config_nodes, np.arange(graph.node_config_ids.size))
+
+
+def test_chain_by_hand() -> None:
+    # 0 -> 1 -> 2 -> 3 -> 4 (producer -> consumer); node 2 configurable; file rows [consumer, producer]
+    edges = np.array([[1, 0], [2, 1], [3, 2], [4, 3]], dtype=np.int64)
+    graph = LayoutGraph("chain", np.zeros((5, 140), np.float32), np.arange(5, dtype=np.uint8), edges,
+                        np.array([2]), np.zeros((2, 1, 18), np.int8), np.array([5, 6]), np.array([[0, 5]]))
+    pruned, _ = prune_layout_graph(graph, 1, "khop")
+    np.testing.assert_array_equal(pruned.node_ids, [1, 2, 3])
+    np.testing.assert_array_equal(pruned.edge_index, [[1, 0], [2, 1]])
+    np.testing.assert_array_equal(pruned.config_nodes, [1])
+    np.testing.assert_array_equal(pruned.node_opcode, [1, 2, 3])
+
+
+def test_bad_mode_and_hops_raise_config_error() -> None:
+    graph = random_layout_graph(np.random.default_rng(1))
+    with pytest.raises(ConfigError, match="prune.mode"):
+        prune_layout_graph(graph, 1, "everything")
+    with pytest.raises(ConfigError, match="hops"):
+        prune_layout_graph(graph, -1, "khop")
+    with pytest.raises(ConfigError, match="dedup"):
+        deduplicate_configs(np.zeros((2, 3), np.int8), np.zeros(2), "max")
+
+
+ROWS = np.array([[1, 2], [3, 4], [1, 2], [5, 6], [3, 4], [1, 2]], dtype=np.int8)
+RUNTIMES = np.array([10, 20, 40, 7, 2, 1], dtype=np.int64)
+
+
+@pytest.mark.parametrize(
+    ("how", "kept", "runtimes"),
+    [
+        ("first", [0, 1, 3], [10, 20, 7]),
+        ("mean", [0, 1, 3], [17, 11, 7]),
+        ("min", [0, 1, 3], [1, 2, 7]),
+        ("none", [0, 1, 2, 3, 4, 5], [10, 20, 40, 7, 2, 1]),
+    ],
+)
+def test_deduplicate_by_hand(how: str, kept: list[int], runtimes: list[float]) -> None:
+    rows, values = deduplicate_configs(ROWS, RUNTIMES, how)
+    assert rows.dtype == np.int64 and values.dtype == np.float64
+    np.testing.assert_array_equal(rows, kept)
+    np.testing.assert_allclose(values, runtimes)
+
+
+def test_deduplicate_3d_layout_and_float_tile_rows() -> None:
+    configs = np.zeros((4, 2, 18), dtype=np.int8)
+    configs[1, 1, 17] = 1  # differs from row 0 in its very last value only
+    configs[3] = configs[1]
+    rows, values = deduplicate_configs(configs, np.array([1.0, 2.0, 3.0, 4.0]), "mean")
+    np.testing.assert_array_equal(rows, [0, 1])
+    np.testing.assert_allclose(values, [2.0, 3.0])
+    tile = np.array([[1.5, 2.0], [1.5, 2.0], [0.5, 2.0]], dtype=np.float32)
+    rows, values = deduplicate_configs(tile, np.array([3.0, 1.0, 2.0]), "min")
+    np.testing.assert_array_equal(rows, [0, 2])
+    np.testing.assert_allclose(values, [1.0, 2.0])
+
+
+def test_deduplicate_graph_keeps_file_rows_and_file_targets() -> None:
+    graph = random_layout_graph(np.random.default_rng(3), configs=5)
+    graph.node_config_feat[3] = graph.node_config_feat[1]
+    pruned, _ = prune_layout_graph(graph, 1, "khop")
+    deduped = deduplicate_graph(pruned, "mean")
+    np.testing.assert_array_equal(deduped.config_index, [0, 1, 2, 4])
+    assert deduped.target[1] == pytest.approx((graph.config_runtime[1] + graph.config_runtime[3]) / 2)
+    np.testing.assert_array_equal(deduped.config_feat, graph.node_config_feat[[0, 1, 2, 4]])
+    np.testing.assert_array_equal(deduped.file_target, graph.config_runtime.astype(np.float64))
+
+
+def test_sample_configs_is_seeded_sorted_and_capped() -> None:
+    graph = tile_as_pruned(TileGraph("t", np.zeros((2, 140), np.float32), np.zeros(2, np.uint8),
+                                     np.array([[1, 0]]), np.arange(240, dtype=np.float32).reshape(10, 24),
+                                     np.arange(1, 11), np.full(10, 2)))
+    a = sample_configs(graph, 4, np.random.default_rng(5))
+    b = sample_configs(graph, 4, np.random.default_rng(5))
+    assert a.num_configs == 4 and np.all(np.diff(a.config_index) > 0)
+    np.testing.assert_array_equal(a.config_index, b.config_index)
+    np.testing.assert_allclose(a.target, (a.config_index + 1) / 2)
+    assert sample_configs(graph, 10, np.random.default_rng(5)) is graph
+
+
+def test_save_load_round_trip(tmp_path) -> None:
+    graph = random_layout_graph(np.random.default_rng(4))
+    pruned, _ = prune_layout_graph(graph, 2, "khop")
+    save_pruned(tmp_path / "g.npz", pruned)
+    back = load_pruned(tmp_path / "g.npz")
+    assert (back.stem, back.kind) == ("g", "layout")
+    for name in ("node_feat", "node_opcode", "edge_index", "node_ids", "config_nodes", "config_feat",
+                 "config_index", "target", "file_target"):
+        np.testing.assert_array_equal(getattr(back, name), getattr(pruned, name))
+        assert getattr(back, name).dtype == getattr(pruned, name).dtype
+    np.testing.assert_array_equal(load_file_target(tmp_path / "g.npz"), pruned.file_target)
+
+
+def test_hash_collisions_fall_back_to_exact_grouping(monkeypatch) -> None:
+    monkeypatch.setattr("pipelines.prune._row_hashes", lambda data: np.zeros(data.shape[0], dtype=np.uint64))
+    rows, values = deduplicate_configs(ROWS, RUNTIMES, "mean")
+    np.testing.assert_array_equal(rows, [0, 1, 3])
+    np.testing.assert_allclose(values, [17, 11, 7])
+
+
+def test_chunked_hashing_and_checks_agree(monkeypatch) -> None:
+    rng = np.random.default_rng(9)
+    configs = rng.integers(-1, 2, size=(200, 3, 18)).astype(np.int8)[rng.integers(0, 40, 200)]
+    expected = deduplicate_configs(configs, np.arange(200.0), "min")
+    monkeypatch.setattr("pipelines.prune.CHUNK_CELLS", 60)  # one row per chunk
+    rows, values = deduplicate_configs(configs, np.arange(200.0), "min")
+    np.testing.assert_array_equal(rows, expected[0])
+    np.testing.assert_array_equal(values, expected[1])
+    np.testing.assert_array_equal(values, rows)  # the minimum of each group is its first row's index
+    assert len({configs[i].tobytes() for i in range(200)}) == rows.size
