@@ -20,7 +20,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(PY) -m pipelines demo
+	$(PY) -m pipelines demo --config demo
 
 test: $(STAMP)
 	$(PY) -m pytest -q

@@ -8,11 +8,14 @@ Expected failures raise :class:`PipelineError` and are printed as one clear mess
 from __future__ import annotations
 
 import argparse
+import errno
 import sys
 from pathlib import Path
 from typing import Callable
 
 from pipelines.errors import PipelineError
+
+_DISK_ERRNOS = frozenset({errno.ENOSPC, errno.EROFS, getattr(errno, "EDQUOT", errno.ENOSPC)})
 
 Handler = Callable[[argparse.Namespace], int | None]
 
@@ -84,13 +87,19 @@ def _add_demo(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--data-root", type=Path, default=Path("data/synthetic-small"))
     p.add_argument("--scale", choices=("tiny", "small", "full"), default="small")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--work-dir", type=Path, default=Path("data/work"))
+    p.add_argument("--submissions-dir", type=Path, default=Path("submissions"))
+    p.add_argument("--config", default=None, help="config name (e.g. quick) or TOML file (default: base)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                   help="override one config value (repeatable)")
     p.set_defaults(handler=_run_demo)
 
 
 def _run_demo(args: argparse.Namespace) -> int:
     from pipelines.demo import run_demo
 
-    return run_demo(data_root=args.data_root, scale=args.scale, seed=args.seed)
+    return run_demo(data_root=args.data_root, scale=args.scale, seed=args.seed, work_dir=args.work_dir,
+                    submissions_dir=args.submissions_dir, config=args.config, overrides=args.overrides)
 
 
 # ----------------------------------------------------------------------------- prepare
@@ -231,6 +240,84 @@ def _run_submit(args: argparse.Namespace) -> int:
     return 0
 
 
+# ----------------------------------------------------------------------------- run and ensemble
+
+
+def _add_run(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("run", help="every stage, every model, the ensemble and a validated submission "
+                                   "(cached stages are reused); prints the submission path last")
+    p.add_argument("--data-root", type=Path, required=True, help="any data root in the Kaggle layout")
+    p.add_argument("--work-dir", type=Path, default=Path("data/work"))
+    p.add_argument("--config", default=None, help="config name (e.g. quick) or TOML file (default: base)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                   help="override one config value (repeatable)")
+    p.add_argument("--models", default=None,
+                   help="comma-separated models to train and blend (default: the config's ensemble.models)")
+    p.add_argument("--submissions-dir", type=Path, default=Path("submissions"))
+    p.add_argument("--scheduler", default=None, metavar="ADDRESS",
+                   help="Dask scheduler address for the training jobs (workers must share this filesystem); "
+                        "default: run.scheduler of the config ('local': local processes)")
+    p.add_argument("--force", action="store_true", help="recompute every stage even when cached")
+    p.set_defaults(handler=_run_run)
+
+
+def _run_run(args: argparse.Namespace) -> int:
+    from pipelines.config import load_config
+    from pipelines.run import parse_models, run_pipeline
+
+    config = load_config(args.config, args.overrides)
+    result = run_pipeline(config, args.data_root, work_dir=args.work_dir, models=parse_models(args.models),
+                          submissions_dir=args.submissions_dir, scheduler=args.scheduler, force=args.force)
+    print(result.describe())
+    print(result.submission)
+    return 0
+
+
+def _add_ensemble(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("ensemble", help="re-blend the saved predictions of earlier runs into a new submission "
+                                        "(no training); prints the submission path last")
+    p.add_argument("--runs", nargs="+", required=True, metavar="RUN_ID", help="run-ids under --submissions-dir")
+    p.add_argument("--method", choices=("minmax", "rank"), default=None,
+                   help="per-graph normalisation (default: the first run's)")
+    p.add_argument("--models", default=None,
+                   help="comma-separated models to keep (gbdt keeps gbdt@<run-id> of every run)")
+    p.add_argument("--work-dir", type=Path, default=None, help="where the runs' stages are (default: as recorded)")
+    p.add_argument("--data-root", type=Path, default=None, help="data root to validate against (default: as recorded)")
+    p.add_argument("--submissions-dir", type=Path, default=Path("submissions"))
+    p.set_defaults(handler=_run_ensemble)
+
+
+def _run_ensemble(args: argparse.Namespace) -> int:
+    from pipelines.run import ensemble_runs, parse_models
+
+    result = ensemble_runs(args.runs, submissions_dir=args.submissions_dir, work_dir=args.work_dir,
+                           data_root=args.data_root, method=args.method, models=parse_models(args.models))
+    print(result.describe())
+    print(result.submission)
+    return 0
+
+
+# ----------------------------------------------------------------------------- report
+
+
+def _add_report(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("report", help="write a self-contained HTML report of a run (scores, worst graphs, "
+                                      "importances, ensemble weights)")
+    p.add_argument("run_id", metavar="RUN_ID", help="a run-id under --submissions-dir")
+    p.add_argument("--submissions-dir", type=Path, default=Path("submissions"))
+    p.add_argument("--work-dir", type=Path, default=None, help="where the run's stage outputs are "
+                                                               "(default: the work dir its manifest records)")
+    p.add_argument("--out", type=Path, default=None, help="output file (default: SUBMISSIONS/RUN_ID/report.html)")
+    p.set_defaults(handler=_run_report)
+
+
+def _run_report(args: argparse.Namespace) -> int:
+    from pipelines.report import write_report
+
+    print(write_report(args.run_id, submissions_dir=args.submissions_dir, out=args.out, work_dir=args.work_dir))
+    return 0
+
+
 # ----------------------------------------------------------------------------- entry point
 
 _COMMANDS: tuple[Callable[[argparse._SubParsersAction], None], ...] = (
@@ -244,6 +331,9 @@ _COMMANDS: tuple[Callable[[argparse._SubParsersAction], None], ...] = (
     _add_config,
     _add_download,
     _add_submit,
+    _add_run,
+    _add_ensemble,
+    _add_report,
 )
 
 
@@ -263,6 +353,12 @@ def main(argv: list[str] | None = None) -> int:
         return int(handler(args) or 0)
     except PipelineError as exc:
         print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        if exc.errno not in _DISK_ERRNOS:
+            raise
+        # A full or read-only disk outside a stage (e.g. the submissions folder): a message, not a traceback.
+        print(f"error: {exc.filename or 'output'}: cannot write: {exc.strerror or exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)

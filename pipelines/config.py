@@ -46,6 +46,15 @@ T = TypeVar("T")
 
 
 @dataclass
+class DataConfig:
+    """How the raw files of the data root are read."""
+
+    # A corrupt, truncated or foreign .npz graph file: "error" stops with an error naming it;
+    # "skip" leaves that graph out, prints a warning and records it in the prune stage's manifest.
+    on_bad_file: str = field(default="error", metadata={"choices": ("error", "skip")})
+
+
+@dataclass
 class PruneConfig:
     """How each graph is reduced before features and models see it."""
 
@@ -106,6 +115,7 @@ class RunConfig:
 class PipelineConfig:
     """The whole resolved configuration: one field per TOML section."""
 
+    data: DataConfig = field(default_factory=DataConfig)
     prune: PruneConfig = field(default_factory=PruneConfig)
     features: FeaturesConfig = field(default_factory=FeaturesConfig)
     folds: FoldsConfig = field(default_factory=FoldsConfig)

@@ -1,92 +1,55 @@
-"""The interim main job of ``make demo``: synthetic world -> baseline submissions -> validation -> score.
+"""The main job of ``make demo``: ``run`` on a synthetic world in the Kaggle layout.
 
-Writes ``submissions/<run-id>/baseline_{valid,test}.csv`` plus a ``manifest.json`` (provenance and
-scores) into a fresh run folder; nothing is ever overwritten. The last line printed is the path of
-the test submission. A later ``run`` command replaces this body with the full pipeline.
+Generates (or reuses: a complete world of the same arguments is left alone) the synthetic world,
+then runs :func:`pipelines.run.run_pipeline` on it with the default config: every preparation
+stage, the models the config names, the ensemble and a validated submission in a new
+``submissions/<run-id>/`` folder. It ends with the out-of-fold table (per collection and model:
+mean +- spread over seeds; the ensemble; the combined score) and, as the last line, the path of
+the submission. A second demo reuses every cached stage and writes the same CSV bytes to a new
+run folder.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
-import os
-import platform
-import tempfile
-import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
-import numpy as np
+from pipelines.errors import ConfigError
+from pipelines.run import DEFAULT_SUBMISSIONS_DIR, Log
 
-from pipelines.errors import PipelineError
-
-DEFAULT_SUBMISSIONS_DIR = Path("submissions")
+DEFAULT_WORK_DIR = Path("data/work")
 
 
-def new_run_id(config: dict[str, Any], now_ns: int) -> str:
-    """``<UTC timestamp>-<8 hex>``; the hash covers the config, the exact time and the process id."""
-    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(now_ns / 1e9))
-    digest = hashlib.sha256(json.dumps([config, now_ns, os.getpid()], sort_keys=True).encode()).hexdigest()
-    return f"{stamp}-{digest[:8]}"
-
-
-def _make_run_dir(parent: Path, run_id: str) -> Path:
-    parent.mkdir(parents=True, exist_ok=True)
-    run_dir = parent / run_id
-    try:
-        run_dir.mkdir()  # exclusive: an existing run folder is never reused
-    except FileExistsError:
-        raise PipelineError(f"{run_dir}: run folder already exists; refusing to overwrite it") from None
-    return run_dir
-
-
-def _write_json_atomic(path: Path, payload: dict[str, Any]) -> None:
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            json.dump(payload, handle, indent=2, sort_keys=True)
-            handle.write("\n")
-        os.replace(tmp_name, path)
-    except BaseException:
-        Path(tmp_name).unlink(missing_ok=True)
-        raise
+def demo_models(configured: Sequence[str], registered: Sequence[str], log: Log = print) -> list[str]:
+    """The configured models that are registered for training; the others are named and skipped."""
+    missing = [m for m in configured if m.partition(":")[0] not in registered]
+    if missing:
+        log(f"demo: model(s) {', '.join(missing)} not registered in pipelines.train.MODELS yet; skipped")
+    chosen = [m for m in configured if m not in missing]
+    if not chosen:
+        raise ConfigError(f"none of the configured models {list(configured)} is registered")
+    return chosen
 
 
 def run_demo(data_root: Path | str, scale: str = "small", seed: int = 0, *,
-             submissions_dir: Path | str = DEFAULT_SUBMISSIONS_DIR) -> int:
-    """Generate (or reuse) the synthetic world, write, validate and score the baseline submissions."""
-    from pipelines.baseline import baseline_rows
-    from pipelines.submission import score_submission, validate_submission, write_submission
+             submissions_dir: Path | str = DEFAULT_SUBMISSIONS_DIR, work_dir: Path | str = DEFAULT_WORK_DIR,
+             config: str | Path | None = None, overrides: Sequence[str] = (), log: Log = print) -> int:
+    """Generate (or reuse) the synthetic world and run the whole pipeline on it; prints the path last."""
+    from pipelines.config import load_config
+    from pipelines.run import resolve_models, run_pipeline
     from pipelines.synth import generate_world
+    from pipelines.train import MODELS
 
-    started = time.perf_counter()
-    data_root = Path(data_root)
-    print(generate_world(data_root, scale=scale, seed=seed))
-    config = {"data_root": str(data_root), "scale": scale, "seed": seed, "model": "baseline"}
-    run_id = new_run_id(config, time.time_ns())
-    run_dir = _make_run_dir(Path(submissions_dir), run_id)
-
-    paths: dict[str, Path] = {}
-    for split in ("valid", "test"):
-        path = write_submission(run_dir / f"baseline_{split}.csv", baseline_rows(data_root, split))
-        rows = validate_submission(path, data_root, split=split)
-        print(f"{split}: {path} ({rows} rows, valid)")
-        paths[split] = path
-
-    report = score_submission(paths["valid"], data_root, split="valid")
-    print(f"\nbaseline (non-learned) on the valid split of {data_root}:")
-    print(report.to_text())
-    combined = report.combined
-    _write_json_atomic(run_dir / "manifest.json", {
-        "stage": "demo-baseline",
-        "run_id": run_id,
-        "config": config,
-        "submissions": {split: path.name for split, path in paths.items()},
-        "valid_scores": combined.collection_scores,
-        "valid_combined": combined.value,
-        "valid_combined_complete": combined.complete,
-        "wall_s": round(time.perf_counter() - started, 3),
-        "versions": {"python": platform.python_version(), "numpy": np.__version__},
-    })
-    print(paths["test"])
+    log(generate_world(Path(data_root), scale=scale, seed=seed))
+    resolved = load_config(config, overrides)
+    models = demo_models(resolve_models(resolved, None), list(MODELS), log)
+    result = run_pipeline(resolved, data_root, work_dir=work_dir, models=models, submissions_dir=submissions_dir,
+                          log=log)
+    stages = sum(len(c["prepare"]) + len(c["train"]) + 1 for c in result.manifest["stages"].values())
+    reused = stages - len(result.computed)
+    log("")
+    log(f"out-of-fold scores on {data_root} ({scale} world, seed {seed}; {reused}/{stages} stages reused "
+        f"from {work_dir}):")
+    log(result.describe())
+    log(str(result.submission))
     return 0

@@ -64,6 +64,8 @@ LIBRARIES = {
 # it. Permission errors are added only around the engine's own writes (compute may fail to READ).
 _FULL_OR_READ_ONLY = frozenset({errno.ENOSPC, errno.EROFS, getattr(errno, "EDQUOT", errno.ENOSPC)})
 _NOT_WRITABLE = _FULL_OR_READ_ONLY | {errno.EACCES, errno.EPERM}
+# Less free space than this on a disk whose writer failed with a foreign error counts as "disk full".
+LOW_SPACE_BYTES = 1 << 20
 _STAGE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
 
 
@@ -610,3 +612,27 @@ def _guard_writes(folder: Path, errnos: frozenset[int] = _NOT_WRITABLE) -> Itera
             raise
         where = f" ({exc.filename})" if exc.filename else ""
         raise PipelineError(f"{folder}: cannot write stage output: {exc.strerror or exc}{where}") from exc
+    except PipelineError:
+        raise  # already says what went wrong (a bad input file, ...), whatever the disk's state
+    except Exception as exc:
+        # Some writers report a failed write in their own exception type without the errno (polars'
+        # parquet sink on a full disk: "Invalid thrift: transport error"): ask the disk itself.
+        problem = _disk_problem(folder)
+        if problem is None:
+            raise
+        raise PipelineError(f"{folder}: cannot write stage output: {problem} ({type(exc).__name__}: {exc})") from exc
+
+
+def _disk_problem(folder: Path) -> str | None:
+    """"Read-only file system" or "No space left on device" if the disk holding ``folder`` is so, else None."""
+    for candidate in (folder, *folder.parents):
+        try:
+            st = os.statvfs(candidate)
+        except OSError:
+            continue
+        if st.f_flag & os.ST_RDONLY:
+            return os.strerror(errno.EROFS)
+        if st.f_bavail * st.f_frsize < LOW_SPACE_BYTES:
+            return os.strerror(errno.ENOSPC)
+        return None
+    return None

@@ -5,7 +5,10 @@ keyed by stage version, resolved config and input keys, and reused until one of 
 
 * ``prune``: raw files of the collection (key: sizes and times of its files) -> per-graph pruned
   npz (layout graphs cut to the k-hop neighbourhood of their configurable nodes; labelled configs
-  de-duplicated) plus ``graphs.parquet`` (one row per graph: split and before/after counts);
+  de-duplicated) plus ``graphs.parquet`` (one row per graph: split and before/after counts). An
+  unreadable file stops it with a FormatError naming the file, or, with ``data.on_bad_file =
+  "skip"``, is left out, recorded in ``metrics.skipped_files`` and warned about on every run; the
+  later stages see only the graphs in ``graphs.parquet``;
 * ``features``: prune output + raw structure -> per-graph config feature tables
   ``<split>/configs/<stem>.parquet`` and ``<split>/graph_features.parquet``;
 * ``node_arrays``: prune output -> per-graph :class:`GraphArrays` for the GNN;
@@ -31,7 +34,7 @@ import polars as pl
 from pipelines.collections import SPLITS, Collection, parse_collection
 from pipelines.config import PipelineConfig
 from pipelines.engine import StageOutput, data_fingerprint, fingerprint, load_stage, run_stage, stage_key
-from pipelines.errors import FormatError, PipelineError
+from pipelines.errors import ConfigError, FormatError, PipelineError
 from pipelines.features import config_feature_table, graph_aggregates, graph_feature_table
 from pipelines.folds import assign_folds
 from pipelines.node_arrays import GraphArrays, load_graph_arrays, make_graph_arrays, save_graph_arrays
@@ -91,9 +94,10 @@ def _seeded_rng(seed: int, stem: str) -> np.random.Generator:
 
 def prune_config(config: PipelineConfig, collection: Collection) -> dict[str, Any]:
     """What the prune stage of ``collection`` depends on (tile graphs ignore the pruning knobs)."""
+    # on_bad_file is keyed: an output that skipped files must never be reused by a run that asks for errors
     if collection.is_tile:
-        return {"collection": collection.name, "dedup": config.prune.dedup}
-    return {"collection": collection.name, **asdict(config.prune)}
+        return {"collection": collection.name, "dedup": config.prune.dedup, "on_bad_file": config.data.on_bad_file}
+    return {"collection": collection.name, **asdict(config.prune), "on_bad_file": config.data.on_bad_file}
 
 
 def prune_one(ref: GraphRef, config: PipelineConfig) -> tuple[PrunedGraph, dict[str, Any]]:
@@ -124,19 +128,27 @@ def _prune_to(folder: Path, ref: GraphRef, config: PipelineConfig) -> dict[str, 
 def run_prune(config: PipelineConfig, collection: Collection, work_dir: Path, refs: dict[str, list[GraphRef]],
               data_key: str, force: bool, log: Log) -> Ran:
     def compute(folder: Path) -> dict[str, Any]:
-        rows = []
+        rows, skipped = [], []
         for split, items in refs.items():
             (folder / split).mkdir()
-            rows += [_prune_to(folder, ref, config) for ref in items]
+            for ref in items:
+                try:
+                    rows.append(_prune_to(folder, ref, config))
+                except FormatError as exc:
+                    if config.data.on_bad_file != "skip":
+                        raise FormatError(exc.path, f"{exc.problem} (to leave such files out with a warning: "
+                                                    "--set data.on_bad_file=skip)") from None
+                    skipped.append({"split": split, "graph": ref.stem, "path": str(ref.path), "reason": exc.problem})
         table = pl.DataFrame(rows, schema=_GRAPHS_SCHEMA)
         table.write_parquet(folder / GRAPHS_TABLE)
         labelled = table.filter(pl.col("split").is_in(LABELLED))
         return {
-            "graphs": {split: len(items) for split, items in refs.items()},
+            "graphs": {split: table.filter(pl.col("split") == split).height for split in refs},
             "nodes_removed": int((table["nodes_before"] - table["nodes_after"]).sum()),
             "edges_removed": int((table["edges_before"] - table["edges_after"]).sum()),
             "node_share_kept": float(table["nodes_after"].sum() / max(table["nodes_before"].sum(), 1)),
             "configs_removed_by_dedup": int((labelled["configs_before"] - labelled["configs_after"]).sum()),
+            "skipped_files": skipped,
         }
 
     return _run(work_dir, "prune", PRUNE_VERSION, prune_config(config, collection), {"data": data_key},
@@ -307,20 +319,43 @@ def prepare(config: PipelineConfig, data_root: Path | str, work_dir: Path | str,
         chosen = [c if isinstance(c, Collection) else parse_collection(c) for c in collections]
     if not chosen:
         raise FormatError(data_root, "no collection to prepare (no train directory found)")
-    return {c.name: prepare_collection(config, c, data_root, work_dir, force, log) for c in chosen}
+    # Every collection's file list and folds setting is checked before any stage writes anything.
+    refs = {c.name: collection_refs(data_root, c) for c in chosen}
+    for c in chosen:
+        check_folds(config, c, refs[c.name])
+    return {c.name: prepare_collection(config, c, data_root, work_dir, force, log, refs=refs[c.name])
+            for c in chosen}
+
+
+def check_folds(config: PipelineConfig, collection: Collection, refs: dict[str, list[GraphRef]]) -> None:
+    """Raise the folds stage's ConfigError now if ``folds`` cannot be met by these graphs (e.g. more
+    folds than program families), rather than after the expensive stages ran."""
+    labelled = [(ref.stem, split) for split in LABELLED for ref in refs[split]]
+    if not labelled:
+        return  # reported with the file context by prepare_collection
+    try:
+        assign_folds([s for s, _ in labelled], [sp for _, sp in labelled], config.folds.k, config.folds.seed,
+                     config.folds.holdout_valid)
+    except ConfigError as exc:
+        raise ConfigError(f"{collection.name}: {exc}") from None
 
 
 def prepare_collection(config: PipelineConfig, collection: Collection, data_root: Path, work_dir: Path,
-                       force: bool = False, log: Log = print) -> Prepared:
+                       force: bool = False, log: Log = print,
+                       refs: dict[str, list[GraphRef]] | None = None) -> Prepared:
     tagged = _tagged(log, collection)
-    refs = collection_refs(data_root, collection)
+    refs = collection_refs(data_root, collection) if refs is None else refs
     if not refs["train"]:
         raise FormatError(collection_dir(data_root, collection, "train"), f"{collection.name}: no train graphs")
     data_key = raw_data_key(data_root, refs)
     ran: dict[str, Ran] = {}
     ran["prune"] = run_prune(config, collection, work_dir, refs, data_key, force, tagged)
     prune = ran["prune"][0]
+    for item in prune.metrics.get("skipped_files", []):  # warned on every run, cached or not
+        tagged(f"warning: skipped bad file {item['path']}: {item['reason']} (data.on_bad_file = \"skip\")")
     graphs = pl.read_parquet(prune.file(GRAPHS_TABLE))
+    kept = set(graphs["graph"].to_list())
+    refs = {split: [ref for ref in items if ref.stem in kept] for split, items in refs.items()}
     ran["features"] = run_features(config, collection, work_dir, refs, data_key, prune, force, tagged)
     ran["node_arrays"] = run_node_arrays(collection, work_dir, graphs, prune, force, tagged)
     ran["folds"] = run_folds(config, collection, work_dir, refs, force, tagged)

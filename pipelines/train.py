@@ -4,7 +4,8 @@ For one collection, one model and the resolved config, every (fold, seed) pair o
 and ``run.seeds`` fits a ranker on the graphs of the other CV folds, early-stops on the held-out
 fold, and predicts every config of the held-out graphs (out-of-fold), of the holdout graphs (fold
 -1, present when ``folds.holdout_valid``) and of every test graph. Pairs run in parallel with
-joblib: ``run.n_jobs`` worker processes, fewer when the adapter's estimate of one job's memory
+joblib (loky processes, or the backend of an enclosing ``joblib.parallel_config``, e.g. Dask):
+``run.n_jobs`` workers, fewer when the adapter's estimate of one job's memory
 times the jobs exceeds ``MEMORY_SHARE`` of the available memory; each model gets ``cores // jobs``
 threads. A worker loads only its own fold's data and predicts a few graphs at a time, so memory
 stays at about one fold's training table per job.
@@ -48,6 +49,7 @@ that scores best on the training folds; ``feature:<column>`` fixes the column).
 
 from __future__ import annotations
 
+import importlib
 import math
 import os
 import time
@@ -158,6 +160,15 @@ class GBDTAdapter(_FeatureTableAdapter):
 
         return GBDTRanker.from_config(GBDTConfig(**settings), is_tile=collection.is_tile, num_threads=num_threads)
 
+    def load(self, prepared: Any, graphs: list[str], *, settings: dict[str, Any], fit: bool,
+             seed: int) -> pl.DataFrame:
+        """The feature rows without the ``f_*`` columns that ``exclude_features`` names by prefix."""
+        frame = super().load(prepared, graphs, settings=settings, fit=fit, seed=seed)
+        prefixes = tuple(settings.get("exclude_features") or ())
+        if not prefixes:
+            return frame
+        return frame.drop([c for c in frame.columns if c.startswith("f_") and c.startswith(prefixes)])
+
     def describe(self, ranker: Any) -> tuple[dict[str, Any], pl.DataFrame | None]:
         facts = {"best_iteration": ranker.best_iteration_, "train_rows": ranker.n_train_rows_}
         return facts, ranker.feature_importance()
@@ -197,6 +208,8 @@ MODELS: dict[str, Callable[[], ModelAdapter]] = {
     "gbdt": GBDTAdapter,
     "random": RandomAdapter,
     "feature": FeatureAdapter,
+    # torch is imported only when the GNN is actually used
+    "gnn": lambda: importlib.import_module("pipelines.models.gnn").GNNAdapter(),
 }
 
 
@@ -502,7 +515,9 @@ def _run_folds(adapter: ModelAdapter, prepared: Any, collection: Collection, set
     else:
         from joblib import Parallel, delayed
 
-        results_iter = Parallel(n_jobs=jobs, backend="loky", return_as="generator_unordered")(
+        # No explicit backend: loky processes unless the caller chose one with joblib.parallel_config
+        # (``run --scheduler ADDRESS`` sends the jobs to a Dask cluster).
+        results_iter = Parallel(n_jobs=jobs, return_as="generator_unordered")(
             delayed(fit_predict_fold)(*a) for a in args)
     results: list[FoldResult] = []
     for result in results_iter:

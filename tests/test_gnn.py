@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import numpy as np
+import polars as pl
 import pytest
 import torch
 from scipy.stats import kendalltau
@@ -22,6 +23,15 @@ from pipelines.node_arrays import GraphArrays
 
 FEAT = 6
 FAST = dict(hidden=16, opcode_dim=8, config_value_dim=4, progress=False, num_threads=1)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_torch_thread():
+    """Tiny tensors gain nothing from threads, and OpenMP spin-waits badly on a loaded machine."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
 
 
 # ----------------------------------------------------------------------------- graph builders
@@ -94,10 +104,10 @@ def test_config_validation_and_overrides():
         GNNConfig(conv="gcn")
     with pytest.raises(ConfigError, match="unknown_field"):
         GNNRanker(unknown_field=1)
-    cfg = GNNConfig(collections={"layout:xla:default": {"cross_config_attention": True, "loss": "hinge"}})
+    cfg = GNNConfig(collections={"layout:xla:default": {"cross_config_attention": True, "loss": "listmle"}})
     resolved = cfg.for_collection("layout:xla:default")
-    assert resolved.cross_config_attention and resolved.loss == "hinge" and resolved.collections == {}
-    assert cfg.for_collection("tile:xla").loss == "listmle"
+    assert resolved.cross_config_attention and resolved.loss == "listmle" and resolved.collections == {}
+    assert cfg.for_collection("tile:xla").loss == "hinge"
     with pytest.raises(ConfigError, match="bogus"):
         GNNConfig(collections={"tile:xla": {"bogus": 1}}).for_collection("tile:xla")
 
@@ -299,6 +309,9 @@ def test_stage_adapter_flattens_predictions_in_index_order(monkeypatch):
     graphs = {g.stem: g for g in easy_world(7, "layout", 3)}
 
     class FakePrepared:
+        graph_table = pl.DataFrame({"graph": list(graphs), "nodes_after": [12, 12, 1000],
+                                    "configs_after": [24, 24, 10**6]})
+
         def load_graph_arrays(self, name: str) -> GraphArrays:
             return graphs[name]
 
@@ -318,3 +331,7 @@ def test_stage_adapter_flattens_predictions_in_index_order(monkeypatch):
     np.testing.assert_array_equal(costs[24:], ranker.ranker.predict([graphs["layout0"]])[0])
     facts, importance = adapter.describe(ranker)
     assert facts["epochs_run"] == 1 and importance is None
+    settings = {"configs_per_graph": 32, "hidden": 64}
+    small = adapter.job_memory(FakePrepared(), ["layout0"], settings)
+    large = adapter.job_memory(FakePrepared(), ["layout0", "layout2"], settings)
+    assert 0 < small < large

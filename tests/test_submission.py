@@ -1,5 +1,5 @@
 """Submission files end to end on a tiny hand-built data root: write, read, validate, score, CLI,
-the non-learned baseline and the demo job."""
+and the non-learned baseline."""
 
 from __future__ import annotations
 
@@ -15,7 +15,6 @@ import pytest
 from pipelines.baseline import baseline_rows, layout_costs, tile_costs
 from pipelines.cli import main
 from pipelines.collections import ALL_COLLECTIONS, LAYOUT_XLA_DEFAULT, TILE_XLA
-from pipelines.demo import run_demo
 from pipelines.errors import ConfigError, FormatError, PipelineError, SubmissionError
 from pipelines.submission import (
     HEADER,
@@ -351,23 +350,3 @@ def test_layout_baseline_prefers_default_blocks_and_the_largest_dim_minor_most()
     graph = LayoutGraph("g", node_feat, np.array([63, 34], dtype=np.uint8), _edges(2), np.array([1]),
                         configs, np.zeros(3, dtype=np.int64), np.array([[0, 2]]))
     assert layout_costs(graph).tolist() == pytest.approx([0.0, 0.1, 1.1])
-
-
-def test_demo_writes_validates_and_scores_new_run_folders(world, tmp_path, monkeypatch, capsys):
-    root, _ = world
-    calls = []
-    fake_synth = types.ModuleType("pipelines.synth")
-    fake_synth.generate_world = lambda data_root, scale, seed: calls.append((data_root, scale, seed)) or "world ok"
-    monkeypatch.setitem(sys.modules, "pipelines.synth", fake_synth)
-
-    assert run_demo(root, "tiny", 3, submissions_dir=tmp_path / "subs") == 0
-    out = capsys.readouterr().out.strip().splitlines()
-    assert calls == [(root, "tiny", 3)]
-    test_csv = Path(out[-1])
-    assert test_csv.name == "baseline_test.csv" and validate_submission(test_csv, root) == 6
-    assert (test_csv.parent / "baseline_valid.csv").exists() and (test_csv.parent / "manifest.json").exists()
-    assert any(line.startswith("combined score") for line in out)
-
-    assert run_demo(root, "tiny", 3, submissions_dir=tmp_path / "subs") == 0
-    second = Path(capsys.readouterr().out.strip().splitlines()[-1])
-    assert second.parent != test_csv.parent and len(list((tmp_path / "subs").iterdir())) == 2

@@ -20,6 +20,13 @@ Objectives (``objective=``):
   of wins against ``pairwise_references`` configs of the same graph (all others when the graph has
   fewer), as in the 11th-place public solution.
 
+Inputs: every ``f_*`` column; the ``g_*`` columns only with ``graph_features`` (they are constant
+within a graph, so they can only modulate how per-config features act, useful for tile); with
+``graph_rank_features`` also each ``f_*`` column's rank within its graph scaled to [0, 1]
+(``rank__<name>``), whose split thresholds mean the same thing in every graph. Rows are grouped by
+graph in ``config_index`` order before anything graph-wise is computed, so predictions depend
+neither on the row order nor on which graphs are predicted together.
+
 Training subsample: graphs with more than ``max_configs_per_graph`` configs are cut down by rank
 stratification: sort by runtime, split into that many equal-width rank strata, draw one config from
 each. The subsample keeps the graph's runtime distribution (test files are uniform samples) with less
@@ -51,7 +58,7 @@ LIGHTGBM_MAX_QUERY_ROWS = 10_000
 # Validation pairs per graph for the OPA stopping metric (fixed once per fit).
 STOPPING_PAIRS_PER_GRAPH = 2000
 # Pair-feature rows built at once when scoring pairwise (bounds memory on graphs with 10k configs).
-PAIR_ROWS_PER_BLOCK = 1 << 18
+PAIR_ROWS_PER_BLOCK = 1 << 16
 DIFF_PREFIX = "diff__"  # LightGBM rejects ':' and other JSON characters in feature names
 RANK_PREFIX = "rank__"
 

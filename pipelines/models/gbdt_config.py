@@ -51,6 +51,9 @@ class GBDTConfig:
     graph_features: str = _choice("auto", GRAPH_FEATURE_MODES)
     # Add each f_* column's rank within its graph (in [0, 1]): thresholds that transfer across graphs.
     graph_rank_features: bool = False
+    # f_* columns left out of the model: a column is dropped when its name starts with any of these
+    # prefixes (feature ablations, e.g. ["f_pad_", "f_tile_waste"]); g_* columns are not affected.
+    exclude_features: list[str] = field(default_factory=list)
     # Training configs per graph, subsampled by runtime-rank strata (see pipelines.models.gbdt).
     max_configs_per_graph: int = _at_least(1000, 1)
     # Configs per graph read from the feature cache for fitting (bounds memory; test never capped).

@@ -32,7 +32,7 @@ class GNNConfig:
     cross_config_attention: bool = False  # transformer layer across the K pooled configs of a graph
     attention_heads: int = 4
     # --- loss and sampling
-    loss: str = "listmle"  # "hinge" (all pairs with different runtimes) or "listmle"
+    loss: str = "hinge"  # "hinge" (all pairs with different runtimes) or "listmle"
     margin: float = 0.1  # hinge margin on the score scale
     configs_per_graph: int = 32  # K configs sampled per graph per step
     graphs_per_step: int = 1  # graphs per optimiser step (tile graphs are small: use more)

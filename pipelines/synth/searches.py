@@ -122,8 +122,8 @@ def default_search(model: LayoutCostModel, count: int, rng: np.random.Generator,
         chunk = np.where(from_anchor[:, None, None], anchor_pick, parent_rows)
         duplicate = (~from_anchor) & (rng.random(rows) < duplicate_share)
         num_mut = np.where(duplicate, 0, 1 + rng.poisson(mutations, size=rows))
-        for step in range(int(num_mut.max(initial=0))):
-            live = np.flatnonzero(num_mut > step)
+        for round_ in range(int(num_mut.max(initial=0))):  # not `step`: that is the chunk size above
+            live = np.flatnonzero(num_mut > round_)
             node = rng.integers(nc, size=live.size)
             block = rng.integers(3, size=live.size)
             block = np.where(ranks[node, block] > 0, block, 0)

@@ -14,11 +14,15 @@ import polars as pl
 
 from pipelines.collections import Collection
 from pipelines.models.gnn.ranker import GNNRanker
-from pipelines.node_arrays import GraphArrays
+from pipelines.node_arrays import NODE_FEATURE_DIM, GraphArrays
 
 # Configs kept per training graph when loading for a fit: K configs per step over tens of epochs
 # never use more, and it bounds memory (a real layout file holds up to 100k configs x 121 x 18).
 LOAD_MAX_CONFIGS = 20_000
+# job_memory: configurable nodes per layout graph assumed, tensors alive in a step, torch's own footprint
+AVG_CONFIG_NODES = 64
+STEP_COPIES = 12
+TORCH_BYTES = 512 * 2**20
 
 
 def subsample_configs(graph: GraphArrays, max_configs: int, seed: int) -> GraphArrays:
@@ -77,13 +81,17 @@ class GNNAdapter:
         return StageRanker(GNNRanker(**{**settings, "num_threads": num_threads, "progress": False}))
 
     def job_memory(self, prepared: Any, graphs: list[str], settings: dict[str, Any]) -> int:
-        """Rough peak bytes of a fit: node arrays of every graph plus a step's activations on the largest."""
+        """Rough peak bytes of a fit: every graph's arrays plus one training step on the largest graph.
+
+        The graph table has no count of configurable nodes, so configs are costed at
+        ``AVG_CONFIG_NODES`` nodes each; a step keeps ~``STEP_COPIES`` (nodes, K, hidden) float tensors.
+        """
         table = prepared.graph_table.filter(pl.col("graph").is_in(graphs))
         nodes = table["nodes_after"].to_numpy()
         configs = np.minimum(table["configs_after"].to_numpy(), LOAD_MAX_CONFIGS)
-        per_graph = nodes * 4 * 200 + configs * 64 * 18  # features + int8 configs (<= ~64 configurable nodes avg)
-        step = int(nodes.max(initial=0)) * settings["configs_per_graph"] * settings["hidden"] * 4 * 12
-        return int(per_graph.sum()) + step + 512 * 2**20  # + torch itself
+        arrays = nodes * 4 * NODE_FEATURE_DIM + configs * AVG_CONFIG_NODES * 18  # float32 features, int8 configs
+        step = int(nodes.max(initial=0)) * settings["configs_per_graph"] * settings["hidden"] * 4 * STEP_COPIES
+        return int(arrays.sum()) + step + TORCH_BYTES
 
     def describe(self, ranker: StageRanker) -> tuple[dict[str, Any], pl.DataFrame | None]:
         fitted = ranker.ranker

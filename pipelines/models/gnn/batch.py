@@ -100,7 +100,7 @@ def prepare_graph(graph: GraphArrays, config_layers: int) -> PreparedGraph:
     """Validate one graph and precompute degrees and (layout) the hop levels of the fused layers."""
     _check(graph)
     n = graph.num_nodes
-    src, dst = graph.edge_index[0].astype(np.int64), graph.edge_index[1].astype(np.int64)
+    src, dst = (graph.edge_index[i].astype(np.int64, copy=False) for i in (0, 1))
     inv_in = 1.0 / np.maximum(np.bincount(dst, minlength=n), 1).astype(np.float32)
     inv_out = 1.0 / np.maximum(np.bincount(src, minlength=n), 1).astype(np.float32)
     kind = graph_kind(graph)
@@ -129,10 +129,12 @@ def prepare_graph(graph: GraphArrays, config_layers: int) -> PreparedGraph:
             prev_rows, prev_mask, prev_pos = rows, mask, pos
         config_in_final = prev_pos[config_nodes]
     return PreparedGraph(
-        kind=kind, opcode=graph.opcode.astype(np.int64), node_feat=graph.node_feat.astype(np.float32),
-        edge_index=np.stack([src, dst]), inv_deg_in=inv_in, inv_deg_out=inv_out,
+        # copy=False: a collection's node features can take GBs; never hold them twice
+        kind=kind, opcode=graph.opcode.astype(np.int64, copy=False),
+        node_feat=graph.node_feat.astype(np.float32, copy=False), edge_index=np.stack([src, dst]),
+        inv_deg_in=inv_in, inv_deg_out=inv_out,
         config_nodes=config_nodes, levels=levels, config_in_final=config_in_final,
-        config_feat=graph.config_feat, runtime=graph.runtime.astype(np.float64),
+        config_feat=graph.config_feat, runtime=graph.runtime.astype(np.float64, copy=False),
     )
 
 

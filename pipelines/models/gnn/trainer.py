@@ -204,7 +204,7 @@ def train_model(
             scheduler.step()
             losses.append(float(loss.detach()))
             bar.update(1)
-            bar.set_postfix(loss=f"{np.mean(losses[-20:]):.4f}", valid=f"{state.best_score:.4f}")
+            bar.set_postfix(loss=f"{np.mean(losses[-20:]):.4f}", best_valid=f"{state.best_score:.4f}")
         bar.close()
         score = validation_score(model, valid, subsets, cfg.eval_chunk) if valid else math.nan
         state.epoch = epoch

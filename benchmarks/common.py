@@ -1,0 +1,196 @@
+"""Shared pieces of the benchmarks: the worlds they run on, fresh-process measurements, the machine.
+
+Every measurement runs in its own Python process, so its peak resident set size (``ru_maxrss``) is
+its own and no cache of an earlier measurement is warm in it (the OS page cache is: files are read
+once by the world builder, and every compared path reads the same files, so the comparison is fair).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+WORLDS = Path(__file__).resolve().parent / "worlds"
+RESULTS = Path(__file__).resolve().parent / "results"
+
+# Files of the real data per collection and split (train, valid, test): what figures extrapolate to.
+REAL_FILES: dict[str, tuple[int, int, int]] = {
+    "tile:xla": (5709, 676, 844),
+    "layout:xla:default": (61, 7, 8),
+    "layout:xla:random": (69, 7, 8),
+    "layout:nlp:default": (198, 20, 17),
+    "layout:nlp:random": (207, 20, 17),
+}
+# The largest real layout file: 100,040 configs x 121 configurable nodes x 18 (float32 on disk: 0.87 GB).
+BIG_CONFIGS, BIG_CONFIGURABLE, BIG_NODES = 100_040, 121, 44_000
+BIG_STEM = "bench_largest_graph"
+
+# The measured process prints one JSON line last; ``body`` sets ``result`` (a dict).
+_WRAPPER = """
+import json, resource, time
+started = time.perf_counter()
+{body}
+result["wall_s"] = result.get("wall_s", time.perf_counter() - started)
+result["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+print("BENCH-RESULT " + json.dumps(result))
+"""
+
+
+def real_total(collection: str) -> int:
+    return sum(REAL_FILES[collection])
+
+
+def measure(body: str, *, nice: int = 0, timeout_s: float | None = None) -> dict[str, Any]:
+    """Run ``body`` (Python code that fills a dict ``result``) in a fresh process; returns ``result``
+    with ``wall_s`` (unless the body set it) and ``peak_rss_mb`` added."""
+    code = _WRAPPER.format(body=body)
+    command = [sys.executable, "-c", code]
+    if nice:
+        command = ["nice", "-n", str(nice), *command]
+    env = dict(os.environ)
+    root = str(Path(__file__).resolve().parent.parent)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
+    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=timeout_s)
+    lines = [line for line in done.stdout.splitlines() if line.startswith("BENCH-RESULT ")]
+    if done.returncode != 0 or not lines:
+        raise RuntimeError(f"measurement failed (rc {done.returncode}):\n{done.stderr[-4000:]}")
+    return json.loads(lines[-1][len("BENCH-RESULT "):])
+
+
+# ----------------------------------------------------------------------------- worlds
+
+
+def world_root(collections: str, limit: int) -> Path:
+    """``full-limit<N>`` (every collection) or ``full-<collections>-limit<N>``."""
+    if collections == "all":
+        return WORLDS / f"full-limit{limit}"
+    tag = collections.split(":")[0] if collections == "tile:xla" else collections.replace(":", "-").replace(",", "+")
+    return WORLDS / f"full-{tag}-limit{limit}"
+
+
+def build_world(collections: str, limit: int, *, jobs: int = 1, log=print) -> Path:
+    """A ``full``-scale synthetic world of the first ``limit`` files per collection and split
+    (generated once; a complete world is reused)."""
+    from pipelines.synth import generate_world
+
+    root = world_root(collections, limit)
+    started = time.perf_counter()
+    summary = generate_world(root, scale="full", seed=0, limit=limit,
+                             collections=None if collections == "all" else collections, jobs=jobs)
+    log(summary.splitlines()[0] if "nothing written" in summary else
+        f"built {root} in {time.perf_counter() - started:.0f}s")
+    return root
+
+
+def build_big_world(*, log=print) -> Path:
+    """A layout:xla:default root holding one train graph of the largest real size (44k nodes,
+    100,040 configs x 121 configurable nodes; 0.87 GB of float32 configs), for peak memory.
+
+    The synthetic generator's cost model would take long at this size, so the graph is made
+    directly: a random tree of ops, and config values drawn with the skew of real ones (mostly -1),
+    so that the archive compresses roughly like a real one.
+    """
+    from pipelines.tpugraphs import LayoutGraph, save_graph
+
+    root = WORLDS / "full-largest-graph"
+    split_dir = root / "npz_all" / "npz" / "layout" / "xla" / "default"
+    target = split_dir / "train" / f"{BIG_STEM}.npz"
+    if target.is_file():
+        return root
+    for split in ("train", "valid", "test"):
+        (split_dir / split).mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(0)
+    started = time.perf_counter()
+    n, nc, c = BIG_NODES, BIG_CONFIGURABLE, BIG_CONFIGS
+    node_feat = rng.random((n, 140), dtype=np.float32)
+    parents = (np.arange(1, n) * rng.random(n - 1)).astype(np.int64)  # a random tree: every node reachable
+    edge_index = np.column_stack([parents, np.arange(1, n)]).astype(np.int64)
+    config_ids = np.sort(rng.choice(n, size=nc, replace=False)).astype(np.int64)
+    values = np.arange(-1, 6, dtype=np.int8)
+    skew = np.array([0.5, 0.15, 0.12, 0.1, 0.07, 0.04, 0.02])
+    configs = np.empty((c, nc, 18), dtype=np.int8)
+    for start in range(0, c, 10_000):
+        rows = min(10_000, c - start)
+        configs[start:start + rows] = rng.choice(values, size=(rows, nc, 18), p=skew)
+    graph = LayoutGraph(stem=BIG_STEM, node_feat=node_feat,
+                        node_opcode=rng.integers(0, 120, n, dtype=np.int64).astype(np.uint8),
+                        edge_index=edge_index, node_config_ids=config_ids, node_config_feat=configs,
+                        config_runtime=rng.integers(10**6, 10**9, c, dtype=np.int64),
+                        node_splits=np.array([[n // 3, 2 * n // 3]], dtype=np.int64))
+    save_graph(target, graph)
+    log(f"built {target} ({target.stat().st_size / 2**20:.0f} MiB) in {time.perf_counter() - started:.0f}s")
+    return root
+
+
+# ----------------------------------------------------------------------------- the machine
+
+
+@dataclass(frozen=True)
+class Machine:
+    host: str
+    cpu: str
+    cores: int
+    memory_gib: float
+    load_before: tuple[float, float, float]
+    versions: dict[str, str | None]
+
+    def describe(self) -> list[str]:
+        libs = ", ".join(f"{k} {v}" for k, v in self.versions.items() if v)
+        return [f"- host: {self.host}; CPU: {self.cpu}; {self.cores} cores usable; {self.memory_gib:.1f} GiB RAM",
+                f"- load average when the benchmark started: {' / '.join(f'{x:.2f}' for x in self.load_before)} "
+                "(1/5/15 min; above 0 means other work shared the cores and inflates the times)",
+                f"- {platform.platform()}; {libs}"]
+
+
+def machine() -> Machine:
+    from pipelines.engine import library_versions
+    from pipelines.train import available_cores
+
+    cpu = platform.processor() or "unknown"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    memory = 0.0
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                memory = int(line.split()[1]) / 2**20
+    except OSError:
+        pass
+    return Machine(socket.gethostname(), cpu, available_cores(), memory, os.getloadavg(), library_versions())
+
+
+# ----------------------------------------------------------------------------- tables
+
+
+def markdown_table(header: list[str], rows: list[list[Any]]) -> list[str]:
+    def cell(value: Any) -> str:
+        if isinstance(value, float):
+            return f"{value:.3g}" if abs(value) < 100 else f"{value:.0f}"
+        return str(value)
+
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in rows]
+    return lines
+
+
+def verdict(name: str, measured: float, target: float, unit: str) -> str:
+    """One line: met, or missed and by how much (measured / target)."""
+    if measured <= target:
+        return f"- MET {name}: {measured:.3g} {unit} (target <= {target:g} {unit})"
+    return (f"- MISSED {name}: {measured:.3g} {unit} vs target {target:g} {unit}: "
+            f"{measured / target:.2f}x the target ({measured - target:.3g} {unit} over)")

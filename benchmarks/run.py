@@ -1,0 +1,138 @@
+"""``make bench``: data stages vs the I/O floor, training and prediction, on full-scale synthetic data.
+
+Usage: python -m benchmarks.run [--limit N] [--tile-limit N] [--models gbdt,gnn] [--no-largest] [--nice N]
+
+Worlds (built once under benchmarks/worlds/, gitignored; a complete one is reused):
+* ``full-limit<N>``: the ``full`` scale with the first N files per collection and split (layout
+  graphs of the real sizes: up to ~44k nodes and 100k configs);
+* ``full-tile-limit<N>``: the first N tile files per split (tile files are small, so more of them);
+* ``full-largest-graph``: one layout graph of the largest real size (100,040 x 121 x 18 configs),
+  for the peak memory of the data stages on the worst file.
+
+Defaults come from the environment where set: BENCH_LIMIT (layout, default 2), BENCH_TILE_LIMIT
+(default 500), BENCH_MODELS (default gbdt,gnn), BENCH_GNN_EPOCHS (default 2: the GNN runs 2 epochs and
+its fit time is scaled to the base config's 20; 0 runs the base config as is), BENCH_LARGEST (1/0,
+default 1), BENCH_NICE (default 10).
+Every figure is extrapolated to the real file counts (tile 5709/676/844; layout xla:default 61/7/8,
+xla:random 69/7/8, nlp:default 198/20/17, nlp:random 207/20/17) linearly in the number of files.
+
+Expected duration on 2 idle cores with the defaults: ~8 min to build the worlds the first time,
+then ~10 min of data stages and ~25-40 min of training (the GNN at the base config dominates).
+The table goes to benchmarks/results/<UTC date>-<host>.md, with the machine description, and is printed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Sequence
+
+from benchmarks import data_stages, training
+from benchmarks.common import RESULTS, WORLDS, build_big_world, build_world, machine
+
+LAYOUT = ("layout:xla:default", "layout:xla:random", "layout:nlp:default", "layout:nlp:random")
+TILE = "tile:xla"
+LARGEST_LABEL = "largest real-size layout file"
+
+
+def _env_int(name: str, default: int) -> int:
+    value = os.environ.get(name)
+    return default if value in (None, "") else int(value)
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--limit", type=int, default=_env_int("BENCH_LIMIT", 2),
+                        help="layout files per collection and split (env BENCH_LIMIT)")
+    parser.add_argument("--tile-limit", type=int, default=_env_int("BENCH_TILE_LIMIT", 500),
+                        help="tile files per split (env BENCH_TILE_LIMIT)")
+    parser.add_argument("--models", default=os.environ.get("BENCH_MODELS", "gbdt,gnn"),
+                        help="models to train, comma-separated (env BENCH_MODELS); empty: none")
+    parser.add_argument("--gnn-epochs", type=int, default=_env_int("BENCH_GNN_EPOCHS", 2),
+                        help="GNN epochs actually run, fit time scaled to the base config's epochs "
+                             "(env BENCH_GNN_EPOCHS; 0: run the base config as is)")
+    parser.add_argument("--no-largest", dest="largest", action="store_false",
+                        default=bool(_env_int("BENCH_LARGEST", 1)),
+                        help="skip the largest-file memory check (env BENCH_LARGEST=0)")
+    parser.add_argument("--nice", type=int, default=_env_int("BENCH_NICE", 10),
+                        help="niceness of the measured processes (the machine may be shared)")
+    parser.add_argument("--collections", default=",".join((TILE, *LAYOUT)))
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    return parser.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> Path:
+    args = parse_args(argv)
+    started = time.perf_counter()
+    host = machine()
+    collections = [c for c in args.collections.split(",") if c]
+    models = [m for m in args.models.split(",") if m]
+    print(f"benchmark worlds under {WORLDS} (layout limit {args.limit}, tile limit {args.tile_limit})")
+    roots = {}
+    if TILE in collections:
+        roots[TILE] = build_world(TILE, args.tile_limit)
+    if any(c in LAYOUT for c in collections):
+        layout_root = build_world("all", args.limit)
+        roots.update({c: layout_root for c in collections if c in LAYOUT})
+    work = WORLDS / "work"
+
+    print("data stages (each in a fresh process):")
+    stage_rows = []
+    for collection in collections:
+        stage_rows += data_stages.measure_collection(roots[collection], collection, work, nice=args.nice)
+    if args.largest:
+        big = build_big_world()
+        stage_rows += data_stages.measure_collection(big, "layout:xla:default", work / "largest", nice=args.nice,
+                                                     label=LARGEST_LABEL)
+
+    fit_rows = []
+    if models:
+        print("training, one fold and one seed, then prediction of every test graph:")
+        for model in models:
+            for collection in collections:
+                fit_rows.append(training.measure_fold(roots[collection], collection, model, work, nice=args.nice,
+                                                      gnn_epochs=args.gnn_epochs or None))
+
+    text = report(host, args, stage_rows, fit_rows, time.perf_counter() - started)
+    args.out.mkdir(parents=True, exist_ok=True)
+    path = args.out / f"{datetime.now(timezone.utc):%Y-%m-%d}-{host.host}.md"
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+    print()
+    print(text)
+    print(f"written to {path}")
+    return path
+
+
+def report(host, args: argparse.Namespace, stage_rows: list, fit_rows: list, wall_s: float) -> str:
+    now = datetime.now(timezone.utc).isoformat(timespec="minutes")
+    lines = [f"# Benchmark {now}", "", "## Machine", "", *host.describe(),
+             f"- benchmark wall time {wall_s / 60:.1f} min; measured processes ran at nice {args.nice}", "",
+             "## Data", "",
+             f"Synthetic `full` scale: the first {args.limit} layout files per collection and split "
+             f"(`benchmarks/worlds/full-limit{args.limit}`), the first {args.tile_limit} tile files per split "
+             f"(`full-tile-limit{args.tile_limit}`)"
+             + (", and one layout graph of the largest real size (`full-largest-graph`)" if args.largest else "")
+             + ". Extrapolated columns scale the sample's mean time per file linearly to the real file counts; "
+               "the first files in stem order are not a random sample of sizes, so treat them as estimates.", "",
+             "## Data stages vs bare decompression", "",
+             "`floor` = `np.load` of every array of every file (what any reader must pay); `x floor` = stage time "
+             "over the floor on the same files. Each row is its own fresh process (peak RSS = ru_maxrss).", "",
+             *data_stages.table(stage_rows), "", *data_stages.targets(stage_rows), ""]
+    if fit_rows:
+        lines += ["## Training (one fold, one seed, 2 threads) and prediction of every test graph", "",
+                  "Fit = loading the training data + `fit` on the train graphs, early stopping on the valid graphs "
+                  "(base config; a plain split: the sample has too few program families for grouped folds; the GNN "
+                  f"ran {args.gnn_epochs or 'all'} epoch(s), its time scaled by `epochs scale` to the base config's "
+                  "epochs without early stopping, an upper bound), extrapolated to the real train graphs (one fold "
+                  "model of the 5-fold CV trains on 4/5 of train+valid: about as many). Predict = every test "
+                  "graph of the sample, extrapolated to the real test graphs.", "", *training.table(fit_rows), "", *training.targets(fit_rows), ""]
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,591 @@
+"""One-command runs: prepare -> train every model -> ensemble per collection -> validated submission.
+
+:func:`run_pipeline` chains the cached stages for every collection of a data root in the Kaggle
+layout (ours or the real one): the four preparation stages, one training stage per model, and an
+``ensemble`` stage that blends the models' out-of-fold predictions with weights fitted on them
+alone and applies the weights to the test predictions. Every stage goes through
+:func:`pipelines.engine.run_stage`, so a second run with the same config reuses all of them.
+
+The ``ensemble`` stage (``<work_dir>/ensemble/<key>/``, key = collection, method, grid, model names
+and the keys of the prune stage and of every training stage) writes ``predictions.parquet`` (blended
+``oof`` and ``test`` rows, ``model="ensemble"``, averaged over folds and seeds) and ``curve.parquet``
+(every weight vector tried and its OOF score); its manifest holds the weights and the OOF score of
+each model alone and of the blend. With one model the blend is the identity (weight 1.0): the
+submitted order is the model's test scores, normalised per fold model and averaged.
+
+The submission goes to ``<submissions_dir>/<run-id>/`` (created exclusively, never reused):
+``submission.csv``, validated against the data root before it is published, and ``manifest.json``
+(resolved config, every upstream stage key per collection, code and library versions, OOF scores
+per model and for the ensemble, weights, data root, run-id, command). The CSV depends only on the
+predictions, so the same config run from scratch yields the same bytes.
+
+:func:`ensemble_runs` re-blends the saved training outputs of earlier runs (found through their
+manifests) without training anything.
+
+Training jobs (fold x seed of a model) run through joblib: local loky processes by default, or a
+Dask cluster when ``scheduler`` is its address. Dask workers must see the same filesystem (the
+work dir and the data root at the same paths) and the same Python environment as this process.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import shlex
+import shutil
+import sys
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import polars as pl
+
+from pipelines.collections import Collection, parse_collection
+from pipelines.config import PipelineConfig, config_to_dict
+from pipelines.engine import (
+    StageOutput,
+    code_version,
+    fingerprint,
+    library_versions,
+    load_stage,
+    run_stage,
+    write_json_atomic,
+)
+from pipelines.errors import ConfigError, FormatError, PipelineError
+
+Log = Callable[[str], None]
+
+ENSEMBLE_STAGE = "ensemble"
+ENSEMBLE_VERSION = 1
+ENSEMBLE_PREDICTIONS = "predictions.parquet"
+ENSEMBLE_CURVE = "curve.parquet"
+SUBMISSION_FILE = "submission.csv"
+RUN_MANIFEST = "manifest.json"
+DEFAULT_SUBMISSIONS_DIR = Path("submissions")
+LOCAL_SCHEDULER = "local"
+DASK_CONNECT_TIMEOUT = "10s"
+RUN_ID_ATTEMPTS = 100  # suffixes tried when two runs of one config start in the same second
+
+
+# ----------------------------------------------------------------------------- results
+
+
+@dataclass(frozen=True)
+class CollectionRun:
+    """Everything one collection contributed to a run: its stages and what they measured."""
+
+    collection: Collection
+    prepare_keys: dict[str, str]  # stage -> key (prune, features, node_arrays, folds)
+    trained: dict[str, StageOutput]  # model name -> training stage output
+    ensemble: StageOutput
+
+    @property
+    def weights(self) -> dict[str, float]:
+        return dict(self.ensemble.metrics["weights"])
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """A published submission and how it was made."""
+
+    run_id: str
+    run_dir: Path
+    submission: Path
+    manifest: dict[str, Any]
+    scores: pl.DataFrame  # see scores_table
+    computed: tuple[str, ...]  # "stage/key" of every stage this call computed (empty: all reused)
+
+    def describe(self) -> str:
+        return format_scores(self.scores)
+
+
+# ----------------------------------------------------------------------------- pure helpers
+
+
+def resolve_models(config: PipelineConfig, models: Sequence[str] | None) -> list[str]:
+    """The models a run trains and blends: ``models`` when given, else the config's ensemble models
+    (which must all be among ``run.models``, the models the config trains)."""
+    if models is not None:
+        chosen = list(dict.fromkeys(m.strip() for m in models if m.strip()))
+        if not chosen:
+            raise ConfigError("--models names no model")
+        return chosen
+    missing = [m for m in config.ensemble.models if m not in config.run.models]
+    if missing:
+        raise ConfigError(f"ensemble.models names {', '.join(missing)}, which run.models does not train "
+                          f"(run.models = {config.run.models})")
+    return list(config.ensemble.models)
+
+
+def common_oof(frame: pl.DataFrame, models: Sequence[str]) -> pl.DataFrame:
+    """The OOF rows of the configs every model predicted: models may subsample a graph's labelled
+    configs differently (feature tables cap them, the GNN may not), and weights compare like with like."""
+    keys = ["collection", "graph", "config_index"]
+    covered = (frame.select(*keys, "model").unique().group_by(keys).agg(pl.col("model").n_unique().alias("_n"))
+               .filter(pl.col("_n") == len(models)).select(keys))
+    return frame.join(covered, on=keys, how="semi")
+
+
+def submission_rows(test: pl.DataFrame) -> dict[str, list[int]]:
+    """Submission rows from one score per test config (lower = faster): tile top-5, layout full order.
+
+    Every graph must have a score for each config ``0..c-1`` exactly once; ties are ordered by index.
+    """
+    from pipelines.submission import submission_row
+
+    rows: dict[str, list[int]] = {}
+    keys = ["collection", "graph"]
+    for (name, graph), part in test.sort([*keys, "config_index"]).partition_by(keys, as_dict=True,
+                                                                               maintain_order=True).items():
+        index = part["config_index"].to_numpy()
+        if not np.array_equal(index, np.arange(index.shape[0])):
+            raise FormatError("<test predictions>", f"{name}:{graph}: scores must cover configs 0..c-1 exactly "
+                                                    f"once (got {index.shape[0]} rows)")
+        collection = parse_collection(name)
+        rows[collection.submission_id(graph)] = submission_row(collection, part["score"].to_numpy())
+    return rows
+
+
+SCORES_SCHEMA: dict[str, pl.DataType] = {
+    "collection": pl.Utf8,
+    "model": pl.Utf8,  # a model name or "ensemble"
+    "oof_score": pl.Float64,  # training stage: mean over seeds of the OOF score (mean over graphs)
+    "oof_std": pl.Float64,  # its standard deviation over seeds (null for the ensemble)
+    "seeds": pl.Int64,
+    "blend_score": pl.Float64,  # OOF score of the seed-averaged, normalised predictions the blend uses
+    "weight": pl.Float64,  # blend weight (null for the ensemble row)
+}
+
+
+def scores_table(runs: Sequence[CollectionRun]) -> pl.DataFrame:
+    """One row per collection and model, then the collection's ensemble row."""
+    rows = []
+    for item in runs:
+        blend = item.ensemble.metrics["oof_scores"]
+        for name, output in item.trained.items():
+            m = output.metrics
+            rows.append({"collection": item.collection.name, "model": name, "oof_score": m.get("oof_score"),
+                         "oof_std": m.get("oof_score_std"), "seeds": len(m.get("seeds", [])),
+                         "blend_score": blend.get(name), "weight": item.weights.get(name)})
+        rows.append({"collection": item.collection.name, "model": "ensemble", "oof_score": blend.get("ensemble"),
+                     "oof_std": None, "seeds": None, "blend_score": blend.get("ensemble"), "weight": None})
+    return pl.DataFrame(rows, schema=SCORES_SCHEMA)
+
+
+def combined_by_model(table: pl.DataFrame, column: str = "blend_score") -> dict[str, Any]:
+    """``{model: CombinedScore}`` of a scores table (mean of the collection means)."""
+    from pipelines.metric import combine_collection_scores
+
+    out = {}
+    for model in table["model"].unique(maintain_order=True).to_list():
+        part = table.filter(pl.col("model") == model)
+        out[model] = combine_collection_scores({c: math.nan if s is None else s
+                                                for c, s in part.select("collection", column).iter_rows()})
+    return out
+
+
+def format_scores(table: pl.DataFrame) -> str:
+    """The out-of-fold table printed at the end of a run, with the combined score per model."""
+    def num(value: float | None) -> str:
+        return "-" if value is None or math.isnan(value) else f"{value:.4f}"
+
+    lines = [f"{'collection':<20} {'model':<22} {'OOF mean +- std (seeds)':<26} {'seed-avg':>8} {'weight':>6}"]
+    for row in table.iter_rows(named=True):
+        if row["model"] == "ensemble":
+            oof = num(row["oof_score"])
+        else:
+            oof = f"{num(row['oof_score'])} +- {num(row['oof_std'])} ({row['seeds']})"
+        weight = "" if row["weight"] is None else f"{row['weight']:.2f}"
+        lines.append(f"{row['collection']:<20} {row['model']:<22} {oof:<26} {num(row['blend_score']):>8} {weight:>6}")
+    combined = combined_by_model(table)
+    parts = [f"{model} {num(score.value)}" for model, score in combined.items()]
+    complete = all(score.complete for score in combined.values())
+    label = "combined OOF score (mean of the 5 collections)" if complete else \
+        "combined OOF score UNDEFINED (collections missing); mean of those present"
+    lines.append(f"{label}: " + " | ".join(parts))
+    return "\n".join(lines)
+
+
+def new_run_id(payload: Any, now: datetime) -> str:
+    """``<UTC time>-<8 hex of the payload's fingerprint>`` (config and stage keys of the run)."""
+    return f"{now.astimezone(timezone.utc):%Y%m%dT%H%M%SZ}-{fingerprint(payload)[:8]}"
+
+
+# ----------------------------------------------------------------------------- ensemble stage
+
+
+def ensemble_stage(collection: Collection, prune: StageOutput, trained: Mapping[str, StageOutput], *,
+                   method: str, grid: float | None = None, work_dir: Path, force: bool = False,
+                   log: Log = print) -> StageOutput:
+    """Run (or reuse) the blend of ``trained`` (model name -> training output) for one collection."""
+    from pipelines.ensemble import DEFAULT_GRID_STEP
+
+    grid = DEFAULT_GRID_STEP if grid is None else grid
+    names = list(trained)
+    if not names:
+        raise ConfigError(f"{collection.name}: nothing to ensemble (no model)")
+    config = {"collection": collection.name, "method": method, "grid": grid,
+              "models": {name: trained[name].stage for name in names}}
+    inputs = {"prune": prune.key, **{f"model:{name}": trained[name].key for name in names}}
+
+    def compute(folder: Path) -> dict[str, Any]:
+        from pipelines.ensemble import ensemble_collection
+        from pipelines.prepare import Prepared
+        from pipelines.train import load_predictions
+
+        frames = []
+        for name in names:
+            frame = load_predictions(trained[name]).with_columns(pl.lit(name).alias("model"))
+            others = sorted(set(frame["collection"].unique().to_list()) - {collection.name})
+            if others:
+                raise PipelineError(f"{trained[name].path}: predictions of {', '.join(others)}, "
+                                    f"expected {collection.name} only")
+            frames.append(frame)
+        table = pl.concat(frames)
+        oof_all = table.filter(pl.col("split") == "oof")
+        oof = common_oof(oof_all, names)
+        if oof.height < oof_all.height:
+            log(f"[{collection.name}] ensemble: weights fitted on the {oof.select('graph', 'config_index').n_unique()}"
+                f" OOF configs every model predicted")
+        source = Prepared(collection, {"prune": prune})  # only true runtimes are read
+        truths = {(collection.name, g): source.runtimes(g) for g in sorted(oof["graph"].unique().to_list())}
+        result = ensemble_collection(oof, table.filter(pl.col("split") == "test"), truths, names, method, grid)
+        pl.concat([result.blended_oof, result.blended_test]).write_parquet(folder / ENSEMBLE_PREDICTIONS)
+        result.curve.write_parquet(folder / ENSEMBLE_CURVE)
+        best = max(names, key=lambda n: -math.inf if math.isnan(result.scores[n]) else result.scores[n])
+        log(f"[{collection.name}] ensemble weights "
+            + ", ".join(f"{n} {w:.2f}" for n, w in result.weights.items())
+            + f": OOF {result.scores['ensemble']:.4f} (best single: {best} {result.scores[best]:.4f})")
+        return {"collection": collection.name, "method": method, "weights": result.weights,
+                "oof_scores": result.scores, "best_single_model": best, "oof_rows_used": oof.height,
+                "oof_rows_dropped": oof_all.height - oof.height}
+
+    return run_stage(work_dir=Path(work_dir), stage=ENSEMBLE_STAGE, version=ENSEMBLE_VERSION, config=config,
+                     inputs=inputs, compute=compute, force=force, log=log)
+
+
+def load_blended_test(output: StageOutput) -> pl.DataFrame:
+    from pipelines.predictions import read_predictions
+
+    return read_predictions(output.file(ENSEMBLE_PREDICTIONS)).filter(pl.col("split") == "test")
+
+
+# ----------------------------------------------------------------------------- fan-out backend
+
+
+@contextmanager
+def fan_out(scheduler: str | None, log: Log = print) -> Iterator[str]:
+    """Within the block, joblib sends the training jobs to ``scheduler``: ``None``/``"local"`` keeps
+    local loky processes; anything else is the address of a running Dask scheduler. Yields the
+    joblib backend name ("loky" or "dask") for :func:`train_models`."""
+    if scheduler is None or scheduler == LOCAL_SCHEDULER:
+        yield "loky"
+        return
+    try:
+        import joblib
+        from distributed import Client
+    except ImportError as exc:
+        raise PipelineError(f"--scheduler {scheduler} needs Dask: pip install 'dask[distributed]' ({exc})") from None
+    try:
+        client = Client(scheduler, timeout=DASK_CONNECT_TIMEOUT, set_as_default=True)
+    except (OSError, TimeoutError, ValueError, TypeError) as exc:
+        raise PipelineError(f"cannot reach the Dask scheduler at {scheduler!r} within "
+                            f"{DASK_CONNECT_TIMEOUT}: {exc}") from None
+    try:
+        workers = len(client.scheduler_info().get("workers", {}))
+        log(f"training jobs go to the Dask cluster at {scheduler} ({workers} worker(s); they must see this "
+            "work dir and data root at the same paths)")
+        with joblib.parallel_config(backend="dask"):
+            yield "dask"
+    finally:
+        client.close()
+
+
+def train_models(config: PipelineConfig, prepared: Mapping[str, Any], models: Sequence[str], *,
+                 work_dir: Path, backend: str = "loky", force: bool = False,
+                 log: Log = print) -> dict[str, dict[str, StageOutput]]:
+    """Run (or reuse) the training stage of every model on every prepared collection.
+
+    Each stage fans its fold x seed jobs out through joblib. With the ``"dask"`` backend the stages
+    themselves run concurrently (one driver thread each), so the cluster receives the fold x seed x
+    model jobs of all collections at once; locally they run one after the other, because the local
+    cores are already shared by one stage's jobs (and its memory guard assumes it runs alone).
+    """
+    from pipelines.train import train_model
+
+    tasks = [(cname, model) for cname in prepared for model in models]
+
+    def one(task: tuple[str, str]) -> StageOutput:
+        cname, model = task
+        if backend == "dask":
+            import joblib
+
+            with joblib.parallel_config(backend="dask"):  # the backend choice is per thread
+                return train_model(config, prepared[cname], model=model, work_dir=work_dir, force=force, log=log)
+        return train_model(config, prepared[cname], model=model, work_dir=work_dir, force=force, log=log)
+
+    if backend == "dask" and len(tasks) > 1:
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(max_workers=len(tasks), thread_name_prefix="train") as pool:
+            outputs = list(pool.map(one, tasks))
+    else:
+        outputs = [one(task) for task in tasks]
+    trained: dict[str, dict[str, StageOutput]] = {cname: {} for cname in prepared}
+    for (cname, model), output in zip(tasks, outputs):
+        trained[cname][model] = output
+    return trained
+
+
+# ----------------------------------------------------------------------------- publishing
+
+
+def _make_run_dir(submissions_dir: Path, payload: Any) -> tuple[str, Path]:
+    """Create a new run folder exclusively; a same-second twin gets a numeric suffix, never reuse."""
+    base = new_run_id(payload, datetime.now(timezone.utc))
+    submissions_dir.mkdir(parents=True, exist_ok=True)
+    for attempt in range(RUN_ID_ATTEMPTS):
+        run_id = base if attempt == 0 else f"{base}-{attempt + 1}"
+        try:
+            (submissions_dir / run_id).mkdir()
+        except FileExistsError:
+            continue
+        return run_id, submissions_dir / run_id
+    raise PipelineError(f"{submissions_dir}: could not create a new run folder for {base} (all suffixes taken)")
+
+
+def publish_submission(rows: Mapping[str, Sequence[int]], manifest: dict[str, Any], *, data_root: Path,
+                       submissions_dir: Path, log: Log = print) -> tuple[str, Path, dict[str, Any]]:
+    """Validate ``rows`` against the test split of ``data_root``, then publish them with the manifest.
+
+    Returns ``(run_id, submission path, final manifest)``. The CSV is first written to a hidden file
+    in the new run folder and validated there; on any failure the run folder is removed.
+    """
+    from pipelines.submission import format_submission, validate_submission, write_submission
+
+    text = format_submission(rows)
+    run_id, run_dir = _make_run_dir(submissions_dir, {"config": manifest.get("config"),
+                                                      "stages": manifest.get("stages")})
+    try:
+        draft = run_dir / f".{SUBMISSION_FILE}.draft"
+        draft.write_text(text, encoding="ascii")
+        count = validate_submission(draft, data_root, split="test")
+        path = write_submission(run_dir / SUBMISSION_FILE, rows)
+        draft.unlink()
+        manifest = {**manifest, "run_id": run_id,
+                    "submission": {"file": SUBMISSION_FILE, "rows": count, "validated_against": str(data_root),
+                                   "sha256": hashlib.sha256(text.encode("ascii")).hexdigest()}}
+        write_json_atomic(run_dir / RUN_MANIFEST, manifest)
+    except BaseException:
+        shutil.rmtree(run_dir, ignore_errors=True)  # our own fresh folder: nothing else lives there
+        raise
+    log(f"submission {path}: {count} rows, valid")
+    return run_id, path, manifest
+
+
+def _manifest(*, kind: str, config: Any, data_root: Path, work_dir: Path, runs: Sequence[CollectionRun],
+              table: pl.DataFrame, command: str | None, wall_s: float, extra: dict[str, Any] | None = None) -> dict:
+    combined = combined_by_model(table)
+    return {
+        "kind": kind,
+        "command": command if command is not None else default_command(),
+        "config": config,
+        "data_root": str(data_root.resolve()),
+        "work_dir": str(work_dir.resolve()),
+        "models": list(runs[0].trained) if runs else [],
+        "collections": [r.collection.name for r in runs],
+        "stages": {r.collection.name: {
+            "prepare": r.prepare_keys,
+            "train": {name: {"stage": out.stage, "key": out.key, "work_dir": str(out.path.parent.parent.resolve())}
+                      for name, out in r.trained.items()},
+            ENSEMBLE_STAGE: r.ensemble.key,
+        } for r in runs},
+        "cv_scores": {r.collection.name: {
+            "training": {name: {k: out.metrics.get(k) for k in ("oof_score", "oof_score_std", "oof_score_by_seed")}
+                         for name, out in r.trained.items()},
+            "blend": r.ensemble.metrics["oof_scores"],
+        } for r in runs},
+        "ensemble_weights": {r.collection.name: r.weights for r in runs},
+        "combined_oof": {m: {"value": s.value, "complete": s.complete} for m, s in combined.items()},
+        "code_version": code_version(),
+        "library_versions": library_versions(),
+        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "wall_time_s": round(wall_s, 3),
+        **(extra or {}),
+    }
+
+
+# ----------------------------------------------------------------------------- run
+
+
+def run_pipeline(config: PipelineConfig, data_root: Path | str, *, work_dir: Path | str,
+                 models: Sequence[str] | None = None, collections: Sequence[Collection | str] | None = None,
+                 submissions_dir: Path | str = DEFAULT_SUBMISSIONS_DIR, scheduler: str | None = None,
+                 force: bool = False, command: str | None = None, log: Log = print) -> RunResult:
+    """Prepare, train ``models`` (default: the config's), ensemble and submit; see the module docstring.
+
+    ``scheduler`` overrides ``run.scheduler``; ``collections`` defaults to every collection with a
+    train directory (a submission needs all five). Returns the published run.
+    """
+    from pipelines.prepare import prepare
+    from pipelines.train import get_adapter
+
+    started = time.perf_counter()
+    data_root, work_dir, submissions_dir = Path(data_root), Path(work_dir), Path(submissions_dir)
+    names = resolve_models(config, models)
+    for name in names:
+        get_adapter(name)  # an unknown model fails before any work
+    computed: list[str] = []
+
+    def track(output: StageOutput) -> StageOutput:
+        if not output.cached:
+            computed.append(f"{output.stage}/{output.key}")
+        return output
+
+    # Connect first: an unreachable scheduler fails before any work.
+    with fan_out(scheduler if scheduler is not None else config.run.scheduler, log) as backend:
+        prepared = prepare(config, data_root, work_dir, collections, force=force, log=log)
+        for item in prepared.values():
+            computed += [f"{stage}/{out.key}" for stage, out in item.stages.items() if not item.cached.get(stage)]
+        trained = train_models(config, prepared, names, work_dir=work_dir, backend=backend, force=force, log=log)
+    for outputs in trained.values():
+        for output in outputs.values():
+            track(output)
+    runs = []
+    for cname, item in prepared.items():
+        output = track(ensemble_stage(item.collection, item.stages["prune"], trained[cname],
+                                      method=config.ensemble.method, work_dir=work_dir, force=force, log=log))
+        runs.append(CollectionRun(item.collection, {s: o.key for s, o in item.stages.items()}, trained[cname], output))
+    return _finish(runs, kind="run", config=config_to_dict(config), data_root=data_root, work_dir=work_dir,
+                   submissions_dir=submissions_dir, command=command, started=started, computed=computed, log=log)
+
+
+def _finish(runs: Sequence[CollectionRun], *, kind: str, config: Any, data_root: Path, work_dir: Path,
+            submissions_dir: Path, command: str | None, started: float, computed: list[str], log: Log,
+            extra: dict[str, Any] | None = None) -> RunResult:
+    rows: dict[str, list[int]] = {}
+    for item in runs:
+        rows.update(submission_rows(load_blended_test(item.ensemble)))
+    table = scores_table(runs)
+    manifest = _manifest(kind=kind, config=config, data_root=data_root, work_dir=work_dir, runs=runs, table=table,
+                         command=command, wall_s=time.perf_counter() - started,
+                         extra={"stages_computed": list(computed), **(extra or {})})
+    run_id, path, manifest = publish_submission(rows, manifest, data_root=data_root,
+                                                submissions_dir=submissions_dir, log=log)
+    return RunResult(run_id, path.parent, path, manifest, table, tuple(computed))
+
+
+# ----------------------------------------------------------------------------- re-ensemble
+
+
+def read_run_manifest(submissions_dir: Path | str, run_id: str) -> dict[str, Any]:
+    path = Path(submissions_dir) / run_id / RUN_MANIFEST
+    try:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise PipelineError(f"{path}: no such run manifest (is {run_id!r} a run-id under {submissions_dir}?)") from None
+    except (OSError, ValueError) as exc:
+        raise FormatError(path, f"unreadable run manifest ({exc})") from None
+    if not isinstance(manifest, dict) or not isinstance(manifest.get("stages"), dict):
+        raise FormatError(path, "not a run manifest (no 'stages' table)")
+    return manifest
+
+
+def _model_matches(name: str, wanted: Sequence[str]) -> bool:
+    return name in wanted or name.split("@", 1)[0] in wanted
+
+
+def ensemble_runs(run_ids: Sequence[str], *, submissions_dir: Path | str = DEFAULT_SUBMISSIONS_DIR,
+                  work_dir: Path | str | None = None, data_root: Path | str | None = None,
+                  method: str | None = None, models: Sequence[str] | None = None, force: bool = False,
+                  command: str | None = None, log: Log = print) -> RunResult:
+    """Blend the saved training outputs of earlier runs into a new submission, training nothing.
+
+    Training outputs are found in the work dir recorded by each run (or ``work_dir``); with several
+    runs, a model is named ``<model>@<run-id>``. The runs must share the prune and folds stages of
+    every collection, so their out-of-fold predictions are comparable. ``models`` keeps models by
+    name or by the part before ``@``; ``method`` defaults to the first run's ensemble method.
+    """
+    from pipelines.ensemble import NORMALISE_METHODS
+
+    started = time.perf_counter()
+    run_ids = list(dict.fromkeys(run_ids))
+    if not run_ids:
+        raise ConfigError("ensemble needs at least one run-id")
+    submissions_dir = Path(submissions_dir)
+    manifests = {r: read_run_manifest(submissions_dir, r) for r in run_ids}
+    first = manifests[run_ids[0]]
+    method = method or first.get("config", {}).get("ensemble", {}).get("method", "minmax")
+    if method not in NORMALISE_METHODS:
+        raise ConfigError(f"unknown ensemble method {method!r}; expected one of {', '.join(NORMALISE_METHODS)}")
+    data_root = Path(data_root if data_root is not None else first["data_root"])
+    out_dir = Path(work_dir if work_dir is not None else first["work_dir"])
+    collections = list(first.get("collections") or first["stages"])  # "stages" is key-sorted JSON
+    for run_id, manifest in manifests.items():
+        if sorted(manifest["stages"]) != sorted(collections):
+            raise PipelineError(f"run {run_id} covers {sorted(manifest['stages'])}, "
+                                f"run {run_ids[0]} {sorted(collections)}")
+
+    runs = []
+    for cname in collections:
+        prepare_keys = first["stages"][cname]["prepare"]
+        for run_id, manifest in manifests.items():
+            theirs = manifest["stages"][cname]["prepare"]
+            for stage in ("prune", "folds"):
+                if theirs.get(stage) != prepare_keys.get(stage):
+                    raise PipelineError(f"{cname}: runs {run_ids[0]} and {run_id} use different {stage} stages "
+                                        f"({prepare_keys.get(stage)} vs {theirs.get(stage)}); their out-of-fold "
+                                        "predictions cannot be blended")
+        trained: dict[str, StageOutput] = {}
+        seen: set[tuple[str, str]] = set()
+        for run_id, manifest in manifests.items():
+            for model, ref in manifest["stages"][cname]["train"].items():
+                name = model if len(run_ids) == 1 else f"{model}@{run_id}"
+                if (ref["stage"], ref["key"]) in seen or (models is not None and not _model_matches(name, models)):
+                    continue
+                seen.add((ref["stage"], ref["key"]))
+                where = Path(work_dir) if work_dir is not None else Path(ref.get("work_dir") or manifest["work_dir"])
+                trained[name] = _load_saved(where, ref["stage"], ref["key"], run_id, model, cname)
+        if not trained:
+            raise ConfigError(f"{cname}: no model of runs {', '.join(run_ids)} matches "
+                              f"--models {', '.join(models or [])}")
+        prune = _load_saved(out_dir if work_dir is not None else Path(first["work_dir"]), "prune",
+                            prepare_keys["prune"], run_ids[0], "prune", cname)
+        output = ensemble_stage(parse_collection(cname), prune, trained, method=method, work_dir=out_dir,
+                                force=force, log=log)
+        runs.append(CollectionRun(parse_collection(cname), dict(prepare_keys), trained, output))
+    computed = [f"{r.ensemble.stage}/{r.ensemble.key}" for r in runs if not r.ensemble.cached]
+    config = {"ensemble": {"method": method, "models": list(models) if models is not None else None},
+              "source_runs": {r: manifests[r].get("config") for r in run_ids}}
+    return _finish(runs, kind="ensemble", config=config, data_root=data_root, work_dir=out_dir,
+                   submissions_dir=submissions_dir, command=command, started=started, computed=computed, log=log,
+                   extra={"source_runs": run_ids})
+
+
+def _load_saved(work_dir: Path, stage: str, key: str, run_id: str, what: str, collection: str) -> StageOutput:
+    try:
+        return load_stage(work_dir, stage, key)
+    except PipelineError:
+        raise PipelineError(f"run {run_id}: the saved {what} output of {collection} is gone: {work_dir / stage / key} "
+                            "(was the work dir cache deleted? re-run the run, or pass --work-dir)") from None
+
+
+# ----------------------------------------------------------------------------- command line helpers
+
+
+def parse_models(text: str | None) -> list[str] | None:
+    """``"gbdt,gnn"`` -> ``["gbdt", "gnn"]``; None stays None (use the config's models)."""
+    if text is None:
+        return None
+    return [m.strip() for m in text.split(",") if m.strip()]
+
+
+def default_command() -> str:
+    return shlex.join([os.path.basename(sys.executable), "-m", "pipelines", *sys.argv[1:]])

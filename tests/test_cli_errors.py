@@ -1,0 +1,63 @@
+"""Bad configs and arguments on the command line: each gets a clear message and a non-zero exit, and
+nothing is written (neither the work dir nor the submissions dir comes into existence)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from pipelines.cli import main
+
+
+def _outputs(tmp_path: Path) -> tuple[Path, Path]:
+    return tmp_path / "work", tmp_path / "submissions"
+
+
+# (command-line arguments after the data/work/submissions options, words the message must contain)
+CASES = {
+    "unknown collection": (["prepare", "--collections", "layout:xla:nope"], ["layout:xla:nope"]),
+    "unknown collection (train)": (["train", "--model", "gbdt", "--collection", "tile:nlp"], ["tile:nlp"]),
+    "unknown model (train)": (["train", "--model", "xgboost"], ["unknown model 'xgboost'", "gbdt"]),
+    "unknown model (run)": (["run", "--models", "gbdt,xgboost"], ["unknown model 'xgboost'"]),
+    "folds larger than the groups": (["run", "--models", "gbdt", "--set", "folds.k=40"],
+                                     ["folds.k = 40", "tile:xla"]),
+    "override of a missing key": (["run", "--set", "gbdt.num_leafs=7"], ["gbdt.num_leafs", "num_leaves"]),
+    "override of a missing section": (["prepare", "--set", "pruning.hops=2"], ["unknown section [pruning]"]),
+    "override with a wrong type": (["prepare", "--set", "folds.k=three"], ["folds.k", "expected int"]),
+    "override outside the choices": (["prepare", "--set", "data.on_bad_file=ignore"], ["'ignore'", "'skip'"]),
+    "unknown config name": (["run", "--config", "quik"], ["unknown config 'quik'", "quick"]),
+    "missing data root": (["prepare", "--data-root", "{tmp}/nowhere"], ["nowhere", "does not exist"]),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_bad_arguments_give_a_message_a_nonzero_exit_and_write_nothing(case, tiny_world, tmp_path, capsys):
+    arguments, expected = CASES[case]
+    work, submissions = _outputs(tmp_path)
+    command, *rest = [a.replace("{tmp}", str(tmp_path)) for a in arguments]
+    common = ["--work-dir", str(work)]
+    if "--data-root" not in rest:
+        common += ["--data-root", str(tiny_world)]
+    if command == "run":
+        common += ["--submissions-dir", str(submissions)]
+    code = main([command, *common, "--config", "quick", *rest] if "--config" not in rest else [command, *common, *rest])
+
+    err = capsys.readouterr().err
+    assert code != 0
+    assert err.startswith("error: ") and "Traceback" not in err
+    for words in expected:
+        assert words in err, f"{words!r} not in {err!r}"
+    assert not work.exists() and not submissions.exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+def test_argparse_errors_exit_2_with_usage(tmp_path, capsys):
+    with pytest.raises(SystemExit) as raised:
+        main(["train", "--data-root", str(tmp_path), "--work-dir", str(tmp_path / "work")])  # --model missing
+    assert raised.value.code == 2
+    assert "--model" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as raised:
+        main(["synthesise"])
+    assert raised.value.code == 2
+    assert not (tmp_path / "work").exists()

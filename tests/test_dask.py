@@ -1,0 +1,77 @@
+"""Fan-out of training jobs to a real local Dask cluster: same predictions as local processes."""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+
+import pytest
+
+from pipelines.collections import TILE_XLA
+from pipelines.config import load_config
+from pipelines.errors import PipelineError
+from pipelines.predictions import read_predictions
+from pipelines.prepare import prepare
+from pipelines.run import fan_out, run_pipeline, train_models
+from pipelines.train import PREDICTIONS_FILE
+
+distributed = pytest.importorskip("distributed")
+
+FAST = ["folds.k=2", "run.n_jobs=2", "gbdt.n_estimators=20", "gbdt.early_stopping_rounds=5", "gbdt.num_leaves=7",
+        "gbdt.min_child_samples=5", "gbdt.max_configs_per_graph=40", "gbdt.num_threads=1"]
+
+
+def quiet(_: str) -> None:
+    pass
+
+
+def test_training_through_a_dask_cluster_matches_local_processes(tiny_world: Path, tmp_path: Path):
+    config = load_config("quick", FAST)
+    prepared = prepare(config, tiny_world, tmp_path / "work", [TILE_XLA], log=quiet)
+    models = ["gbdt", "random"]
+    local = train_models(config, prepared, models, work_dir=tmp_path / "local", log=quiet)
+
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None,
+                                  silence_logs=50) as cluster:
+        seen: list[str] = []
+        with fan_out(cluster.scheduler_address, seen.append) as backend:
+            remote = train_models(config, prepared, models, work_dir=tmp_path / "dask", backend=backend, log=quiet)
+        with distributed.Client(cluster.scheduler_address) as client:
+            executed = client.run(_executed_count)
+
+    assert backend == "dask" and "2 worker(s)" in seen[0]
+    # every fold job (2 folds x 1 seed x 2 models) ran on the cluster's workers
+    assert sum(executed.values()) >= 4
+    for model in models:
+        ours, theirs = remote[TILE_XLA.name][model], local[TILE_XLA.name][model]
+        assert not ours.cached and ours.key == theirs.key
+        assert read_predictions(ours.file(PREDICTIONS_FILE)).equals(read_predictions(theirs.file(PREDICTIONS_FILE)))
+
+
+def _executed_count(dask_worker=None) -> int:
+    """Tasks a worker has executed (runs on each worker)."""
+    return dask_worker.state.executed_count
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_an_unreachable_scheduler_is_a_pipeline_error(tiny_world: Path, tmp_path: Path):
+    address = f"tcp://127.0.0.1:{_free_port()}"
+    with pytest.raises(PipelineError, match="cannot reach the Dask scheduler"):
+        with fan_out(address, quiet):
+            pass
+    config = load_config("quick", [*FAST, f"run.scheduler={address}"])
+    with pytest.raises(PipelineError, match=address):
+        run_pipeline(config, tiny_world, work_dir=tmp_path / "work", models=["random"],
+                     submissions_dir=tmp_path / "subs", log=quiet)
+
+
+def test_local_scheduler_changes_nothing():
+    with fan_out("local", quiet):
+        pass
+    with fan_out(None, quiet):
+        pass

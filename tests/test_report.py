@@ -1,0 +1,85 @@
+"""The run report: its pure tables on hand-made inputs, and ``python -m pipelines report RUN_ID``
+rendering a self-contained HTML file for a demo run on the tiny world."""
+
+from __future__ import annotations
+
+import base64
+import re
+
+import polars as pl
+import pytest
+
+from pipelines.cli import main
+from pipelines.config import load_config
+from pipelines.errors import PipelineError
+from pipelines.report import REPORT_FILE, Section, cv_table, graph_scores_table, render_html, worst_graphs
+
+FAST = ["folds.k=2", "run.n_jobs=1", "run.seeds=[0, 1]", "gbdt.n_estimators=10", "gbdt.early_stopping_rounds=5",
+        "gbdt.num_leaves=7", "gbdt.min_child_samples=5", "gbdt.max_configs_per_graph=40", "gbdt.num_threads=1"]
+
+
+def test_cv_table_lists_each_model_then_the_blend():
+    manifest = {"cv_scores": {"tile:xla": {"training": {"gbdt": {"oof_score": 0.9, "oof_score_std": 0.01,
+                                                                 "oof_score_by_seed": {"0": 0.89, "1": 0.91}}},
+                                           "blend": {"gbdt": 0.92, "ensemble": 0.92}}},
+                "ensemble_weights": {"tile:xla": {"gbdt": 1.0}}}
+    table = cv_table(manifest)
+    assert table.rows() == [("tile:xla", "gbdt", 0.9, 0.01, 2, 0.92, 1.0),
+                            ("tile:xla", "ensemble", 0.92, None, None, 0.92, None)]
+
+
+def test_worst_graphs_take_the_lowest_seed_means():
+    scores = pl.DataFrame({"collection": ["c"] * 6, "model": ["m"] * 6, "graph": ["a", "a", "b", "b", "c", "c"],
+                           "split": ["oof"] * 6, "fold": [0] * 6, "seed": [0, 1] * 3, "num_configs": [5] * 6,
+                           "score": [0.2, 0.4, 0.9, 0.7, 0.1, float("nan")]})
+    per_graph = graph_scores_table(scores)
+    assert per_graph.select("graph", "mean").rows() == [("c", 0.1), ("a", pytest.approx(0.3)), ("b", 0.8)]
+    assert worst_graphs(per_graph, k=2)["graph"].to_list() == ["c", "a"]
+
+
+def test_render_html_escapes_text_and_inlines_figures():
+    png = b"\x89PNG"
+    section = Section("A <b> & c", ["x < y"], [("t", pl.DataFrame({"name": ["<i>"], "v": [0.123456]}))],
+                      [("fig", png)])
+    text = render_html("title", [section])
+    assert "A &lt;b&gt; &amp; c" in text and "x &lt; y" in text and "<td>&lt;i&gt;</td><td>0.1235</td>" in text
+    assert "data:image/png;base64," + base64.b64encode(png).decode() in text
+
+
+@pytest.fixture(scope="module")
+def demo_run(tiny_world, tmp_path_factory):
+    from pipelines.run import run_pipeline
+
+    root = tmp_path_factory.mktemp("report")
+    result = run_pipeline(load_config("quick", FAST), tiny_world, work_dir=root / "work", models=["gbdt", "feature"],
+                          submissions_dir=root / "submissions", log=lambda _: None)
+    return root, result
+
+
+def test_report_command_writes_a_self_contained_html(demo_run, capsys):
+    root, result = demo_run
+    assert main(["report", result.run_id, "--submissions-dir", str(root / "submissions")]) == 0
+    path = root / "submissions" / result.run_id / REPORT_FILE
+    assert capsys.readouterr().out.strip() == str(path)
+    text = path.read_text(encoding="utf-8")
+    for title in ("Cross-validation scores per collection", "Per-graph score distribution", "Worst graphs",
+                  "Feature importances (GBDT)", "Ensemble weights"):
+        assert f"<h2>{title}</h2>" in text
+    sources = re.findall(r"src='([^']*)'", text)
+    assert len(sources) == 3 and all(s.startswith("data:image/png;base64,") for s in sources)
+    assert not re.search(r"(href|src)=['\"](?!data:)", text)  # nothing outside the file
+    for png in sources:  # distribution, importances, weight curve: each a real PNG
+        assert base64.b64decode(png.split(",", 1)[1])[:8] == b"\x89PNG\r\n\x1a\n"
+    # The CV table carries the manifest's numbers.
+    gbdt = result.manifest["cv_scores"]["tile:xla"]["training"]["gbdt"]["oof_score"]
+    assert f"<td>tile:xla</td><td>gbdt</td><td>{gbdt:.4f}</td>" in text
+
+
+def test_report_names_a_missing_run_and_a_deleted_cache(demo_run, tmp_path):
+    root, result = demo_run
+    assert main(["report", "no-such-run", "--submissions-dir", str(root / "submissions")]) == 2
+    with pytest.raises(PipelineError, match="stage output it names is gone"):
+        from pipelines.report import write_report
+
+        write_report(result.run_id, submissions_dir=root / "submissions", work_dir=tmp_path, out=tmp_path / "r.html")
+    assert not (tmp_path / "r.html").exists()

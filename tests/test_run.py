@@ -1,0 +1,276 @@
+"""One-command runs: submission rows, run folders, the ensemble stage, byte-identical reruns, cache
+reuse, re-ensembling saved runs without training, and the demo, on the tiny synthetic world."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from datetime import datetime, timezone
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+import pytest
+
+import pipelines.train as train
+from pipelines.cli import main
+from pipelines.collections import TILE_XLA
+from pipelines.config import load_config
+from pipelines.errors import ConfigError, FormatError, PipelineError, SubmissionError
+from pipelines.predictions import prediction_frame, read_predictions
+from pipelines.run import (
+    SUBMISSION_FILE,
+    common_oof,
+    ensemble_runs,
+    new_run_id,
+    publish_submission,
+    resolve_models,
+    run_pipeline,
+    submission_rows,
+)
+from pipelines.submission import read_submission, validate_submission
+
+# The quick config made quicker: 2 folds, small trees, one thread (the machine is shared).
+FAST = ["folds.k=2", "run.n_jobs=1", "gbdt.n_estimators=20", "gbdt.early_stopping_rounds=5", "gbdt.num_leaves=7",
+        "gbdt.min_child_samples=5", "gbdt.max_configs_per_graph=40", "gbdt.num_threads=1"]
+
+
+def fast_config(*extra: str):
+    return load_config("quick", [*FAST, *extra])
+
+
+def quiet(_: str) -> None:
+    pass
+
+
+# ----------------------------------------------------------------------------- pure parts
+
+
+def test_submission_rows_take_top5_for_tile_and_full_order_for_layout_with_ties_by_index():
+    tile = prediction_frame(collection="tile:xla", graph="t", split="test", fold=-1, seed=-1, model="ensemble",
+                            scores=np.array([0.5, 0.1, 0.9, 0.1, 0.3, 0.2, 0.8]))
+    layout = prediction_frame(collection="layout:nlp:random", graph="l", split="test", fold=-1, seed=-1,
+                              model="ensemble", scores=np.array([0.2, 0.0, 0.2]))
+    rows = submission_rows(pl.concat([layout, tile[::-1]]))  # row order must not matter
+    assert rows == {"tile:xla:t": [1, 3, 5, 4, 0], "layout:nlp:random:l": [1, 0, 2]}
+
+    with pytest.raises(FormatError, match="0..c-1"):
+        submission_rows(tile.filter(pl.col("config_index") != 2))
+
+
+def test_common_oof_keeps_the_configs_every_model_predicted():
+    def oof(model: str, index: list[int]) -> pl.DataFrame:
+        return prediction_frame(collection="tile:xla", graph="g", split="oof", fold=0, seed=0, model=model,
+                                scores=np.arange(len(index), dtype=float), config_index=np.array(index))
+
+    frame = pl.concat([oof("a", [0, 1, 2, 3]), oof("b", [1, 3, 4])])
+    kept = common_oof(frame, ["a", "b"])
+    assert sorted(kept.filter(pl.col("model") == "a")["config_index"].to_list()) == [1, 3]
+    assert sorted(kept.filter(pl.col("model") == "b")["config_index"].to_list()) == [1, 3]
+
+
+def test_resolve_models_prefers_the_argument_and_checks_the_config():
+    config = load_config("quick")
+    assert resolve_models(config, ["gbdt", " random ", "gbdt"]) == ["gbdt", "random"]
+    assert resolve_models(config, None) == list(config.ensemble.models)
+    with pytest.raises(ConfigError, match="which run.models does not train"):
+        resolve_models(load_config("quick", ["run.models=['gbdt']", "ensemble.models=['gbdt', 'gnn']"]), None)
+    with pytest.raises(ConfigError):
+        resolve_models(config, [" "])
+
+
+def test_run_id_is_time_plus_payload_hash():
+    now = datetime(2026, 1, 2, 3, 4, 5, tzinfo=timezone.utc)
+    first = new_run_id({"config": 1}, now)
+    assert first.startswith("20260102T030405Z-") and len(first) == len("20260102T030405Z-") + 8
+    assert new_run_id({"config": 1}, now) == first != new_run_id({"config": 2}, now)
+
+
+# ----------------------------------------------------------------------------- end to end (shared runs)
+
+
+@pytest.fixture(scope="module")
+def runs(tiny_world: Path, tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """Two runs of one config from scratch in separate work dirs, and a third reusing the first's."""
+    base = tmp_path_factory.mktemp("runs")
+    subs = base / "submissions"
+    config = fast_config()
+    out = {"root": tiny_world, "subs": subs, "work": base / "work-a"}
+    out["a"] = run_pipeline(config, tiny_world, work_dir=base / "work-a", models=["gbdt", "random"],
+                            submissions_dir=subs, log=quiet)
+    out["b"] = run_pipeline(config, tiny_world, work_dir=base / "work-b", models=["gbdt", "random"],
+                            submissions_dir=subs, log=quiet)
+    lines: list[str] = []
+    out["again"] = run_pipeline(config, tiny_world, work_dir=base / "work-a", models=["gbdt", "random"],
+                                submissions_dir=subs, log=lines.append)
+    out["again_log"] = lines
+    return out
+
+
+def test_same_config_from_scratch_gives_byte_identical_valid_submissions(runs):
+    a, b = runs["a"], runs["b"]
+    assert a.run_id != b.run_id and a.submission != b.submission
+    assert a.submission.read_bytes() == b.submission.read_bytes()
+    assert validate_submission(a.submission, runs["root"]) == len(read_submission(a.submission)) > 0
+    assert not list(a.run_dir.glob(".*"))  # the draft used for validation is gone
+    assert a.computed and b.computed  # both really computed everything from scratch
+
+
+def test_second_run_in_the_same_work_dir_reuses_every_stage(runs):
+    again = runs["again"]
+    assert again.computed == ()
+    assert not [line for line in runs["again_log"] if "computing" in line]
+    assert again.manifest["stages"] == runs["a"].manifest["stages"]
+    assert again.submission.read_bytes() == runs["a"].submission.read_bytes()
+    assert again.run_dir != runs["a"].run_dir  # a new folder, the old one untouched
+
+
+def test_manifest_records_stages_scores_and_weights(runs):
+    a = runs["a"]
+    manifest = json.loads((a.run_dir / "manifest.json").read_text())
+    assert manifest["run_id"] == a.run_id and manifest["data_root"] == str(runs["root"].resolve())
+    assert manifest["config"]["folds"]["k"] == 2 and manifest["models"] == ["gbdt", "random"]
+    assert len(manifest["collections"]) == 5 and "commit" in manifest["code_version"]
+    for name, stages in manifest["stages"].items():
+        for stage, key in stages["prepare"].items():
+            assert (runs["work"] / stage / key / "manifest.json").is_file()
+        for model, ref in stages["train"].items():
+            assert (runs["work"] / ref["stage"] / ref["key"] / "manifest.json").is_file()
+        weights = manifest["ensemble_weights"][name]
+        assert set(weights) == {"gbdt", "random"} and sum(weights.values()) == pytest.approx(1.0)
+        blend = manifest["cv_scores"][name]["blend"]
+        # weights are fitted on OOF predictions and every single model is a candidate
+        assert blend["ensemble"] >= max(blend["gbdt"], blend["random"]) - 1e-12
+        assert manifest["cv_scores"][name]["training"]["gbdt"]["oof_score"] is not None
+    combined = manifest["combined_oof"]
+    assert combined["ensemble"]["complete"] and combined["ensemble"]["value"] >= combined["gbdt"]["value"] - 1e-12
+    table = a.scores
+    assert table.filter(pl.col("model") == "ensemble").height == 5 and table.height == 15
+
+
+def test_one_model_is_submitted_as_its_fold_averaged_normalised_test_scores(runs, tmp_path):
+    root = runs["root"]
+    result = run_pipeline(fast_config(), root, work_dir=runs["work"], models=["gbdt"],
+                          submissions_dir=tmp_path / "subs", log=quiet)
+    assert set(result.computed) == {f"ensemble/{s['ensemble']}" for s in result.manifest["stages"].values()}
+    assert all(w == {"gbdt": 1.0} for w in result.manifest["ensemble_weights"].values())
+    # By hand: min-max scale each fold model's scores per graph, average the fold models, order.
+    expected = {}
+    for name, stages in result.manifest["stages"].items():
+        ref = stages["train"]["gbdt"]
+        test = read_predictions(runs["work"] / ref["stage"] / ref["key"] / train.PREDICTIONS_FILE)
+        for graph, part in test.filter(pl.col("split") == "test").partition_by("graph", as_dict=True).items():
+            by_fold = [p.sort("config_index")["score"].to_numpy() for p in part.partition_by("fold")]
+            scaled = [(s - s.min()) / (s.max() - s.min()) if s.max() > s.min() else np.full_like(s, 0.5)
+                      for s in by_fold]
+            frame = prediction_frame(collection=name, graph=graph[0], split="test", fold=-1, seed=-1,
+                                     model="ensemble", scores=np.mean(scaled, axis=0))
+            expected.update(submission_rows(frame))
+    assert read_submission(result.submission) == expected
+
+
+def test_invalid_rows_are_refused_and_leave_no_run_folder(runs, tmp_path):
+    rows = read_submission(runs["a"].submission)
+    rows.pop(sorted(rows)[0])
+    with pytest.raises(SubmissionError, match="missing"):
+        publish_submission(rows, {"config": {}, "stages": {}}, data_root=runs["root"],
+                           submissions_dir=tmp_path / "subs", log=quiet)
+    assert list((tmp_path / "subs").iterdir()) == []
+
+
+def test_a_taken_run_id_gets_a_new_folder_never_the_old_one(runs, tmp_path, monkeypatch):
+    import pipelines.run as run
+
+    monkeypatch.setattr(run, "new_run_id", lambda payload, now: "20260101T000000Z-deadbeef")
+    taken = tmp_path / "subs" / "20260101T000000Z-deadbeef"
+    taken.mkdir(parents=True)
+    (taken / SUBMISSION_FILE).write_text("theirs")
+    rows = read_submission(runs["a"].submission)
+    run_id, path, _ = publish_submission(rows, {"config": {}, "stages": {}}, data_root=runs["root"],
+                                         submissions_dir=tmp_path / "subs", log=quiet)
+    assert run_id == "20260101T000000Z-deadbeef-2" and path.read_bytes() == runs["a"].submission.read_bytes()
+    assert (taken / SUBMISSION_FILE).read_text() == "theirs"
+
+
+# ----------------------------------------------------------------------------- re-ensembling
+
+
+def test_ensemble_command_reblends_saved_runs_without_training(runs, monkeypatch, capsys):
+    root, subs = runs["root"], runs["subs"]
+    other = run_pipeline(fast_config(), root, work_dir=runs["work"], models=["feature"], submissions_dir=subs,
+                         log=quiet)
+
+    def no_training(*args, **kwargs):
+        raise AssertionError("the ensemble command must not train")
+
+    monkeypatch.setattr(train, "train_model", no_training)
+    monkeypatch.setattr(train, "fit_predict_fold", no_training)
+    first = runs["a"].run_id
+    code = main(["ensemble", "--runs", first, other.run_id, "--submissions-dir", str(subs), "--method", "rank"])
+    out = capsys.readouterr().out.strip().splitlines()
+    assert code == 0
+    path = Path(out[-1])
+    assert path.name == SUBMISSION_FILE and validate_submission(path, root) > 0
+    manifest = json.loads((path.parent / "manifest.json").read_text())
+    assert manifest["kind"] == "ensemble" and manifest["source_runs"] == [first, other.run_id]
+    assert manifest["config"]["ensemble"]["method"] == "rank"
+    for weights in manifest["ensemble_weights"].values():
+        assert set(weights) == {f"gbdt@{first}", f"random@{first}", f"feature@{other.run_id}"}
+    tile = manifest["stages"]["tile:xla"]["train"]
+    assert tile[f"gbdt@{first}"] == runs["a"].manifest["stages"]["tile:xla"]["train"]["gbdt"]
+
+    # --models keeps models by base name
+    code = main(["ensemble", "--runs", first, other.run_id, "--submissions-dir", str(subs), "--models", "gbdt"])
+    path = Path(capsys.readouterr().out.strip().splitlines()[-1])
+    weights = json.loads((path.parent / "manifest.json").read_text())["ensemble_weights"]
+    assert code == 0 and all(w == {f"gbdt@{first}": 1.0} for w in weights.values())
+
+
+def test_ensemble_names_the_missing_stage_folder_when_the_cache_is_gone(runs, tmp_path):
+    work = tmp_path / "work"
+    shutil.copytree(runs["work"], work)
+    ref = runs["a"].manifest["stages"]["tile:xla"]["train"]["random"]
+    shutil.rmtree(work / ref["stage"] / ref["key"])
+    with pytest.raises(PipelineError, match=f"{ref['stage']}/{ref['key']}"):
+        ensemble_runs([runs["a"].run_id], submissions_dir=runs["subs"], work_dir=work, log=quiet)
+
+
+# ----------------------------------------------------------------------------- determinism, CLI, demo
+
+
+def test_lightgbm_predictions_do_not_depend_on_the_thread_count(tiny_world, tmp_path):
+    from pipelines.prepare import prepare
+
+    frames = []
+    for threads in (1, 2):
+        config = fast_config(f"gbdt.num_threads={threads}")
+        work = tmp_path / f"work-{threads}"
+        prepared = prepare(config, tiny_world, work, [TILE_XLA], log=quiet)[TILE_XLA.name]
+        output = train.train_model(config, prepared, model="gbdt", work_dir=work, log=quiet)
+        frames.append(read_predictions(output.file(train.PREDICTIONS_FILE)))
+    assert frames[0].equals(frames[1])
+
+
+def test_run_command_prints_the_table_and_the_submission_path_last(runs, tmp_path, capsys):
+    code = main(["run", "--data-root", str(runs["root"]), "--work-dir", str(runs["work"]), "--config", "quick",
+                 *[a for s in FAST for a in ("--set", s)], "--models", "gbdt,random",
+                 "--submissions-dir", str(tmp_path / "subs")])
+    out = capsys.readouterr().out.strip().splitlines()
+    assert code == 0 and Path(out[-1]).read_bytes() == runs["a"].submission.read_bytes()
+    assert out[-2].startswith("combined OOF score (mean of the 5 collections)")
+    assert main(["run", "--data-root", str(runs["root"]), "--work-dir", str(tmp_path / "w"),
+                 "--models", "nosuch", "--submissions-dir", str(tmp_path / "subs")]) == 2
+
+
+def test_demo_runs_the_pipeline_on_a_generated_world(runs, tmp_path):
+    from pipelines.demo import run_demo
+
+    lines: list[str] = []
+    code = run_demo(runs["root"], "tiny", 0, submissions_dir=tmp_path / "subs", work_dir=runs["work"],
+                    config="quick", overrides=[*FAST, "run.models=['gbdt']", "ensemble.models=['gbdt']"],
+                    log=lambda line: lines.append(str(line)))
+    assert code == 0
+    path = Path(lines[-1])
+    assert validate_submission(path, runs["root"]) > 0
+    assert any("stages reused" in line for line in lines)
+    assert lines[-2].splitlines()[-1].startswith("combined OOF score")
