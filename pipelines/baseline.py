@@ -19,11 +19,11 @@ from pathlib import Path
 import numpy as np
 
 from pipelines.collections import ALL_COLLECTIONS
+from pipelines.features import output_node
 from pipelines.submission import submission_row
 from pipelines.tpugraphs import Graph, LayoutGraph, TileGraph, iter_graphs, list_graphs
 
 SHAPE_COLS = slice(21, 27)  # node_feat: output shape dims 0-5 (0 = unused)
-IS_ROOT_COL = 0
 TILE_OUTPUT_BOUNDS = slice(8, 14)  # config_feat: output tile bounds per dim
 BLOCK_WIDTH = 6  # node_config_feat: output, input, kernel blocks of 6 minor_to_major slots
 DEFAULT_BLOCK_WEIGHT = 0.1
@@ -31,10 +31,8 @@ CONFIG_CHUNK = 8192  # layout configs scored per step, bounding temporary arrays
 
 
 def _output_dims(graph: TileGraph) -> np.ndarray:
-    """Output shape of the kernel: the root node's dims (the last node, outputs come last, if no root is marked)."""
-    roots = np.flatnonzero(graph.node_feat[:, IS_ROOT_COL] > 0)
-    node = roots[-1] if roots.size else graph.num_nodes - 1
-    return graph.node_feat[node, SHAPE_COLS].astype(np.float64)
+    """Output shape of the kernel (see :func:`pipelines.features.output_node`)."""
+    return graph.node_feat[output_node(graph.node_feat), SHAPE_COLS].astype(np.float64)
 
 
 def tile_costs(graph: TileGraph) -> np.ndarray:

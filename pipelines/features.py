@@ -357,9 +357,16 @@ def tile_feature_names() -> list[str]:
 
 
 def output_node(node_feat: np.ndarray) -> int:
-    """Position of the graph's output: the last node flagged is_root, else the last node."""
-    roots = np.flatnonzero(node_feat[:, 0] > 0.5)
-    return int(roots[-1]) if roots.size else node_feat.shape[0] - 1
+    """Position of the kernel's output tensor: the last is_root node that has a shape.
+
+    A root is often a tuple (no dims) of the real outputs, which come just before it in
+    topological order; then the last node with a shape stands in. Last node if none has a shape.
+    """
+    shaped = (node_feat[:, 21:27] > 0).any(axis=1)
+    for candidates in (np.flatnonzero((node_feat[:, 0] > 0.5) & shaped), np.flatnonzero(shaped)):
+        if candidates.size:
+            return int(candidates[-1])
+    return node_feat.shape[0] - 1
 
 
 def tile_config_features(config_feat: np.ndarray, node_feat: np.ndarray) -> dict[str, np.ndarray]:

@@ -54,7 +54,7 @@ Log = Callable[[str], None]
 Ran = tuple[StageOutput, bool]  # a stage output and whether it was reused from the cache
 
 PRUNE_VERSION = 1
-FEATURES_VERSION = 1
+FEATURES_VERSION = 2  # 2: tile output shape taken behind tuple roots
 NODE_ARRAYS_VERSION = 1
 FOLDS_VERSION = 1
 STAGES = ("prune", "features", "node_arrays", "folds")

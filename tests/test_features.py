@@ -212,3 +212,21 @@ def test_tile_graph_arrays_keep_raw_configs() -> None:
     assert arrays.config_feat.dtype == np.float32 and arrays.config_feat.shape == (2, 24)
     np.testing.assert_array_equal(arrays.config_feat, 7.0)  # the GNN scales tile values itself
     assert arrays.config_nodes.size == 0 and arrays.split == "valid"
+
+
+def test_tile_output_is_the_shaped_node_behind_a_tuple_root():
+    from pipelines.features import output_node, tile_config_features
+
+    node_feat = np.zeros((3, 140), dtype=np.float32)
+    node_feat[1, 21:23] = [100, 300]  # the real output, shape (100, 300)
+    node_feat[2, 0] = 1  # root: a tuple without dims
+    assert output_node(node_feat) == 1
+    config = np.zeros((1, 24), dtype=np.float32)
+    config[0, 8:10] = [64, 128]
+    features = tile_config_features(config, node_feat)
+    # ceil(100/64) * ceil(300/128) = 2 * 3 tiles; padded 128 * 384 over 100 * 300 elements
+    assert features["f_tile_count_log"][0] == pytest.approx(np.log(6))
+    assert features["f_tile_waste"][0] == pytest.approx(128 * 384 / 30000)
+    node_feat[1, 0], node_feat[2, 0] = 1, 0  # a shaped root wins over later shaped non-root nodes
+    node_feat[2, 21] = 7
+    assert output_node(node_feat) == 1

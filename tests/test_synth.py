@@ -311,3 +311,19 @@ def test_window_and_slice_columns_follow_their_attributes() -> None:
     bert = build_program(Family("bert", "transformer", 60, 64, seq=16), Variant(4), np.random.default_rng(0))
     cut = np.flatnonzero(bert.node_opcode == 92)[0]  # slice (4, 16, 64) -> (4, 1, 64)
     assert bert.node_feat[cut, 109:121].tolist() == [0, 0, 0, 0, 1, 1, 3, 1, 4, 1, 69, 256]
+
+
+def test_searches_spanning_many_chunks_write_only_valid_layout_values(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Regression: a loop variable once shadowed the chunk size, leaving rows of uninitialised memory
+    # in full-scale default-search files. Tiny chunks make every search span many of them.
+    from pipelines.synth import searches
+
+    monkeypatch.setattr(searches, "CHUNK_CELLS", 1)
+    rng = np.random.default_rng(5)
+    program = build_program(Family("bert", "transformer", 60, 64, seq=16), Variant(4), rng)
+    model = costmodel.layout_cost_model(program)
+    for configs in (searches.default_search(model, 300, rng, duplicate_share=0.5, mutations=1.0),
+                    searches.random_search(model, 300, rng)):
+        assert configs.shape == (300, model.num_configurable, 18)
+        assert configs.min() >= -1 and configs.max() <= 5
+        assert (configs[:, :, 14:] == -1).all()
