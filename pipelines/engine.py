@@ -36,6 +36,7 @@ from datetime import datetime, timezone
 from pathlib import Path, PurePath
 from typing import Any, Callable, Iterable, Iterator, Mapping
 
+from pipelines.atomic import chmod_like_new_file
 from pipelines.errors import PipelineError
 
 try:  # POSIX only; elsewhere abandoned folders are recognised by age alone
@@ -361,6 +362,7 @@ def write_json_atomic(path: Path, obj: Any) -> None:
             fh.write(text)
             fh.flush()
             os.fsync(fh.fileno())
+        chmod_like_new_file(tmp)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

@@ -21,6 +21,7 @@ from typing import IO, Iterator
 
 import numpy as np
 
+from pipelines.atomic import chmod_like_new_file
 from pipelines.collections import ALL_COLLECTIONS, SPLITS, Collection
 from pipelines.errors import FormatError
 
@@ -496,15 +497,9 @@ def write_npz_atomic(path: Path, members: dict[str, tuple[np.ndarray, np.dtype]]
                     for start in range(0, max(array.shape[0] if array.ndim else 1, 1), step):
                         part = array[start : start + step] if array.ndim else array
                         stream.write(part.astype(dtype, copy=False).tobytes())
-        _chmod_like_new_file(tmp_name)
+        chmod_like_new_file(tmp_name)
         os.replace(tmp_name, path)
     except BaseException:
         Path(tmp_name).unlink(missing_ok=True)
         raise
 
-
-def _chmod_like_new_file(path: str) -> None:
-    """mkstemp creates 0600 files; give the final file the permissions a plain open() would."""
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(path, 0o666 & ~umask)

@@ -193,7 +193,7 @@ def test_stage_writes_predictions_scores_and_metrics(tmp_path: Path):
     assert importance.select("fold", "seed").unique().height == 6
     manifest = json.loads((out.path / "manifest.json").read_text())
     assert manifest["inputs"] == {"features": "features-key", "folds": "folds-key"}
-    assert manifest["config"]["settings"]["objective"] == "lambdarank"
+    assert manifest["config"]["settings"]["objective"] == "pairwise"  # the base objective of layout collections
 
 
 def test_stage_is_cached_and_keyed_by_model_settings(tmp_path: Path):

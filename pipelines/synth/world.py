@@ -53,6 +53,7 @@ from pathlib import Path
 
 import numpy as np
 
+from pipelines.atomic import chmod_like_new_file
 from pipelines.collections import ALL_COLLECTIONS, SPLITS, TILE_XLA, Collection, parse_collections
 from pipelines.errors import ConfigError
 from pipelines.synth import costmodel, searches
@@ -460,6 +461,7 @@ def _write_text_atomic(path: Path, text: str) -> None:
     try:
         with os.fdopen(fd, "w") as handle:
             handle.write(text)
+        chmod_like_new_file(tmp)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
