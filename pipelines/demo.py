@@ -14,21 +14,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from pipelines.errors import ConfigError
 from pipelines.run import DEFAULT_SUBMISSIONS_DIR, Log
 
 DEFAULT_WORK_DIR = Path("data/work")
-
-
-def demo_models(configured: Sequence[str], registered: Sequence[str], log: Log = print) -> list[str]:
-    """The configured models that are registered for training; the others are named and skipped."""
-    missing = [m for m in configured if m.partition(":")[0] not in registered]
-    if missing:
-        log(f"demo: model(s) {', '.join(missing)} not registered in pipelines.train.MODELS yet; skipped")
-    chosen = [m for m in configured if m not in missing]
-    if not chosen:
-        raise ConfigError(f"none of the configured models {list(configured)} is registered")
-    return chosen
 
 
 def run_demo(data_root: Path | str, scale: str = "small", seed: int = 0, *,
@@ -38,11 +26,10 @@ def run_demo(data_root: Path | str, scale: str = "small", seed: int = 0, *,
     from pipelines.config import load_config
     from pipelines.run import resolve_models, run_pipeline
     from pipelines.synth import generate_world
-    from pipelines.train import MODELS
 
     log(generate_world(Path(data_root), scale=scale, seed=seed))
     resolved = load_config(config, overrides)
-    models = demo_models(resolve_models(resolved, None), list(MODELS), log)
+    models = resolve_models(resolved, None)
     result = run_pipeline(resolved, data_root, work_dir=work_dir, models=models, submissions_dir=submissions_dir,
                           log=log)
     stages = sum(len(c["prepare"]) + len(c["train"]) + 1 for c in result.manifest["stages"].values())
