@@ -15,6 +15,7 @@ import os
 import tempfile
 import zipfile
 import zlib
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Iterator
@@ -175,31 +176,24 @@ def load_graph(path: Path | str, collection: Collection, *, with_configs: bool =
     """
     path = Path(path)
     stem = path.name[: -len(".npz")] if path.name.endswith(".npz") else path.stem
-    try:
-        with zipfile.ZipFile(path) as archive:
-            members = {name[: -len(".npy")]: name for name in archive.namelist() if name.endswith(".npy")}
-            required = TILE_KEYS if collection.is_tile else LAYOUT_KEYS
-            missing = [k for k in required if k not in members]
-            if missing:
-                raise FormatError(path, f"missing key(s) {', '.join(missing)} for {collection.name} "
-                                        f"(found: {', '.join(sorted(members)) or 'none'})")
-            arrays = {
-                key: _read_member(archive, members[key], path, key)
-                for key in required
-                if key != "node_config_feat"
-            }
-            if collection.is_layout:
-                arrays["node_config_feat"] = (
-                    _read_layout_configs(archive, members["node_config_feat"], path)
-                    if with_configs
-                    else None
-                )
-    except FormatError:
-        raise
-    except FileNotFoundError:
-        raise FormatError(path, "file not found") from None
-    except (zipfile.BadZipFile, zlib.error, EOFError, OSError, ValueError) as exc:
-        raise FormatError(path, f"corrupt or truncated archive ({type(exc).__name__}: {exc})") from None
+    with _archive_errors(path), zipfile.ZipFile(path) as archive:
+        members = {name[: -len(".npy")]: name for name in archive.namelist() if name.endswith(".npy")}
+        required = TILE_KEYS if collection.is_tile else LAYOUT_KEYS
+        missing = [k for k in required if k not in members]
+        if missing:
+            raise FormatError(path, f"missing key(s) {', '.join(missing)} for {collection.name} "
+                                    f"(found: {', '.join(sorted(members)) or 'none'})")
+        arrays = {
+            key: _read_member(archive, members[key], path, key)
+            for key in required
+            if key != "node_config_feat"
+        }
+        if collection.is_layout:
+            arrays["node_config_feat"] = (
+                _read_layout_configs(archive, members["node_config_feat"], path)
+                if with_configs
+                else None
+            )
     builder = _build_tile if collection.is_tile else _build_layout
     return builder(path, stem, arrays)
 
@@ -223,23 +217,29 @@ def count_configs(path: Path | str, collection: Collection) -> int:
     path = Path(path)
     key, rank, width = (("config_feat", 2, TILE_CONFIG_DIM) if collection.is_tile
                         else ("node_config_feat", 3, LAYOUT_CONFIG_DIM))
+    with _archive_errors(path), zipfile.ZipFile(path) as archive:
+        if f"{key}.npy" not in archive.namelist():
+            raise FormatError(path, f"missing key {key} for {collection.name}")
+        with archive.open(f"{key}.npy") as stream:
+            shape, _, dtype = _read_header(stream)
+    if len(shape) != rank or shape[-1] != width or shape[0] == 0 or dtype.hasobject:
+        expected = "(c, 24)" if collection.is_tile else "(c, nc, 18)"
+        raise FormatError(path, f"{key}: expected a numeric array of shape {expected} with c > 0, "
+                                f"got {dtype} {shape}")
+    return int(shape[0])
+
+
+@contextmanager
+def _archive_errors(path: Path) -> Iterator[None]:
+    """Turn whatever a missing, truncated or corrupt archive raises into one FormatError naming it."""
     try:
-        with zipfile.ZipFile(path) as archive:
-            if f"{key}.npy" not in archive.namelist():
-                raise FormatError(path, f"missing key {key} for {collection.name}")
-            with archive.open(f"{key}.npy") as stream:
-                shape, _, dtype = _read_header(stream)
+        yield
     except FormatError:
         raise
     except FileNotFoundError:
         raise FormatError(path, "file not found") from None
     except (zipfile.BadZipFile, zlib.error, EOFError, OSError, ValueError) as exc:
         raise FormatError(path, f"corrupt or truncated archive ({type(exc).__name__}: {exc})") from None
-    if len(shape) != rank or shape[-1] != width or shape[0] == 0 or dtype.hasobject:
-        expected = "(c, 24)" if collection.is_tile else "(c, nc, 18)"
-        raise FormatError(path, f"{key}: expected a numeric array of shape {expected} with c > 0, "
-                                f"got {dtype} {shape}")
-    return int(shape[0])
 
 
 def _read_header(stream: IO[bytes]) -> tuple[tuple[int, ...], bool, np.dtype]:
