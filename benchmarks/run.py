@@ -16,6 +16,9 @@ default 1), BENCH_NICE (default 10).
 Every figure is extrapolated to the real file counts (tile 5709/676/844; layout xla:default 61/7/8,
 xla:random 69/7/8, nlp:default 198/20/17, nlp:random 207/20/17) linearly in the number of files.
 
+With the GNN among the models, its training throughput and peak memory on the largest pruned layout
+graph are measured too (``benchmarks/gnn_throughput.py``).
+
 Expected duration on 2 idle cores with the defaults: ~8 min to build the worlds the first time,
 then ~10 min of data stages and ~25-40 min of training (the GNN at the base config dominates).
 The table goes to benchmarks/results/<UTC date>-<host>.md, with the machine description, and is printed.
@@ -30,7 +33,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Sequence
 
-from benchmarks import data_stages, training
+from benchmarks import data_stages, gnn_throughput, training
 from benchmarks.common import RESULTS, WORLDS, build_big_world, build_world, machine
 
 LAYOUT = ("layout:xla:default", "layout:xla:random", "layout:nlp:default", "layout:nlp:random")
@@ -96,7 +99,11 @@ def main(argv: Sequence[str] | None = None) -> Path:
                 fit_rows.append(training.measure_fold(roots[collection], collection, model, work, nice=args.nice,
                                                       gnn_epochs=args.gnn_epochs or None))
 
-    text = report(host, args, stage_rows, fit_rows, time.perf_counter() - started)
+    throughput_rows = []
+    if "gnn" in models and any(c in LAYOUT for c in collections):
+        throughput_rows = gnn_throughput.measure_throughput(work, nice=args.nice)
+
+    text = report(host, args, stage_rows, fit_rows, throughput_rows, time.perf_counter() - started)
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / f"{datetime.now(timezone.utc):%Y-%m-%d}-{host.host}.md"
     tmp = path.with_name(f".{path.name}.tmp")
@@ -108,7 +115,8 @@ def main(argv: Sequence[str] | None = None) -> Path:
     return path
 
 
-def report(host, args: argparse.Namespace, stage_rows: list, fit_rows: list, wall_s: float) -> str:
+def report(host, args: argparse.Namespace, stage_rows: list, fit_rows: list, throughput_rows: list,
+           wall_s: float) -> str:
     now = datetime.now(timezone.utc).isoformat(timespec="minutes")
     lines = [f"# Benchmark {now}", "", "## Machine", "", *host.describe(),
              f"- benchmark wall time {wall_s / 60:.1f} min; measured processes ran at nice {args.nice}", "",
@@ -131,6 +139,12 @@ def report(host, args: argparse.Namespace, stage_rows: list, fit_rows: list, wal
                   "epochs without early stopping, an upper bound), extrapolated to the real train graphs (one fold "
                   "model of the 5-fold CV trains on 4/5 of train+valid: about as many). Predict = every test "
                   "graph of the sample, extrapolated to the real test graphs.", "", *training.table(fit_rows), "", *training.targets(fit_rows), ""]
+    if throughput_rows:
+        lines += ["## GNN throughput on the largest pruned layout graph (base config, 2 threads)", "",
+                  "Train: optimiser steps of K sampled configs; predict: 1000 configs scored in memory-bounded "
+                  "chunks. `copies 2` joins two copies of the graph into one (twice the real maximum of "
+                  "configurable nodes). Each row is its own fresh process.", "",
+                  *gnn_throughput.table(throughput_rows), ""]
     return "\n".join(lines) + "\n"
 
 

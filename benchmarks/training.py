@@ -30,7 +30,6 @@ import polars as pl
 from pipelines import prepare as p
 from pipelines.collections import parse_collection
 from pipelines.config import load_config
-from pipelines.errors import ConfigError
 from pipelines.train import PREDICT_BATCH_GRAPHS, _predict_graphs, get_adapter
 config = load_config(None, {overrides!r})
 collection = parse_collection({collection!r})
@@ -45,13 +44,7 @@ if {model!r} == "gnn":
 else:
     stages["features"], _ = p.run_features(config, collection, work, refs, key, prune, False, quiet)
 prepared = p.Prepared(collection, stages)  # no folds stage: the sample is split train / valid / test
-try:
-    adapter = get_adapter({model!r})
-except ConfigError:
-    if {model!r} != "gnn":
-        raise
-    from pipelines.models.gnn.adapter import GNNAdapter  # registered in train.py by another change
-    adapter = GNNAdapter()
+adapter = get_adapter({model!r})
 settings = adapter.settings(config, collection)
 train_graphs, held_out, test_graphs = prepared.graphs("train"), prepared.graphs("valid"), prepared.graphs("test")
 t0, c0 = time.perf_counter(), time.process_time()

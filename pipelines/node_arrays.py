@@ -94,6 +94,24 @@ def transform_node_feat(node_feat: np.ndarray) -> np.ndarray:
     ], axis=1).astype(np.float32)
 
 
+LAYOUT_COLUMNS = tuple(range(134, 140))  # minor_to_major of the node's own (default) layout
+
+
+def shape_and_layout(transformed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Raw shape dims (n, 6) and default minor_to_major (n, 6) back from transformed node features.
+
+    Dims come from the exact integer parts ``x // 128`` and ``x % 128`` (``expm1`` of the log would
+    be off by float error at multiples of 128, which is where tile padding changes).
+    """
+    base = len(RAW_COLUMNS) + len(LOG_COLUMNS) + len(DIM_COLUMNS)
+    k = len(DIM_COLUMNS)
+    remainder = np.rint(transformed[:, base:base + k].astype(np.float64) * 128.0)
+    quotient = np.rint(np.expm1(transformed[:, base + k:base + 2 * k].astype(np.float64)))
+    layout = transformed[:, [RAW_COLUMNS.index(c) for c in LAYOUT_COLUMNS]]
+    # clipped: the transform clips negative dims to 0, so anything below is not a shape
+    return np.maximum(quotient * 128.0 + remainder, 0.0), np.clip(np.rint(layout), -1, 5).astype(np.int64)
+
+
 def make_graph_arrays(graph: PrunedGraph, collection: str, split: str) -> GraphArrays:
     """The GNN arrays of one pruned (and, for labelled splits, de-duplicated) graph.
 

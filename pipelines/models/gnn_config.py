@@ -29,6 +29,7 @@ class GNNConfig:
     norm: str = "layer"  # "layer" (LayerNorm per node) or "none"; graph-level norms break the fusion
     dropout: float = 0.0
     gat_heads: int = 2
+    layout_physics: bool = True  # layout: add the padding the chosen layouts imply (batch.layout_physics)
     cross_config_attention: bool = False  # transformer layer across the K pooled configs of a graph
     attention_heads: int = 4
     # --- loss and sampling
@@ -45,7 +46,8 @@ class GNNConfig:
     grad_clip: float = 1.0
     patience: int = 5  # epochs without a better validation score before stopping; 0 = never stop
     # --- evaluation
-    eval_chunk: int = 512  # configs scored per forward pass when predicting (bounds memory)
+    eval_chunk: int = 512  # at most this many configs scored per forward pass when predicting
+    eval_chunk_mb: int = 8  # ... and few enough that one per-config state tensor fits in this (MiB)
     eval_max_configs: int = 1000  # configs per validation graph used for early stopping (fixed sample)
     # --- unsupervised pre-training of the node encoder (graph autoencoder)
     pretrain: bool = False
@@ -55,8 +57,9 @@ class GNNConfig:
     # --- runtime
     num_threads: int = 2
     progress: bool = True  # tqdm bars (also switched off when stderr is not a terminal)
-    # per-collection overrides, e.g. {"layout:xla:default": {"cross_config_attention": True}}
-    collections: dict[str, dict] = field(default_factory=dict)
+    # per-collection overrides, e.g. {"layout:xla:default": {"cross_config_attention": True}};
+    # tile graphs are tiny, so several go into one step
+    collections: dict[str, dict] = field(default_factory=lambda: {"tile:xla": {"graphs_per_step": 16}})
 
     def __post_init__(self) -> None:
         self.validate()
@@ -80,7 +83,8 @@ class GNNConfig:
             (0.0 <= self.warmup_fraction < 1.0, "warmup_fraction must be in [0, 1)"),
             (self.grad_clip > 0, "grad_clip must be positive"),
             (self.patience >= 0, "patience must be >= 0"),
-            (self.eval_chunk >= 1 and self.eval_max_configs >= 2, "bad eval_chunk / eval_max_configs"),
+            (self.eval_chunk >= 1 and self.eval_chunk_mb >= 1 and self.eval_max_configs >= 2,
+             "bad eval_chunk / eval_chunk_mb / eval_max_configs"),
             (0.0 < self.pretrain_mask_rate < 1.0, "pretrain_mask_rate must be in (0, 1)"),
             (self.num_threads >= 1, "num_threads must be >= 1"),
             (self.margin >= 0, "margin must be >= 0"),

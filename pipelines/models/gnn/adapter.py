@@ -16,9 +16,10 @@ from pipelines.collections import Collection
 from pipelines.models.gnn.ranker import GNNRanker
 from pipelines.node_arrays import NODE_FEATURE_DIM, GraphArrays
 
-# Configs kept per training graph when loading for a fit: K configs per step over tens of epochs
-# never use more, and it bounds memory (a real layout file holds up to 100k configs x 121 x 18).
-LOAD_MAX_CONFIGS = 20_000
+# Configs kept per training graph when loading for a fit. The base schedule draws K=32 configs per
+# graph for 20 epochs (640 draws), so a pool of 4096 loses nothing, while the int8 arrays of a
+# collection stay bounded (a real graph may have 3,000 configurable nodes: 4096 x 3000 x 18 B = 221 MB).
+LOAD_MAX_CONFIGS = 4096
 # job_memory: configurable nodes per layout graph assumed, tensors alive in a step, torch's own footprint
 AVG_CONFIG_NODES = 64
 STEP_COPIES = 12

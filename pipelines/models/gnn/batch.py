@@ -15,10 +15,12 @@ import numpy as np
 import torch
 
 from pipelines.errors import FormatError
-from pipelines.node_arrays import GraphArrays
+from pipelines.node_arrays import NODE_FEATURE_DIM, GraphArrays, shape_and_layout
 
 LAYOUT_VALUE_OFFSET = 1  # layout config values -1..5 become embedding ids 0..6
 LAYOUT_NUM_VALUES = 7
+PHYSICS_DIM = 12  # per configurable node and config: 6 values for the output and 6 for the input tensor
+TPU_TILE = (128, 8)  # HBM tiles pad the minor-most dim to a multiple of 128, the second-minor to 8
 
 
 def graph_kind(graph: GraphArrays) -> str:
@@ -53,6 +55,8 @@ class PreparedGraph:
     config_nodes: np.ndarray
     levels: list[PreparedLevel]
     config_in_final: np.ndarray  # position of each configurable node in the last level's rows
+    config_shapes: np.ndarray  # float64 (nc, 2, 6): dims of each configurable node's output and input tensor
+    config_layouts: np.ndarray  # int64 (nc, 2, 6): their default minor_to_major (node features 134-139)
     config_feat: np.ndarray  # int8 (c, nc, 18) or float32 (c, 24)
     runtime: np.ndarray  # float64 (c,)
 
@@ -82,6 +86,9 @@ def _check(graph: GraphArrays) -> None:
         problems.append("no configs")
     if graph_kind(graph) == "layout":
         nc = graph.config_nodes.shape[0]
+        if graph.node_feat.ndim == 2 and graph.node_feat.shape[1] != NODE_FEATURE_DIM:
+            problems.append(f"node_feat has {graph.node_feat.shape[1]} columns, expected the "
+                            f"{NODE_FEATURE_DIM} of node_arrays (shapes and layouts are read from them)")
         if graph.config_feat.shape[1:] != (nc, 18):
             problems.append(f"config_feat shape {graph.config_feat.shape} does not match {nc} configurable nodes")
         if nc and (graph.config_nodes.min() < 0 or graph.config_nodes.max() >= n):
@@ -94,6 +101,58 @@ def _check(graph: GraphArrays) -> None:
         problems.append(f"tile config_feat must be (c, 24), got {graph.config_feat.shape}")
     if problems:
         raise FormatError(where, "; ".join(problems))
+
+
+def _config_tensors(node_feat: np.ndarray, src: np.ndarray, dst: np.ndarray,
+                    config_nodes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Shapes and default layouts of the output (the node) and input tensor of each configurable node.
+
+    The input is the producer on the node's first incoming edge (operand 0 where the file lists
+    operands in order); a node without producers gets zeros, i.e. "no tensor".
+    """
+    dims, layout = shape_and_layout(node_feat)
+    consumers, first_edge = np.unique(dst, return_index=True)
+    producer = np.full(node_feat.shape[0], -1, np.int64)
+    producer[consumers] = src[first_edge]
+    operand = producer[config_nodes]
+    has_input = (operand >= 0)[:, None]
+    in_dims = np.where(has_input, dims[np.maximum(operand, 0)], 0.0)
+    in_layout = np.where(has_input, layout[np.maximum(operand, 0)], 0)
+    return (np.stack([dims[config_nodes], in_dims], axis=1),
+            np.stack([layout[config_nodes], in_layout], axis=1))
+
+
+def _log_tile_waste(size: np.ndarray, multiple: int) -> np.ndarray:
+    """log(padded / actual) of a dim padded up to ``multiple``; 0 for absent dims (size 0)."""
+    safe = np.maximum(size, 1.0)
+    return np.where(size > 0, np.log(np.ceil(safe / multiple) * multiple / safe), 0.0)
+
+
+def layout_physics(values: np.ndarray, shapes: np.ndarray, layouts: np.ndarray) -> np.ndarray:
+    """(R, K, PHYSICS_DIM) float32: what the layout of each (configurable node, config) implies in memory.
+
+    Per tensor (output block 0-5 with the node's shape, input block 6-11 with its operand's), the
+    layout is the config's minor_to_major, or the tensor's default where the config leaves it to
+    the compiler (-1). From it: set-by-config flag, log size and log (8 x 128) tile waste of the
+    minor-most and second-minor dims, and whether the largest dim is minor-most. These are the
+    padding facts a TPU layout decides; message passing alone would have to learn an index lookup.
+    """
+    out = []
+    for block in range(2):
+        perm = values[..., 6 * block:6 * block + 6].astype(np.int64)  # (R, K, 6)
+        dims = shapes[:, block]  # (R, 6)
+        rank = (dims > 0).sum(1)[:, None]  # (R, 1)
+        chosen = perm[..., 0] >= 0
+        sizes = []
+        for slot, multiple in enumerate(TPU_TILE):
+            index = np.where(chosen, perm[..., slot], layouts[:, block, slot][:, None])  # (R, K)
+            # slot < rank: default layouts are 0-padded, so slot 1 of a rank-1 tensor reads a 0 that is no dim
+            present = (index >= 0) & (index < rank) & (slot < rank)
+            size = np.where(present, np.take_along_axis(dims, np.clip(index, 0, 5), axis=1), 0.0)
+            sizes.append(size)
+            out += [np.log1p(size), _log_tile_waste(size, multiple)]
+        out += [chosen.astype(np.float64), (sizes[0] > 0) & (sizes[0] >= dims.max(1)[:, None])]
+    return np.stack(out, axis=-1).astype(np.float32)
 
 
 def prepare_graph(graph: GraphArrays, config_layers: int) -> PreparedGraph:
@@ -128,13 +187,14 @@ def prepare_graph(graph: GraphArrays, config_layers: int) -> PreparedGraph:
             ))
             prev_rows, prev_mask, prev_pos = rows, mask, pos
         config_in_final = prev_pos[config_nodes]
+    config_shapes, config_layouts = _config_tensors(graph.node_feat, src, dst, config_nodes)
     return PreparedGraph(
         # copy=False: a collection's node features can take GBs; never hold them twice
         kind=kind, opcode=graph.opcode.astype(np.int64, copy=False),
         node_feat=graph.node_feat.astype(np.float32, copy=False), edge_index=np.stack([src, dst]),
         inv_deg_in=inv_in, inv_deg_out=inv_out,
         config_nodes=config_nodes, levels=levels, config_in_final=config_in_final,
-        config_feat=graph.config_feat, runtime=graph.runtime.astype(np.float64, copy=False),
+        config_shapes=config_shapes, config_layouts=config_layouts, config_feat=graph.config_feat, runtime=graph.runtime.astype(np.float64, copy=False),
     )
 
 
@@ -229,11 +289,19 @@ def collate(graphs: list[PreparedGraph]) -> GraphBatch:
 
 @dataclass
 class ConfigBatch:
-    """K configs for each graph of a batch; padded slots (graphs with fewer configs) are masked."""
+    """K configs for each graph of a batch; padded slots (graphs with fewer configs) are masked.
 
-    values: torch.Tensor  # layout: long (R0, K, 18) ids 0..6; tile: float (B, K, 24) log-scaled
+    Layout: the 18-value block of a node under a config is node-independent input to the config
+    embedding, and few distinct blocks occur (a node keeps its default in most configs), so only
+    the distinct blocks are embedded: ``values`` holds them and ``inverse`` maps each
+    (configurable node, config) to its block.
+    """
+
+    values: torch.Tensor  # layout: long (U, 18) distinct blocks, ids 0..6; tile: float (B, K, 24) log-scaled
     mask: torch.Tensor  # bool (B, K)
     runtime: torch.Tensor  # float64 (B, K)
+    inverse: torch.Tensor | None = None  # layout: long (R0, K) row of ``values`` of each node and config
+    physics: torch.Tensor | None = None  # layout: float (R0, K, PHYSICS_DIM), see ``layout_physics``
 
 
 def gather_configs(graphs: list[PreparedGraph], indices: list[np.ndarray]) -> ConfigBatch:
@@ -248,8 +316,24 @@ def gather_configs(graphs: list[PreparedGraph], indices: list[np.ndarray]) -> Co
     if graphs[0].kind == "layout":
         # (K, nc, 18) per graph -> (nc, K, 18): node-major like the node states
         parts = [np.ascontiguousarray(g.config_feat[p].transpose(1, 0, 2)) for g, p in zip(graphs, padded)]
-        values = torch.from_numpy(np.concatenate(parts).astype(np.int64) + LAYOUT_VALUE_OFFSET)
-    else:
-        raw = np.stack([g.config_feat[p] for g, p in zip(graphs, padded)]).astype(np.float32)
-        values = torch.from_numpy(np.sign(raw) * np.log1p(np.abs(raw)))
+        node_values = np.concatenate(parts)
+        blocks, inverse = distinct_blocks(node_values)
+        physics = layout_physics(node_values, np.concatenate([g.config_shapes for g in graphs]),
+                                 np.concatenate([g.config_layouts for g in graphs]))
+        return ConfigBatch(values=torch.from_numpy(blocks), mask=torch.from_numpy(mask), runtime=runtime,
+                           inverse=torch.from_numpy(inverse), physics=torch.from_numpy(physics))
+    raw = np.stack([g.config_feat[p] for g, p in zip(graphs, padded)]).astype(np.float32)
+    values = torch.from_numpy(np.sign(raw) * np.log1p(np.abs(raw)))
     return ConfigBatch(values=values, mask=torch.from_numpy(mask), runtime=runtime)
+
+
+def distinct_blocks(config_values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(R, K, 18) layout values -1..5 -> distinct blocks (U, 18) as ids 0..6, and (R, K) positions in them.
+
+    Each block is packed base 7 into one int64 (7**18 < 2**63) so ``np.unique`` runs on scalars.
+    """
+    ids = config_values.astype(np.int64) + LAYOUT_VALUE_OFFSET
+    powers = LAYOUT_NUM_VALUES ** np.arange(ids.shape[-1], dtype=np.int64)
+    keys, inverse = np.unique(ids @ powers, return_inverse=True)
+    blocks = (keys[:, None] // powers) % LAYOUT_NUM_VALUES
+    return blocks, inverse.reshape(ids.shape[:-1])

@@ -134,7 +134,7 @@ class GNNRanker:
                     raise FormatError(where, f"graph does not fit a {self.kind_} model with "
                                              f"{self.node_feat_dim_} node features")
                 prepared: PreparedGraph = prepare_graph(g, self.config_.config_layers)
-                out.append(score_graph(self.model_, prepared, self.config_.eval_chunk))
+                out.append(score_graph(self.model_, prepared, self.config_))
         return out
 
     # ------------------------------------------------------------------ persistence

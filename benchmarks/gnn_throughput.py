@@ -1,0 +1,132 @@
+"""GNN throughput and peak memory on the largest pruned layout graph (base config, 2 threads).
+
+Usage: python -m benchmarks.gnn_throughput [--work DIR] [--copies 1,2] [--steps N] [--eval-configs N]
+
+Takes the layout graph with the most nodes among the node-arrays stage outputs under ``--work``
+(``make bench`` writes them to benchmarks/worlds/work), i.e. a graph *after* pruning. With
+``--copies 2`` the graph is also measured as two disjoint copies joined into one graph: twice the
+nodes and configurable nodes, a stress case beyond the real maximum (3,143 configurable nodes).
+
+Each figure comes from a fresh process, so its peak RSS is its own:
+* train: optimiser steps of K configs (the base config's ``configs_per_graph``) on the graph, after
+  one warm-up step; configs/s = K x steps / seconds. Peak RSS includes the graph's arrays.
+* predict: every one of ``--eval-configs`` configs scored the way ``GNNRanker.predict`` does
+  (encode once, chunks sized by ``eval_chunk`` / ``eval_chunk_mb``).
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Sequence
+
+from benchmarks.common import WORLDS, markdown_table, measure
+
+_BODY = """
+import time
+import numpy as np
+import torch
+from pipelines.config import load_config
+from pipelines.models.gnn.batch import collate, gather_configs, prepare_graph
+from pipelines.models.gnn.losses import make_loss
+from pipelines.models.gnn.model import GNNModel
+from pipelines.models.gnn.trainer import configs_per_chunk, score_graph
+from pipelines.node_arrays import GraphArrays, load_graph_arrays
+
+def union(graph, copies):
+    if copies == 1:
+        return graph
+    n = graph.num_nodes
+    return GraphArrays(
+        collection=graph.collection, stem=graph.stem, split=graph.split,
+        opcode=np.tile(graph.opcode, copies), node_feat=np.tile(graph.node_feat, (copies, 1)),
+        edge_index=np.concatenate([graph.edge_index + i * n for i in range(copies)], axis=1),
+        config_nodes=np.concatenate([graph.config_nodes + i * n for i in range(copies)]),
+        config_feat=np.concatenate([graph.config_feat] * copies, axis=1),
+        runtime=graph.runtime, config_index=graph.config_index)
+
+torch.set_num_threads(2)
+cfg = load_config(None, []).gnn.for_collection({collection!r})
+graph = union(load_graph_arrays({path!r}), {copies})
+prepared = prepare_graph(graph, cfg.config_layers)
+torch.manual_seed(0)
+model = GNNModel(cfg, graph.node_feat.shape[1], "layout")
+rng = np.random.default_rng(0)
+result = {{"nodes": graph.num_nodes, "config_nodes": int(graph.config_nodes.shape[0]),
+           "rows": int(prepared.levels[-1].rows.shape[0]), "configs": graph.num_configs}}
+if {mode!r} == "train":
+    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
+    loss_fn = make_loss(cfg.loss, cfg.margin)
+    def step():
+        idx = rng.choice(graph.num_configs, min(cfg.configs_per_graph, graph.num_configs), replace=False)
+        configs = gather_configs([prepared], [idx])
+        loss = loss_fn(model.score(model.encode(collate([prepared])), configs), configs.runtime, configs.mask)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+    step()
+    started = time.perf_counter()
+    for _ in range({steps}):
+        step()
+    seconds = time.perf_counter() - started
+    result.update(seconds=seconds, configs_per_s=cfg.configs_per_graph * {steps} / seconds)
+else:
+    idx = np.arange({eval_configs}) % graph.num_configs
+    started = time.perf_counter()
+    score_graph(model, prepared, cfg, idx)
+    seconds = time.perf_counter() - started
+    result.update(seconds=seconds, configs_per_s={eval_configs} / seconds, chunk=configs_per_chunk(cfg, prepared))
+"""
+
+
+def largest_layout_graph(work: Path) -> tuple[Path, str]:
+    """Path and collection of the node-arrays file with the most nodes (layout graphs only)."""
+    from pipelines.node_arrays import load_graph_arrays
+
+    best: tuple[int, Path, str] | None = None
+    for path in sorted(work.glob("node_arrays/*/*/*.npz")):
+        graph = load_graph_arrays(path)
+        if graph.config_feat.ndim == 3 and (best is None or graph.num_nodes > best[0]):
+            best = (graph.num_nodes, path, graph.collection)
+    if best is None:
+        raise SystemExit(f"no layout node arrays under {work}/node_arrays: run `make bench` (or its data stages)")
+    return best[1], best[2]
+
+
+def measure_throughput(work: Path, *, copies: Sequence[int] = (1, 2), steps: int = 5, eval_configs: int = 1000,
+                       nice: int = 0, log=print) -> list[list]:
+    path, collection = largest_layout_graph(work)
+    log(f"GNN throughput on {path} ({collection})")
+    rows = []
+    for count in copies:
+        for mode in ("train", "predict"):
+            r = measure(_BODY.format(collection=collection, path=str(path), copies=count, mode=mode, steps=steps,
+                                     eval_configs=eval_configs), nice=nice)
+            rows.append([mode, count, r["nodes"], r["config_nodes"], r["rows"], r["seconds"], r["configs_per_s"],
+                         r["peak_rss_mb"]])
+            log(f"  {mode:<7} x{count}: {r['nodes']} nodes, {r['config_nodes']} configurable, "
+                f"{r['configs_per_s']:.1f} configs/s, peak {r['peak_rss_mb']:.0f} MB")
+    return rows
+
+
+def table(rows: list[list]) -> list[str]:
+    header = ["mode", "copies", "nodes", "configurable nodes", "config-dependent rows", "seconds", "configs/s",
+              "peak RSS MB"]
+    return markdown_table(header, rows)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--work", type=Path, default=WORLDS / "work")
+    parser.add_argument("--copies", default="1,2", help="comma-separated copy counts of the graph to measure")
+    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--eval-configs", type=int, default=1000)
+    parser.add_argument("--nice", type=int, default=0)
+    args = parser.parse_args(argv)
+    rows = measure_throughput(args.work, copies=[int(c) for c in args.copies.split(",")], steps=args.steps,
+                              eval_configs=args.eval_configs, nice=args.nice)
+    print("\n".join(table(rows)))
+
+
+if __name__ == "__main__":
+    main()
