@@ -48,7 +48,7 @@ class GNNConfig:
     # --- evaluation
     eval_chunk: int = 512  # at most this many configs scored per forward pass when predicting
     eval_chunk_mb: int = 8  # ... and few enough that one per-config state tensor fits in this (MiB)
-    eval_max_configs: int = 1000  # configs per validation graph used for early stopping (fixed sample)
+    eval_max_configs: int = 256  # configs per validation graph used for early stopping (fixed sample)
     # --- unsupervised pre-training of the node encoder (graph autoencoder)
     pretrain: bool = False
     pretrain_epochs: int = 2

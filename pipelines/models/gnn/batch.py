@@ -194,7 +194,8 @@ def prepare_graph(graph: GraphArrays, config_layers: int) -> PreparedGraph:
         node_feat=graph.node_feat.astype(np.float32, copy=False), edge_index=np.stack([src, dst]),
         inv_deg_in=inv_in, inv_deg_out=inv_out,
         config_nodes=config_nodes, levels=levels, config_in_final=config_in_final,
-        config_shapes=config_shapes, config_layouts=config_layouts, config_feat=graph.config_feat, runtime=graph.runtime.astype(np.float64, copy=False),
+        config_shapes=config_shapes, config_layouts=config_layouts,
+        config_feat=graph.config_feat, runtime=graph.runtime.astype(np.float64, copy=False),
     )
 
 

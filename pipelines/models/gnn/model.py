@@ -7,7 +7,9 @@ Layout, per step (one or more graphs, K configs each):
    A learned "no config" vector is added at every node; the same (shared) states are then pushed
    through the ``config_layers`` as well, which gives each node's state for a config-less graph.
 2. ``score`` injects the K configs at the configurable nodes only (18 values, each embedded with a
-   small shared value table plus a slot embedding, flattened, MLP). After ``j`` config layers only
+   small shared value table plus a slot embedding, flattened, MLP; plus, with ``layout_physics``, a
+   linear map of the sizes and 8x128 tile padding the chosen layouts imply, see
+   ``batch.layout_physics``). After ``j`` config layers only
    nodes within ``j`` hops of a configurable node (the set ``D_j``) differ between configs, so the
    K copies are carried only on ``D_j``. The SAGE layer is linear up to its normalisation, so config
    layer ``j`` is evaluated *exactly* as ``shared pre-activation + W * delta`` with
