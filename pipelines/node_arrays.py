@@ -101,7 +101,8 @@ def shape_and_layout(transformed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Raw shape dims (n, 6) and default minor_to_major (n, 6) back from transformed node features.
 
     Dims come from the exact integer parts ``x // 128`` and ``x % 128`` (``expm1`` of the log would
-    be off by float error at multiples of 128, which is where tile padding changes).
+    be off by float error at multiples of 128, which is where tile padding changes); the float32
+    log of ``x // 128`` keeps them exact for dims up to ~6e7.
     """
     base = len(RAW_COLUMNS) + len(LOG_COLUMNS) + len(DIM_COLUMNS)
     k = len(DIM_COLUMNS)

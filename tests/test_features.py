@@ -18,7 +18,8 @@ from pipelines.features import (
     tile_config_features,
     value_frequencies,
 )
-from pipelines.node_arrays import NODE_FEATURE_DIM, make_graph_arrays, node_feature_names
+from pipelines.node_arrays import (NODE_FEATURE_DIM, make_graph_arrays, node_feature_names, shape_and_layout,
+                                   transform_node_feat)
 from pipelines.prune import PrunedGraph
 
 F32 = 13  # node_feat column of the one-hot f32 element type (2 + index 11)
@@ -230,3 +231,16 @@ def test_tile_output_is_the_shaped_node_behind_a_tuple_root():
     node_feat[1, 0], node_feat[2, 0] = 1, 0  # a shaped root wins over later shaped non-root nodes
     node_feat[2, 21] = 7
     assert output_node(node_feat) == 1
+
+
+def test_shape_and_layout_recover_the_raw_dims_and_layouts():
+    rng = np.random.default_rng(5)
+    raw = np.zeros((500, 140))
+    raw[:, 21:27] = rng.integers(0, 10**6, (500, 6))
+    raw[:4, 21] = [128, 256, 1, 2**25]  # multiples of 128 are where padding changes
+    raw[:, 134:140] = rng.integers(0, 6, (500, 6))
+    raw[0, 22] = -3  # not a shape: read back as absent (0), as the transform clips it
+    dims, layout = shape_and_layout(transform_node_feat(raw))
+    expected = np.maximum(raw[:, 21:27], 0)
+    np.testing.assert_array_equal(dims, expected)
+    np.testing.assert_array_equal(layout, raw[:, 134:140])
