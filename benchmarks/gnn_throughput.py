@@ -8,7 +8,7 @@ Takes the layout graph with the most nodes among the node-arrays stage outputs u
 nodes and configurable nodes, a stress case beyond the real maximum (3,143 configurable nodes).
 
 Each figure comes from a fresh process, so its peak RSS is its own:
-* train: optimiser steps of K configs (the base config's ``configs_per_graph``) on the graph, after
+* train: ``trainer.train_step`` with K configs (the base config's ``configs_per_graph``), after
   one warm-up step; configs/s = K x steps / seconds. Peak RSS includes the graph's arrays.
 * predict: every one of ``--eval-configs`` configs scored the way ``GNNRanker.predict`` does
   (encode once, chunks sized by ``eval_chunk`` / ``eval_chunk_mb``).
@@ -27,10 +27,10 @@ import time
 import numpy as np
 import torch
 from pipelines.config import load_config
-from pipelines.models.gnn.batch import collate, gather_configs, prepare_graph
+from pipelines.models.gnn.batch import prepare_graph
 from pipelines.models.gnn.losses import make_loss
 from pipelines.models.gnn.model import GNNModel
-from pipelines.models.gnn.trainer import configs_per_chunk, score_graph
+from pipelines.models.gnn.trainer import configs_per_chunk, sample_configs, score_graph, train_step
 from pipelines.node_arrays import GraphArrays, load_graph_arrays
 
 def union(graph, copies):
@@ -58,12 +58,8 @@ if {mode!r} == "train":
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
     loss_fn = make_loss(cfg.loss, cfg.margin)
     def step():
-        idx = rng.choice(graph.num_configs, min(cfg.configs_per_graph, graph.num_configs), replace=False)
-        configs = gather_configs([prepared], [idx])
-        loss = loss_fn(model.score(model.encode(collate([prepared])), configs), configs.runtime, configs.mask)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
+        idx = sample_configs(rng, graph.num_configs, cfg.configs_per_graph)
+        train_step(model, [prepared], [idx], loss_fn, optimizer, cfg.grad_clip)
     step()
     started = time.perf_counter()
     for _ in range({steps}):

@@ -24,7 +24,7 @@ from torch import nn
 from pipelines.errors import ConfigError
 from pipelines.metric import kendall_tau_b, tile_score, tile_top_k
 from pipelines.models.gnn.batch import PreparedGraph, collate, gather_configs
-from pipelines.models.gnn.losses import make_loss
+from pipelines.models.gnn.losses import Loss, make_loss
 from pipelines.models.gnn.model import GNNModel
 from pipelines.models.gnn_config import GNNConfig
 
@@ -105,6 +105,18 @@ def make_scheduler(optimizer: torch.optim.Optimizer, cfg: GNNConfig, total_steps
         return 0.5 * (1.0 + math.cos(math.pi * min(progress, 1.0)))
 
     return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+
+
+def train_step(model: GNNModel, graphs: list[PreparedGraph], indices: list[np.ndarray], loss_fn: Loss,
+               optimizer: torch.optim.Optimizer, grad_clip: float) -> float:
+    """One optimiser step on configs ``indices[i]`` of each graph (encoded once); returns the loss."""
+    configs = gather_configs(graphs, indices)
+    loss = loss_fn(model.score(model.encode(collate(graphs)), configs), configs.runtime, configs.mask)
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+    optimizer.step()
+    return float(loss.detach())
 
 
 @dataclass
@@ -208,15 +220,8 @@ def train_model(
         for start in range(0, len(train), cfg.graphs_per_step):
             graphs = [train[i] for i in order[start:start + cfg.graphs_per_step]]
             indices = [sample_configs(rng, g.num_configs, cfg.configs_per_graph) for g in graphs]
-            configs = gather_configs(graphs, indices)
-            scores = model.score(model.encode(collate(graphs)), configs)
-            loss = loss_fn(scores, configs.runtime, configs.mask)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-            optimizer.step()
+            losses.append(train_step(model, graphs, indices, loss_fn, optimizer, cfg.grad_clip))
             scheduler.step()
-            losses.append(float(loss.detach()))
             bar.update(1)
             bar.set_postfix(loss=f"{np.mean(losses[-20:]):.4f}", best_valid=f"{state.best_score:.4f}")
         bar.close()
