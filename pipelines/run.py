@@ -50,6 +50,7 @@ import polars as pl
 from pipelines.collections import Collection, parse_collection
 from pipelines.config import PipelineConfig, config_to_dict
 from pipelines.engine import (
+    Code,
     StageOutput,
     code_version,
     fingerprint,
@@ -63,7 +64,7 @@ from pipelines.errors import ConfigError, FormatError, PipelineError
 Log = Callable[[str], None]
 
 ENSEMBLE_STAGE = "ensemble"
-ENSEMBLE_VERSION = 1
+ENSEMBLE_CODE = Code(("pipelines.ensemble", "pipelines.run"))
 ENSEMBLE_PREDICTIONS = "predictions.parquet"
 ENSEMBLE_CURVE = "curve.parquet"
 SUBMISSION_FILE = "submission.csv"
@@ -267,7 +268,7 @@ def ensemble_stage(collection: Collection, prune: StageOutput, trained: Mapping[
                 "oof_scores": result.scores, "best_single_model": best, "oof_rows_used": oof.height,
                 "oof_rows_dropped": oof_all.height - oof.height}
 
-    return run_stage(work_dir=Path(work_dir), stage=ENSEMBLE_STAGE, version=ENSEMBLE_VERSION, config=config,
+    return run_stage(work_dir=Path(work_dir), stage=ENSEMBLE_STAGE, code=ENSEMBLE_CODE, config=config,
                      inputs=inputs, compute=compute, force=force, log=log)
 
 
