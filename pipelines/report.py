@@ -24,6 +24,7 @@ from typing import Any
 
 import polars as pl
 
+from pipelines import paths
 from pipelines.analysis import RunOutputs, figure_png, importance_table, run_outputs
 from pipelines.errors import PipelineError
 
@@ -244,7 +245,7 @@ def build_report(run: RunOutputs) -> list[Section]:
     return sections
 
 
-def write_report(run_id: str, *, submissions_dir: Path | str = "submissions", out: Path | str | None = None,
+def write_report(run_id: str, *, submissions_dir: Path | str = paths.SUBMISSIONS_DIR, out: Path | str | None = None,
                  work_dir: Path | str | None = None) -> Path:
     """Render the report of ``run_id`` to ``out`` (default ``<submissions_dir>/<run_id>/report.html``)."""
     run = run_outputs(submissions_dir, run_id, work_dir)

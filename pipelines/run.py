@@ -47,6 +47,7 @@ from typing import Any
 import numpy as np
 import polars as pl
 
+from pipelines import paths
 from pipelines.collections import Collection, parse_collection
 from pipelines.config import PipelineConfig, config_to_dict
 from pipelines.engine import (
@@ -69,7 +70,6 @@ ENSEMBLE_PREDICTIONS = "predictions.parquet"
 ENSEMBLE_CURVE = "curve.parquet"
 SUBMISSION_FILE = "submission.csv"
 RUN_MANIFEST = "manifest.json"
-DEFAULT_SUBMISSIONS_DIR = Path("submissions")
 LOCAL_SCHEDULER = "local"
 DASK_CONNECT_TIMEOUT = "10s"
 RUN_ID_ATTEMPTS = 100  # suffixes tried when two runs of one config start in the same second
@@ -428,7 +428,7 @@ def _manifest(*, kind: str, config: Any, data_root: Path, work_dir: Path, runs: 
 
 def run_pipeline(config: PipelineConfig, data_root: Path | str, *, work_dir: Path | str,
                  models: Sequence[str] | None = None, collections: Sequence[Collection | str] | None = None,
-                 submissions_dir: Path | str = DEFAULT_SUBMISSIONS_DIR, scheduler: str | None = None,
+                 submissions_dir: Path | str = paths.SUBMISSIONS_DIR, scheduler: str | None = None,
                  force: bool = False, command: str | None = None, log: Log = print) -> RunResult:
     """Prepare, train ``models`` (default: the config's), ensemble and submit; see the module docstring.
 
@@ -503,7 +503,7 @@ def _model_matches(name: str, wanted: Sequence[str]) -> bool:
     return name in wanted or name.split("@", 1)[0] in wanted
 
 
-def ensemble_runs(run_ids: Sequence[str], *, submissions_dir: Path | str = DEFAULT_SUBMISSIONS_DIR,
+def ensemble_runs(run_ids: Sequence[str], *, submissions_dir: Path | str = paths.SUBMISSIONS_DIR,
                   work_dir: Path | str | None = None, data_root: Path | str | None = None,
                   method: str | None = None, models: Sequence[str] | None = None, force: bool = False,
                   command: str | None = None, log: Log = print) -> RunResult:

@@ -30,13 +30,10 @@ from pipelines.run import (
 )
 from pipelines.submission import read_submission, validate_submission
 
-# The quick config made quicker: 2 folds, small trees, one thread (the machine is shared).
-FAST = ["folds.k=2", "run.n_jobs=1", "gbdt.n_estimators=20", "gbdt.early_stopping_rounds=5", "gbdt.num_leaves=7",
-        "gbdt.min_child_samples=5", "gbdt.max_configs_per_graph=40", "gbdt.num_threads=1"]
 
 
 def fast_config(*extra: str):
-    return load_config("quick", [*FAST, *extra])
+    return load_config("smoke", extra)
 
 
 def quiet(_: str) -> None:
@@ -252,8 +249,8 @@ def test_lightgbm_predictions_do_not_depend_on_the_thread_count(tiny_world, tmp_
 
 
 def test_run_command_prints_the_table_and_the_submission_path_last(runs, tmp_path, capsys):
-    code = main(["run", "--data-root", str(runs["root"]), "--work-dir", str(runs["work"]), "--config", "quick",
-                 *[a for s in FAST for a in ("--set", s)], "--models", "gbdt,random",
+    code = main(["run", "--data-root", str(runs["root"]), "--work-dir", str(runs["work"]), "--config", "smoke",
+                 "--models", "gbdt,random",
                  "--submissions-dir", str(tmp_path / "subs")])
     out = capsys.readouterr().out.strip().splitlines()
     assert code == 0 and Path(out[-1]).read_bytes() == runs["a"].submission.read_bytes()
@@ -267,7 +264,7 @@ def test_demo_runs_the_pipeline_on_a_generated_world(runs, tmp_path):
 
     lines: list[str] = []
     code = run_demo(runs["root"], "tiny", 0, submissions_dir=tmp_path / "subs", work_dir=runs["work"],
-                    config="quick", overrides=[*FAST, "run.models=['gbdt']", "ensemble.models=['gbdt']"],
+                    config="smoke", overrides=["run.models=['gbdt']", "ensemble.models=['gbdt']"],
                     log=lambda line: lines.append(str(line)))
     assert code == 0
     path = Path(lines[-1])
