@@ -222,7 +222,7 @@ def blend_by_seed(predictions: Mapping[str, pl.DataFrame], truths: Mapping[str, 
     optimistic estimate (the weight grid is coarse, so only slightly).
     """
     from pipelines.ensemble import blend, fit_blend_weights, prepare_model_scores
-    from pipelines.run import common_oof
+    from pipelines.ensemble import common_oof
 
     models = list(predictions)
     oof = pl.concat([frame.filter((pl.col("split") == "oof") & (pl.col("collection") == collection))
@@ -487,7 +487,8 @@ class RunOutputs:
 def run_outputs(submissions_dir: Path | str, run_id: str, work_dir: Path | str | None = None) -> RunOutputs:
     """Load the training, ensemble and prune outputs of a run from its ``manifest.json``
     (``work_dir`` overrides the work dir the run recorded, e.g. after moving the cache)."""
-    from pipelines.run import ENSEMBLE_STAGE, read_run_manifest
+    from pipelines.ensemble import ENSEMBLE_STAGE
+    from pipelines.run import read_run_manifest
 
     manifest = read_run_manifest(submissions_dir, run_id)
     root = Path(work_dir) if work_dir is not None else Path(manifest["work_dir"])

@@ -181,7 +181,7 @@ def _curve_figure(curves: dict[str, tuple[str, pl.DataFrame, float]]) -> bytes:
 
 def build_report(run: RunOutputs) -> list[Section]:
     """The report's sections from a run's stage outputs (reads their files, writes nothing)."""
-    from pipelines.run import ENSEMBLE_CURVE
+    from pipelines.ensemble import ENSEMBLE_CURVE
     from pipelines.train import IMPORTANCE_FILE, SCORES_FILE
 
     manifest = run.manifest

@@ -20,7 +20,6 @@ from pipelines.errors import ConfigError, FormatError, PipelineError, Submission
 from pipelines.predictions import prediction_frame, read_predictions
 from pipelines.run import (
     SUBMISSION_FILE,
-    common_oof,
     ensemble_runs,
     new_run_id,
     publish_submission,
@@ -29,7 +28,6 @@ from pipelines.run import (
     submission_rows,
 )
 from pipelines.submission import read_submission, validate_submission
-
 
 
 def fast_config(*extra: str):
@@ -53,17 +51,6 @@ def test_submission_rows_take_top5_for_tile_and_full_order_for_layout_with_ties_
 
     with pytest.raises(FormatError, match="0..c-1"):
         submission_rows(tile.filter(pl.col("config_index") != 2))
-
-
-def test_common_oof_keeps_the_configs_every_model_predicted():
-    def oof(model: str, index: list[int]) -> pl.DataFrame:
-        return prediction_frame(collection="tile:xla", graph="g", split="oof", fold=0, seed=0, model=model,
-                                scores=np.arange(len(index), dtype=float), config_index=np.array(index))
-
-    frame = pl.concat([oof("a", [0, 1, 2, 3]), oof("b", [1, 3, 4])])
-    kept = common_oof(frame, ["a", "b"])
-    assert sorted(kept.filter(pl.col("model") == "a")["config_index"].to_list()) == [1, 3]
-    assert sorted(kept.filter(pl.col("model") == "b")["config_index"].to_list()) == [1, 3]
 
 
 def test_resolve_models_prefers_the_argument_and_checks_the_config():
