@@ -237,6 +237,7 @@ def run_stage(
         cached = _read_complete(final, stage, key)
         if cached is not None:
             _check_seeds(cached, seeds)
+            clean_abandoned(stage_dir)  # work folders of killed runs go also when the stage is reused
             log(f"[{stage}] cached {key}")
             return StageOutput(stage, key, final, cached, cached=True)
 

@@ -2,7 +2,15 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
+
+_URL_CREDENTIALS = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)(?P<user>[^/@:\s'\"]*):(?P<secret>[^/@\s'\"]*)@")
+
+
+def redact_credentials(text: str) -> str:
+    """``tcp://user:secret@host`` -> ``tcp://user:***@host`` in any text shown to a user or logged."""
+    return _URL_CREDENTIALS.sub(lambda m: f"{m['scheme']}{m['user']}:***@", text)
 
 
 class PipelineError(Exception):
