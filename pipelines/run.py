@@ -295,12 +295,18 @@ def fan_out(scheduler: str | None, log: Log = print) -> Iterator[str]:
         from distributed import Client
     except ImportError as exc:
         raise PipelineError(f"--scheduler {scheduler} needs Dask: pip install 'dask[distributed]' ({exc})") from None
-    shown = redact_credentials(scheduler)  # an address may carry a password: never echo it
+    from urllib.parse import urlsplit
+
+    try:
+        secret = urlsplit(scheduler).password
+    except ValueError:
+        secret = None
+    shown = redact_credentials(scheduler, secret)  # an address may carry a password: never echo it
     try:
         client = Client(scheduler, timeout=DASK_CONNECT_TIMEOUT, set_as_default=True)
     except (OSError, TimeoutError, ValueError, TypeError) as exc:
         raise PipelineError(f"cannot reach the Dask scheduler at {shown!r} within "
-                            f"{DASK_CONNECT_TIMEOUT}: {redact_credentials(str(exc))}") from None
+                            f"{DASK_CONNECT_TIMEOUT}: {redact_credentials(str(exc), secret)}") from None
     try:
         workers = len(client.scheduler_info().get("workers", {}))
         log(f"training jobs go to the Dask cluster at {shown} ({workers} worker(s); they must see this "

@@ -35,6 +35,7 @@ from pipelines.metric import (
 )
 from pipelines.tpugraphs import (
     GraphRef,
+    collection_dir,
     count_configs,
     list_graphs,
     load_ref,
@@ -293,7 +294,11 @@ def test_file_problems(data_root: Path | str, collections: Sequence[Collection] 
     found: dict[str, GraphRef] = {}
     problems = []
     for collection in collections:
-        for ref in list_graphs(data_root, collection, "test"):
+        refs = list_graphs(data_root, collection, "test")
+        if not refs:
+            problems.append(f"{collection_dir(data_root, collection, 'test')}: no test graphs of {collection.name} "
+                            "(no *.npz file)")
+        for ref in refs:
             found[ref.submission_id] = ref
             reason = unreadable_reason(ref.path)
             if reason is not None:
@@ -302,7 +307,8 @@ def test_file_problems(data_root: Path | str, collections: Sequence[Collection] 
                 problems.append(f"{ref.path}: test file not listed in sample_submission.csv")
     for sid in sorted(listed - set(found)):
         collection, stem = split_submission_id(sid)
-        problems.append(f"ID {sid} of sample_submission.csv has no test file ({collection.name} test/{stem}.npz)")
+        problems.append(f"ID {sid} of sample_submission.csv has no test file "
+                        f"({collection_dir(data_root, collection, 'test') / f'{stem}.npz'})")
     return found, problems
 
 
