@@ -19,11 +19,11 @@ import numpy as np
 import pytest
 
 from pipelines.cli import main
-from pipelines.collections import ALL_COLLECTIONS, LAYOUT_NLP_RANDOM, TILE_XLA
+from pipelines.collections import LAYOUT_NLP_RANDOM, TILE_XLA
 from pipelines.config import load_config
-from pipelines.errors import ConfigError, FormatError, PipelineError, SubmissionError
+from pipelines.errors import ConfigError, FormatError, SubmissionError
 from pipelines.prepare import prepare
-from pipelines.run import RUN_MANIFEST, SUBMISSION_FILE, run_pipeline, tidy_submissions
+from pipelines.run import SUBMISSION_FILE, run_pipeline
 from pipelines.submission import validate_submission
 from pipelines.tpugraphs import TileGraph, collection_dir, list_graphs, load_graph, save_graph
 
@@ -80,7 +80,8 @@ def csv_without(submission: Path, sid: str, out: Path) -> Path:
 
 
 def test_01_report_out_never_overwrites_a_submission_or_a_foreign_file(published, tmp_path, capsys):
-    run_id, subs = published["result"].run_id, published["subs"]
+    run_id, subs = published["result"].run_id, tmp_path / "subs"
+    shutil.copytree(published["subs"] / run_id, subs / run_id)  # the shared run stays intact whatever happens
     csv = subs / run_id / SUBMISSION_FILE
     before = csv.read_bytes()
     assert main(["report", run_id, "--submissions-dir", str(subs), "--out", str(csv)]) == 2
@@ -234,7 +235,7 @@ def test_05_an_edge_bomb_is_refused_from_its_headers_with_bounded_memory(tiny_wo
     assert result["peak_rss_growth_mb"] < 64, result
 
 
-def test_05_a_lying_npy_header_is_refused_before_reading(tiny_world, tmp_path):
+def test_05_extra_a_lying_npy_header_is_refused_before_reading(tiny_world, tmp_path):
     """config_feat declares 10**8 configs (9.6 GB) but holds a few: refused from the headers."""
     import io
 
@@ -305,7 +306,8 @@ def test_08_a_work_dir_that_cannot_be_created_is_a_message(world, tmp_path, caps
 
 def test_08_exclude_features_that_excludes_everything_fails_before_any_stage(world, tmp_path, capsys):
     code = main(["run", "--data-root", str(world), "--work-dir", str(tmp_path / "work"), "--submissions-dir",
-                 str(tmp_path / "subs"), "--models", "gbdt", "--set", 'gbdt.exclude_features=["f_"]'])
+                 str(tmp_path / "subs"), "--models", "gbdt", "--set", 'gbdt.exclude_features=["f_"]',
+                 "--config", "quick", *(arg for item in FAST for arg in ("--set", item))])
     assert code == 2 and "exclude_features" in capsys.readouterr().err
     assert not (tmp_path / "work").exists()
 
@@ -349,11 +351,13 @@ def test_09_publishing_debris_is_cleaned_and_a_manifestless_run_is_named_incompl
     for command in (["report", csv_only.name], ["ensemble", "--runs", csv_only.name]):
         assert main([*command, "--submissions-dir", str(subs)]) == 2
         assert "incomplete run folder" in capsys.readouterr().err
+    from pipelines.run import tidy_submissions
+
     assert tidy_submissions(subs) == [{"run_id": csv_only.name, "path": str(csv_only), "state": "incomplete",
                                        "files": [SUBMISSION_FILE]}]
 
 
-def test_09_a_killed_publish_leaves_no_run_folder(published, tmp_path, monkeypatch):
+def test_09_extra_an_interrupted_publish_leaves_no_run_folder(published, tmp_path, monkeypatch):
     import pipelines.run as run
 
     def killed(*args, **kwargs):
