@@ -553,11 +553,13 @@ def _finish(runs: Sequence[CollectionRun], *, kind: str, config: Any, data_root:
 
 
 def read_run_manifest(submissions_dir: Path | str, run_id: str) -> dict[str, Any]:
+    if not run_id or run_id in (".", "..") or Path(run_id).name != run_id:
+        raise PipelineError(f"{run_id!r} is not a run-id (a folder name under {submissions_dir})")
     path = Path(submissions_dir) / run_id / RUN_MANIFEST
     try:
         manifest = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
-        if path.parent.is_dir():
+        if _RUN_ID.fullmatch(run_id) and path.parent.is_dir():
             raise PipelineError(f"{path.parent}: incomplete run folder (no {RUN_MANIFEST}: its publishing was "
                                 "interrupted); it is not a validated run, run the pipeline again") from None
         raise PipelineError(f"{path}: no such run manifest (is {run_id!r} a run-id under {submissions_dir}?)") from None
