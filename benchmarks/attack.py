@@ -668,6 +668,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--scratch", type=Path, default=None, help="scratch folder (default: a temporary one)")
     parser.add_argument("--keep", action="store_true", help="keep the scratch folder")
     parser.add_argument("--only", default=None, help="run only cases whose name contains this")
+    parser.add_argument("--skip", action="append", default=[],
+                        help="leave out cases whose name contains this (repeatable; e.g. to spare an old "
+                             "version the inputs that exhaust its memory)")
     parser.add_argument("--timeout", type=float, default=180.0, help="seconds before a case is killed")
     args = parser.parse_args(argv)
 
@@ -690,7 +693,7 @@ def main(argv: list[str] | None = None) -> int:
 
         rows = []
         for index, case in enumerate(build_cases(scratch / "bombs")):
-            if args.only and args.only not in case.name:
+            if (args.only and args.only not in case.name) or any(word in case.name for word in args.skip):
                 continue
             base = scratch / "cases" / f"{index:03d}"
             shutil.rmtree(base, ignore_errors=True)
