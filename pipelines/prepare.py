@@ -21,6 +21,7 @@ models load their data through.
 
 from __future__ import annotations
 
+import errno
 import os
 import zlib
 from collections.abc import Callable, Iterable, Sequence
@@ -113,7 +114,9 @@ def check_output_dir(folder: Path | str, data_root: Path | str, what: str = "--w
     if existing is not None and not existing.is_dir():
         raise ConfigError(f"{what} {folder}: {existing} is not a directory")
     if existing is not None and not os.access(existing, os.W_OK | os.X_OK):
-        raise ConfigError(f"{what} {folder}: {existing} is not writable")
+        read_only = bool(os.statvfs(existing).f_flag & os.ST_RDONLY)
+        reason = os.strerror(errno.EROFS) if read_only else os.strerror(errno.EACCES)
+        raise ConfigError(f"{what} {folder}: cannot write in {existing}: {reason}")
 
 
 def check_data_root(data_root: Path | str, collections: Sequence[Collection], on_bad_file: str,
