@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Callable
 
 from pipelines import paths
-from pipelines.errors import PipelineError
+from pipelines.errors import PipelineError, redact_credentials
 
 _DISK_ERRNOS = frozenset({errno.ENOSPC, errno.EROFS, getattr(errno, "EDQUOT", errno.ENOSPC)})
 
@@ -175,12 +175,18 @@ def _add_status(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("status", help="list cached stage outputs (complete, incomplete, running, interrupted)")
     p.add_argument("--work-dir", type=Path, default=paths.WORK_DIR)
     p.add_argument("--stage", action="append", default=[], help="show only this stage (repeatable)")
+    p.add_argument("--submissions-dir", type=Path, default=paths.SUBMISSIONS_DIR,
+                   help="also clean interrupted publishes here and list incomplete run folders")
     p.set_defaults(handler=_run_status)
 
 
 def _run_status(args: argparse.Namespace) -> int:
     from pipelines.engine import format_status, list_stages
+    from pipelines.run import tidy_submissions
 
+    for item in tidy_submissions(args.submissions_dir):
+        print(f"incomplete run folder {item['path']} (no manifest.json: publishing was interrupted; "
+              f"not a validated run; holds {', '.join(item['files'])})")
     rows = [r for r in list_stages(args.work_dir) if not args.stage or r["stage"] in args.stage]
     if not rows:
         print(f"no stage outputs under {args.work_dir}")
@@ -353,13 +359,14 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(handler(args) or 0)
     except PipelineError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(redact_credentials(f"error: {exc}"), file=sys.stderr)
         return 2
     except OSError as exc:
-        if exc.errno not in _DISK_ERRNOS:
-            raise
-        # A full or read-only disk outside a stage (e.g. the submissions folder): a message, not a traceback.
-        print(f"error: {exc.filename or 'output'}: cannot write: {exc.strerror or exc}", file=sys.stderr)
+        # A file system refusal outside the checked places (a full disk, a path that is a file, a
+        # folder that cannot be created): one message naming the path(s), not a traceback.
+        where = " -> ".join(str(f) for f in (exc.filename, exc.filename2) if f) or "output"
+        action = "cannot write" if exc.errno in _DISK_ERRNOS else "file system error"
+        print(redact_credentials(f"error: {where}: {action}: {exc.strerror or exc}"), file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)

@@ -142,7 +142,25 @@ def load_config(path_or_name: str | Path | None = None, overrides: Sequence[str]
     for source, data in chain:
         merged = _deep_merge(merged, data)
         config = _build(PipelineConfig, merged, source, "")
-    return apply_overrides(config, overrides)
+    config = apply_overrides(config, overrides)
+    _check_feature_exclusions(config)
+    return config
+
+
+def _check_feature_exclusions(config: PipelineConfig) -> None:
+    """``gbdt.exclude_features`` must leave the GBDT at least one f_* column in every collection
+    (else training fails after every data stage ran)."""
+    from pipelines.collections import ALL_COLLECTIONS
+    from pipelines.features import layout_feature_names, tile_feature_names
+
+    for collection in ALL_COLLECTIONS:
+        prefixes = tuple(resolve_for_collection(config.gbdt, collection).exclude_features)
+        if not prefixes:
+            continue
+        columns = tile_feature_names() if collection.is_tile else layout_feature_names(collection.search == "default")
+        if all(column.startswith(prefixes) for column in columns):
+            raise ConfigError(f"gbdt.exclude_features = {list(prefixes)} excludes every f_* feature column of "
+                              f"{collection.name} ({len(columns)} columns): the GBDT would have nothing to learn from")
 
 
 def apply_overrides(config: T, overrides: Sequence[str]) -> T:
@@ -227,10 +245,7 @@ def _read_source(ref: str | Path, relative_to: Path | None) -> tuple[str, str, s
         path = Path(ref)
         if relative_to is not None and not path.is_absolute():
             path = relative_to / path
-        try:
-            return str(path), str(path.resolve()), path.read_text(encoding="utf-8"), path.parent
-        except OSError as exc:
-            raise ConfigError(f"{path}: cannot read config file ({exc.strerror or exc})") from None
+        return str(path), str(path.resolve()), _read_config_file(path), path.parent
     resource = _configs_dir() / f"{text_ref}.toml"
     if not resource.is_file():
         raise ConfigError(
@@ -238,6 +253,27 @@ def _read_source(ref: str | Path, relative_to: Path | None) -> tuple[str, str, s
             "(or give a path to a .toml file)"
         )
     return f"configs/{text_ref}.toml", f"configs/{text_ref}.toml", resource.read_text(encoding="utf-8"), None
+
+
+MAX_CONFIG_BYTES = 1 << 20  # a config is a few KB; /dev/zero or a huge file is refused, not read
+
+
+def _read_config_file(path: Path) -> str:
+    """The text of a config file: a regular file of at most MAX_CONFIG_BYTES in UTF-8, else ConfigError."""
+    try:
+        if not path.is_file():
+            what = "not found" if not path.exists() else "not a regular file"
+            raise ConfigError(f"{path}: cannot read config file ({what})")
+        with open(path, "rb") as handle:
+            data = handle.read(MAX_CONFIG_BYTES + 1)
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read config file ({exc.strerror or exc})") from None
+    if len(data) > MAX_CONFIG_BYTES:
+        raise ConfigError(f"{path}: config file larger than {MAX_CONFIG_BYTES} bytes; not a config")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: config file is not UTF-8 text (byte {exc.start})") from None
 
 
 def _parse_override(text: str, where: str) -> tuple[list[str], Any]:

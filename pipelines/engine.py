@@ -11,7 +11,8 @@ is fingerprinted by its syntax tree with docstrings removed: an edit that change
 (a constant, a line of logic) changes the key, while a comment, docstring or formatting edit does not,
 nor does an edit to a module the stage never imports. Orchestration modules that import every stage
 (``shallow`` roots: ``pipelines.prepare``) are hashed themselves without following their imports, so
-an edit to one stage's module recomputes that stage and its consumers only. A folder counts as complete only when its
+an edit to one stage's module recomputes that stage and its consumers only; so are the config module
+and the engine wherever they are imported (:data:`NOT_FOLLOWED`). A folder counts as complete only when its
 ``manifest.json`` names the same stage and key and every output file it lists is present with the
 recorded size; the manifest is the last thing written, before the folder is renamed into place.
 
@@ -135,6 +136,12 @@ def code_fingerprint(roots: Iterable[str], shallow: Iterable[str] = ()) -> str:
     return _code_fingerprint(tuple(sorted(set(roots))), tuple(sorted(set(shallow))))
 
 
+# Modules whose own source counts but whose imports are not followed: what the config module shapes
+# reaches a key as resolved values (it imports every model's config and the feature names, for its
+# checks), and the engine only stores results.
+NOT_FOLLOWED = frozenset({"pipelines.config", "pipelines.engine"})
+
+
 @functools.lru_cache(maxsize=None)
 def _code_fingerprint(roots: tuple[str, ...], shallow: tuple[str, ...]) -> str:
     digests: dict[str, str] = {}
@@ -145,7 +152,7 @@ def _code_fingerprint(roots: tuple[str, ...], shallow: tuple[str, ...]) -> str:
             continue
         digest, imported = _module_source(name)
         digests[name] = digest
-        if name not in shallow:
+        if name not in shallow and name not in NOT_FOLLOWED:
             pending.extend(m for m in imported if m not in digests)
     return fingerprint(digests)
 
@@ -332,6 +339,7 @@ def run_stage(
         cached = _read_complete(final, stage, key)
         if cached is not None:
             _check_seeds(cached, seeds)
+            clean_abandoned(stage_dir)  # work folders of killed runs go also when the stage is reused
             log(f"[{stage}] cached {key}")
             return StageOutput(stage, key, final, cached, cached=True)
 

@@ -2,7 +2,20 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
+
+# user:password@ in an address, with or without its scheme (libraries echo the address without it)
+_URL_CREDENTIALS = re.compile(r"(?P<user>(?:[A-Za-z][A-Za-z0-9+.-]*://)?[^\s/@:'\"]*):(?P<secret>[^\s/@'\"]+)@")
+
+
+def redact_credentials(text: str, *secrets: str | None) -> str:
+    """``tcp://user:secret@host`` -> ``tcp://user:***@host`` in any text shown to a user or logged;
+    each of ``secrets`` is also replaced wherever it appears."""
+    for secret in secrets:
+        if secret:
+            text = text.replace(secret, "***")
+    return _URL_CREDENTIALS.sub(lambda m: f"{m['user']}:***@", text)
 
 
 class PipelineError(Exception):

@@ -21,6 +21,8 @@ models load their data through.
 
 from __future__ import annotations
 
+import errno
+import os
 import zlib
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -31,7 +33,7 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from pipelines.collections import SPLITS, Collection, parse_collection
+from pipelines.collections import SPLITS, Collection, parse_collection, split_submission_id
 from pipelines.config import PipelineConfig
 from pipelines.engine import Code, StageOutput, data_fingerprint, fingerprint, load_stage, run_stage, stage_key
 from pipelines.errors import ConfigError, FormatError, PipelineError
@@ -48,7 +50,17 @@ from pipelines.prune import (
     save_pruned,
     tile_as_pruned,
 )
-from pipelines.tpugraphs import GraphRef, LayoutGraph, available_collections, collection_dir, list_graphs, load_ref
+from pipelines.tpugraphs import (
+    GraphRef,
+    LayoutGraph,
+    available_collections,
+    collection_dir,
+    list_graphs,
+    load_ref,
+    npz_root,
+    sample_submission_path,
+    unreadable_reason,
+)
 
 Log = Callable[[str], None]
 Ran = tuple[StageOutput, bool]  # a stage output and whether it was reused from the cache
@@ -82,7 +94,103 @@ def collection_refs(data_root: Path | str, collection: Collection) -> dict[str, 
 
 
 def raw_data_key(data_root: Path | str, refs: dict[str, list[GraphRef]]) -> str:
-    return data_fingerprint([ref.path for items in refs.values() for ref in items], Path(data_root))
+    paths = [ref.path for items in refs.values() for ref in items]
+    readable = [path for path in paths if unreadable_reason(path) is None]
+    key = data_fingerprint(readable, Path(data_root))
+    if len(readable) == len(paths):
+        return key
+    # Unreadable entries (skipped with data.on_bad_file=skip) have no size or time to key: key their names.
+    return fingerprint({"files": key, "unreadable": sorted(str(p) for p in paths if p not in set(readable))})
+
+
+def check_output_dir(folder: Path | str, data_root: Path | str, what: str = "--work-dir") -> None:
+    """Refuse an output folder inside the raw data (raw data is never written) or one that cannot be
+    created or written, before anything runs."""
+    folder, data_root = Path(folder), Path(data_root)
+    resolved, root = folder.resolve(), data_root.resolve()
+    if resolved == root or root in resolved.parents:
+        raise ConfigError(f"{what} {folder} is inside the data root {data_root}: raw data is never written; "
+                          "choose a folder outside it")
+    existing = next((p for p in (folder, *folder.parents) if p.exists() or p.is_symlink()), None)
+    if existing is not None and not existing.is_dir():
+        raise ConfigError(f"{what} {folder}: {existing} is not a directory")
+    if existing is not None and not os.access(existing, os.W_OK | os.X_OK):
+        read_only = bool(os.statvfs(existing).f_flag & os.ST_RDONLY)
+        reason = os.strerror(errno.EROFS) if read_only else os.strerror(errno.EACCES)
+        raise ConfigError(f"{what} {folder}: cannot write in {existing}: {reason}")
+
+
+def check_data_root(data_root: Path | str, collections: Sequence[Collection], on_bad_file: str,
+                    log: Log = print) -> None:
+    """Structural checks of the raw data, run before the first stage (stat calls only, no file is opened):
+
+    * every split directory of every chosen collection exists, train and test are not empty;
+    * with ``sample_submission.csv`` present: every collection it lists exists, and the test files
+      of the chosen collections match its IDs exactly (the submission must cover them all);
+    * every ``*.npz`` entry is a regular file (not a dangling or looping link, directory, FIFO...).
+      Such an entry is an error; with ``on_bad_file = "skip"`` a train/valid one is a warning (the
+      prune stage records it in ``skipped_files``), a test one stays an error (the submission needs it).
+
+    Every problem found is reported in one FormatError, so one fix-and-retry round suffices.
+    """
+    from pipelines.submission import read_sample_ids, test_file_problems
+
+    data_root = Path(data_root)
+    npz_root(data_root)  # "no data here" is its own clear error
+    problems: list[str] = []
+    warnings: list[str] = []
+    sample = sample_submission_path(data_root)
+    sample_ids = read_sample_ids(data_root) if sample.exists() or sample.is_symlink() else None
+    if sample_ids is not None:
+        listed = {split_submission_id(sid)[0] for sid in sample_ids}
+        chosen = {c.name for c in collections}
+        for collection in sorted(listed, key=lambda c: c.name):
+            if collection.name in chosen:
+                continue
+            for split in SPLITS:
+                if not collection_dir(data_root, collection, split).is_dir():
+                    problems.append(f"{collection_dir(data_root, collection, split)}: missing directory for "
+                                    f"{collection.name} {split} (sample_submission.csv lists test IDs of it)")
+    for collection in collections:
+        present = True
+        for split in SPLITS:
+            directory = collection_dir(data_root, collection, split)
+            if not directory.is_dir():
+                problems.append(f"{directory}: missing directory for {collection.name} {split}")
+                present = False
+                continue
+            refs = list_graphs(data_root, collection, split)
+            if split != "valid" and not refs:
+                problems.append(f"{directory}: no {split} graphs of {collection.name} (no *.npz file)")
+            if split == "test":
+                continue  # checked with the sample submission below (or here when there is none)
+            for ref in refs:
+                reason = unreadable_reason(ref.path)
+                if reason is None:
+                    continue
+                if on_bad_file == "skip":
+                    warnings.append(f"{ref.path}: {reason}")
+                else:
+                    problems.append(f"{ref.path}: {reason}")
+        if not present:
+            continue
+        if sample_ids is not None:
+            _, test_problems = test_file_problems(data_root, [collection], sample_ids)
+            problems += test_problems
+        else:
+            problems += [f"{ref.path}: {reason}" for ref in list_graphs(data_root, collection, "test")
+                         if (reason := unreadable_reason(ref.path)) is not None]
+    if problems:
+        hint = ("" if on_bad_file == "skip" or not any("not a regular file" in p or "symlink" in p for p in problems)
+                else "\n(to leave unreadable train/valid entries out with a warning: --set data.on_bad_file=skip)")
+        more = f"\n  ... and {len(problems) - 30} more" if len(problems) > 30 else ""
+        raise FormatError(data_root, f"the data root is not usable ({len(problems)} problem(s)), nothing was "
+                                     "computed:\n  " + "\n  ".join(problems[:30]) + more + hint)
+    if sample_ids is None:
+        log(f"warning: {sample}: missing; test files are not checked against the official test IDs "
+            "(a submission cannot be validated without it)")
+    for warning in warnings:
+        log(f"warning: {warning} (left out: data.on_bad_file = \"skip\")")
 
 
 def _seeded_rng(seed: int, stem: str) -> np.random.Generator:
@@ -320,6 +428,8 @@ def prepare(config: PipelineConfig, data_root: Path | str, work_dir: Path | str,
         chosen = [c if isinstance(c, Collection) else parse_collection(c) for c in collections]
     if not chosen:
         raise FormatError(data_root, "no collection to prepare (no train directory found)")
+    check_output_dir(work_dir, data_root)
+    check_data_root(data_root, chosen, config.data.on_bad_file, log)
     # Every collection's file list and folds setting is checked before any stage writes anything.
     refs = {c.name: collection_refs(data_root, c) for c in chosen}
     for c in chosen:

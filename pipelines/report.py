@@ -17,7 +17,6 @@ from __future__ import annotations
 import base64
 import html
 import math
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,9 +25,12 @@ import polars as pl
 
 from pipelines import paths
 from pipelines.analysis import RunOutputs, figure_png, importance_table, run_outputs
+from pipelines.atomic import write_text_atomic
 from pipelines.errors import PipelineError
 
 REPORT_FILE = "report.html"
+REPORT_TITLE = "TpuGraphs run "
+_SIGNATURE = f"<title>{REPORT_TITLE}"  # how a report we wrote is recognised (in its first bytes)
 WORST_GRAPHS = 5
 TOP_FEATURES = 10
 
@@ -248,13 +250,31 @@ def build_report(run: RunOutputs) -> list[Section]:
 def write_report(run_id: str, *, submissions_dir: Path | str = paths.SUBMISSIONS_DIR, out: Path | str | None = None,
                  work_dir: Path | str | None = None) -> Path:
     """Render the report of ``run_id`` to ``out`` (default ``<submissions_dir>/<run_id>/report.html``)."""
+    target = Path(out) if out is not None else Path(submissions_dir) / run_id / REPORT_FILE
+    _check_report_target(target)  # before the work: a refused path costs nothing
     run = run_outputs(submissions_dir, run_id, work_dir)
     if not run.trained:
         raise PipelineError(f"run {run_id}: its manifest names no collection")
-    text = render_html(f"TpuGraphs run {run_id}", build_report(run))
-    target = Path(out) if out is not None else Path(submissions_dir) / run_id / REPORT_FILE
+    text = render_html(f"{REPORT_TITLE}{run_id}", build_report(run))
+    _check_report_target(target)
     target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.with_name(f".{target.name}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, target)
+    write_text_atomic(target, text)
     return target
+
+
+
+def _check_report_target(target: Path) -> None:
+    """A report may replace only an earlier report: any other existing path (a submission, a
+    manifest, a link, a folder) is refused, so ``--out`` can never destroy a file we did not write."""
+    if not (target.exists() or target.is_symlink()):
+        return
+    if target.is_symlink() or not target.is_file():
+        raise PipelineError(f"{target}: exists and is not a regular file; refusing to write the report there")
+    try:
+        with open(target, "rb") as handle:
+            head = handle.read(4096).decode("utf-8", "replace")
+    except OSError as exc:
+        raise PipelineError(f"{target}: exists and cannot be read ({exc.strerror}); refusing to replace it") from None
+    if _SIGNATURE not in head:
+        raise PipelineError(f"{target}: exists and is not a report written by this command; refusing to "
+                            "overwrite it (choose another --out)")

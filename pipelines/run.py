@@ -24,10 +24,12 @@ work dir and the data root at the same paths) and the same Python environment as
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import math
 import os
+import re
 import shlex
 import shutil
 import sys
@@ -54,7 +56,7 @@ from pipelines.engine import (
     write_json_atomic,
 )
 from pipelines.ensemble import ENSEMBLE_STAGE, ensemble_stage, load_blended_test
-from pipelines.errors import ConfigError, FormatError, PipelineError
+from pipelines.errors import ConfigError, FormatError, PipelineError, redact_credentials
 
 Log = Callable[[str], None]
 
@@ -216,14 +218,21 @@ def fan_out(scheduler: str | None, log: Log = print) -> Iterator[str]:
         from distributed import Client
     except ImportError as exc:
         raise PipelineError(f"--scheduler {scheduler} needs Dask: pip install 'dask[distributed]' ({exc})") from None
+    from urllib.parse import urlsplit
+
+    try:
+        secret = urlsplit(scheduler).password
+    except ValueError:
+        secret = None
+    shown = redact_credentials(scheduler, secret)  # an address may carry a password: never echo it
     try:
         client = Client(scheduler, timeout=DASK_CONNECT_TIMEOUT, set_as_default=True)
     except (OSError, TimeoutError, ValueError, TypeError) as exc:
-        raise PipelineError(f"cannot reach the Dask scheduler at {scheduler!r} within "
-                            f"{DASK_CONNECT_TIMEOUT}: {exc}") from None
+        raise PipelineError(f"cannot reach the Dask scheduler at {shown!r} within "
+                            f"{DASK_CONNECT_TIMEOUT}: {redact_credentials(str(exc), secret)}") from None
     try:
         workers = len(client.scheduler_info().get("workers", {}))
-        log(f"training jobs go to the Dask cluster at {scheduler} ({workers} worker(s); they must see this "
+        log(f"training jobs go to the Dask cluster at {shown} ({workers} worker(s); they must see this "
             "work dir and data root at the same paths)")
         with joblib.parallel_config(backend="dask"):
             yield "dask"
@@ -270,45 +279,97 @@ def train_models(config: PipelineConfig, prepared: Mapping[str, Any], models: Se
 # ----------------------------------------------------------------------------- publishing
 
 
-def _make_run_dir(submissions_dir: Path, payload: Any) -> tuple[str, Path]:
-    """Create a new run folder exclusively; a same-second twin gets a numeric suffix, never reuse."""
-    base = new_run_id(payload, datetime.now(timezone.utc))
-    submissions_dir.mkdir(parents=True, exist_ok=True)
+_RUN_ID = re.compile(r"\d{8}T\d{6}Z-[0-9a-f]{8}(-\d+)?")
+# Files an interrupted publish of an earlier version could leave in a run folder (never a submission).
+_PUBLISH_DEBRIS = re.compile(r"\.(submission\.csv\.draft|(submission\.csv|manifest\.json)\..*\.tmp|lock)")
+
+
+def _publish_run_folder(staging: Path, submissions_dir: Path, base: str, manifest: dict[str, Any]) -> tuple[str, Path]:
+    """Write the manifest (with its run-id) into the finished staging folder and rename it to
+    ``<base>`` (or ``<base>-N`` when taken): one atomic step, so a run folder is seen complete or not
+    at all; an existing non-empty folder (or file) is never replaced."""
     for attempt in range(RUN_ID_ATTEMPTS):
         run_id = base if attempt == 0 else f"{base}-{attempt + 1}"
-        try:
-            (submissions_dir / run_id).mkdir()
-        except FileExistsError:
+        target = submissions_dir / run_id
+        if target.exists() or target.is_symlink():
             continue
-        return run_id, submissions_dir / run_id
+        manifest["run_id"] = run_id
+        write_json_atomic(staging / RUN_MANIFEST, manifest)
+        try:
+            os.rename(staging, target)
+        except OSError as exc:
+            if exc.errno in (errno.EEXIST, errno.ENOTEMPTY, errno.ENOTDIR, errno.EISDIR):
+                continue  # taken meanwhile by a concurrent run
+            raise
+        return run_id, target
     raise PipelineError(f"{submissions_dir}: could not create a new run folder for {base} (all suffixes taken)")
+
+
+def tidy_submissions(submissions_dir: Path | str) -> list[dict[str, Any]]:
+    """Clean what interrupted publishes left in ``submissions_dir`` and list the incomplete run folders.
+
+    Removed: staging folders of dead runs (``.tmp-*`` whose lock nobody holds) and run folders that
+    hold only publishing debris (no CSV, no manifest). Kept, and listed with ``state="incomplete"``:
+    a run folder with files but no manifest (e.g. a CSV): it is never deleted, never counted as a run.
+    """
+    from pipelines.engine import clean_abandoned
+
+    submissions_dir = Path(submissions_dir)
+    if not submissions_dir.is_dir():
+        return []
+    clean_abandoned(submissions_dir)
+    incomplete = []
+    for entry in sorted(submissions_dir.iterdir()):
+        if not _RUN_ID.fullmatch(entry.name) or entry.is_symlink() or not entry.is_dir():
+            continue
+        if (entry / RUN_MANIFEST).is_file():
+            continue
+        names = sorted(child.name for child in entry.iterdir())
+        if all(_PUBLISH_DEBRIS.fullmatch(name) for name in names):
+            shutil.rmtree(entry, ignore_errors=True)
+            continue
+        incomplete.append({"run_id": entry.name, "path": str(entry), "state": "incomplete", "files": names})
+    return incomplete
 
 
 def publish_submission(rows: Mapping[str, Sequence[int]], manifest: dict[str, Any], *, data_root: Path,
                        submissions_dir: Path, log: Log = print) -> tuple[str, Path, dict[str, Any]]:
     """Validate ``rows`` against the test split of ``data_root``, then publish them with the manifest.
 
-    Returns ``(run_id, submission path, final manifest)``. The CSV is first written to a hidden file
-    in the new run folder and validated there; on any failure the run folder is removed.
+    Returns ``(run_id, submission path, final manifest)``. The CSV and the manifest are written and
+    validated in a locked staging folder ``.tmp-run-*`` of ``submissions_dir``, which is then renamed
+    to the new run folder: a run folder always holds both, a killed publish leaves only a staging
+    folder that the next publish (or ``status``) removes.
     """
+    from pipelines.engine import LOCK, _make_work_dir, _release
     from pipelines.submission import format_submission, validate_submission, write_submission
 
     text = format_submission(rows)
-    run_id, run_dir = _make_run_dir(submissions_dir, {"config": manifest.get("config"),
-                                                      "stages": manifest.get("stages")})
     try:
-        draft = run_dir / f".{SUBMISSION_FILE}.draft"
-        draft.write_text(text, encoding="ascii")
-        count = validate_submission(draft, data_root, split="test")
-        path = write_submission(run_dir / SUBMISSION_FILE, rows)
-        draft.unlink()
-        manifest = {**manifest, "run_id": run_id,
+        submissions_dir.mkdir(parents=True, exist_ok=True)
+        tidy_submissions(submissions_dir)
+        staging, lock_fd = _make_work_dir(submissions_dir, "run")
+    except OSError as exc:
+        raise PipelineError(f"{submissions_dir}: cannot create a run folder: {exc.strerror or exc}") from None
+    base = new_run_id({"config": manifest.get("config"), "stages": manifest.get("stages")}, datetime.now(timezone.utc))
+    try:
+        path = write_submission(staging / SUBMISSION_FILE, rows)
+        count = validate_submission(path, data_root, split="test")
+        manifest = {**manifest, "run_id": base,
                     "submission": {"file": SUBMISSION_FILE, "rows": count, "validated_against": str(data_root),
                                    "sha256": hashlib.sha256(text.encode("ascii")).hexdigest()}}
-        write_json_atomic(run_dir / RUN_MANIFEST, manifest)
+        try:
+            run_id, run_dir = _publish_run_folder(staging, submissions_dir, base, manifest)
+        except OSError as exc:
+            if exc.errno not in (errno.ENOSPC, errno.EROFS, errno.EDQUOT, errno.EACCES, errno.EPERM):
+                raise
+            raise PipelineError(f"{submissions_dir}: cannot write the run folder: {exc.strerror or exc}") from None
     except BaseException:
-        shutil.rmtree(run_dir, ignore_errors=True)  # our own fresh folder: nothing else lives there
+        shutil.rmtree(staging, ignore_errors=True)  # our own staging folder: nothing else lives there
+        _release(lock_fd, None)
         raise
+    _release(lock_fd, run_dir / LOCK)
+    path = run_dir / SUBMISSION_FILE
     log(f"submission {path}: {count} rows, valid")
     return run_id, path, manifest
 
@@ -365,6 +426,12 @@ def run_pipeline(config: PipelineConfig, data_root: Path | str, *, work_dir: Pat
     names = resolve_models(config, models)
     for name in names:
         get_adapter(name)  # an unknown model fails before any work
+    from pipelines.prepare import check_output_dir
+    from pipelines.submission import check_test_files
+
+    # A submission needs every collection and exactly the official test IDs: checked before any stage runs.
+    check_test_files(data_root)
+    check_output_dir(submissions_dir, data_root, "--submissions-dir")
     computed: list[str] = []
 
     def track(output: StageOutput) -> StageOutput:
@@ -409,10 +476,15 @@ def _finish(runs: Sequence[CollectionRun], *, kind: str, config: Any, data_root:
 
 
 def read_run_manifest(submissions_dir: Path | str, run_id: str) -> dict[str, Any]:
+    if not run_id or run_id in (".", "..") or Path(run_id).name != run_id:
+        raise PipelineError(f"{run_id!r} is not a run-id (a folder name under {submissions_dir})")
     path = Path(submissions_dir) / run_id / RUN_MANIFEST
     try:
         manifest = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
+        if _RUN_ID.fullmatch(run_id) and path.parent.is_dir():
+            raise PipelineError(f"{path.parent}: incomplete run folder (no {RUN_MANIFEST}: its publishing was "
+                                "interrupted); it is not a validated run, run the pipeline again") from None
         raise PipelineError(f"{path}: no such run manifest (is {run_id!r} a run-id under {submissions_dir}?)") from None
     except (OSError, ValueError) as exc:
         raise FormatError(path, f"unreadable run manifest ({exc})") from None

@@ -8,6 +8,7 @@ Validation collects every violation and raises one :class:`SubmissionError` list
 
 from __future__ import annotations
 
+import errno
 import operator
 import os
 import re
@@ -18,7 +19,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from pipelines.collections import ALL_COLLECTIONS, SPLITS, Collection
+from pipelines.collections import ALL_COLLECTIONS, SPLITS, Collection, split_submission_id
 from pipelines.errors import ConfigError, FormatError, PipelineError, SubmissionError
 from pipelines.metric import (
     TILE_TOP_K,
@@ -32,11 +33,27 @@ from pipelines.metric import (
     tile_score,
     tile_top_k,
 )
-from pipelines.tpugraphs import GraphRef, count_configs, list_graphs, load_ref
+from pipelines.tpugraphs import (
+    GraphRef,
+    collection_dir,
+    count_configs,
+    list_graphs,
+    load_ref,
+    sample_submission_path,
+    unreadable_reason,
+)
 
 HEADER = "ID,TopConfigs"
 _INDEX = re.compile(r"[0-9]+")
 _EXAMPLES = 5  # indices quoted per problem, so a broken 100k-config row yields a short message
+_BOM = b"\xef\xbb\xbf"
+# sample_submission.csv of the real data is ~4 MB (894 rows, 1000-config layout permutations).
+MAX_SAMPLE_BYTES = 64 * 1024 * 1024
+# A submission may exceed its largest well-formed size (every index written in full) by this much:
+# leading zeros, CRLF line ends. Anything bigger is refused before it is read.
+SIZE_SLACK_FACTOR, SIZE_SLACK_BYTES = 2, 1 << 20
+_DISK_ERRNOS = frozenset({errno.ENOSPC, errno.EROFS, getattr(errno, "EDQUOT", errno.ENOSPC), errno.EACCES,
+                          errno.EPERM})
 
 
 # ----------------------------------------------------------------------------- rows (pure)
@@ -107,13 +124,19 @@ def _parse(text: str) -> tuple[list[_ParsedRow], list[str]]:
         sid, top = fields
         tokens = top.split(";")
         bad = [t for t in tokens if not _INDEX.fullmatch(t)]
+        negative = [t for t in bad if t.startswith("-") and _INDEX.fullmatch(t[1:])]
+        bad = [t for t in bad if t not in negative]
         if not top:
             problems.append(f"ID {sid} (line {number}): empty TopConfigs")
-        elif bad:
+        if negative:
+            problems.append(f"ID {sid} (line {number}): negative index {', '.join(negative[:_EXAMPLES])}"
+                            + (f" (and {len(negative) - _EXAMPLES} more)" if len(negative) > _EXAMPLES else "")
+                            + " (config indices start at 0)")
+        if bad and top:
             shown = ", ".join(repr(t) for t in bad[:_EXAMPLES])
             problems.append(f"ID {sid} (line {number}): non-integer token(s) {shown}"
                             + (f" (and {len(bad) - _EXAMPLES} more)" if len(bad) > _EXAMPLES else ""))
-        rows.append(_ParsedRow(number, sid, None if bad or not top else [int(t) for t in tokens]))
+        rows.append(_ParsedRow(number, sid, None if bad or negative or not top else [int(t) for t in tokens]))
     return rows, problems
 
 
@@ -156,16 +179,22 @@ def write_submission(path: Path | str, rows: Mapping[str, Sequence[int]]) -> Pat
         raise SubmissionError(path, problems)
     text = format_submission(rows)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    tmp_name = None
     try:
+        fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
         with os.fdopen(fd, "w", encoding="ascii", newline="") as handle:
             handle.write(text)
             handle.flush()
             os.fsync(handle.fileno())
         os.chmod(tmp_name, 0o644)  # mkstemp creates 0600; a submission is an ordinary shareable file
         _publish_exclusive(Path(tmp_name), path)
+    except OSError as exc:
+        if exc.errno not in _DISK_ERRNOS:
+            raise
+        raise PipelineError(f"{path}: cannot write the submission: {exc.strerror or exc}") from None
     finally:
-        Path(tmp_name).unlink(missing_ok=True)
+        if tmp_name is not None:
+            Path(tmp_name).unlink(missing_ok=True)
     return path
 
 
@@ -185,15 +214,113 @@ def _publish_exclusive(tmp: Path, path: Path) -> None:
     os.replace(tmp, path)
 
 
-def _read_text(path: Path) -> str:
+def _read_text(path: Path, max_bytes: int | None = None, what: str = "submission") -> str:
+    """The file's ASCII text; a file that is not a regular file, or larger than ``max_bytes``, is
+    refused before it is read."""
+    reason = unreadable_reason(path)
+    if reason == "file not found":
+        raise FormatError(path, f"{what} file not found")
+    if reason is not None:
+        raise FormatError(path, f"cannot read {what}: {reason}")
     try:
-        return path.read_text(encoding="ascii")
-    except FileNotFoundError:
-        raise FormatError(path, "submission file not found") from None
-    except UnicodeDecodeError as exc:
-        raise SubmissionError(path, [f"not an ASCII text file (byte {exc.start})"]) from None
+        size = path.stat().st_size
+        if max_bytes is not None and size > max_bytes:
+            raise SubmissionError(path, [f"file is {size} bytes; a well-formed {what} for this data root is at most "
+                                         f"{max_bytes} bytes (refused without reading it)"])
+        data = path.read_bytes()
     except OSError as exc:
-        raise FormatError(path, f"cannot read submission ({exc})") from None
+        raise FormatError(path, f"cannot read {what} ({exc.strerror or exc})") from None
+    if data.startswith(_BOM):
+        raise SubmissionError(path, ["starts with a UTF-8 byte-order mark (BOM): save it as plain ASCII "
+                                     "without a BOM"])
+    try:
+        return data.decode("ascii")
+    except UnicodeDecodeError as exc:
+        line = data[: exc.start].count(b"\n") + 1
+        raise SubmissionError(path, [f"not an ASCII text file: byte {exc.start} (line {line}) is "
+                                     f"0x{data[exc.start]:02x}"]) from None
+
+
+def read_sample_ids(data_root: Path | str) -> list[str]:
+    """The test IDs of ``<data_root>/sample_submission.csv``, the official list a submission must cover.
+
+    The file is bounded in size, its header checked, every ID must name a known collection and be
+    unique; any problem raises a FormatError naming the file.
+    """
+    path = sample_submission_path(data_root)
+    try:
+        text = _read_text(path, MAX_SAMPLE_BYTES, "sample_submission.csv")
+    except SubmissionError as exc:
+        raise FormatError(path, "; ".join(exc.violations)) from None
+    except FormatError as exc:
+        if exc.problem.endswith("file not found"):
+            raise FormatError(path, "missing: the official list of test IDs is needed to check test files and "
+                                    "submissions (download it again with `python -m pipelines download`)") from None
+        raise
+    lines = [line.rstrip("\r") for line in text.split("\n")]
+    if lines and lines[-1] == "":
+        lines.pop()
+    if not lines or lines[0] != HEADER:
+        found = repr(lines[0][:60]) if lines else "an empty file"
+        raise FormatError(path, f"not a sample submission: header is {found}, expected {HEADER!r}")
+    ids, problems, seen = [], [], set()
+    for number, line in enumerate(lines[1:], start=2):
+        sid = line.split(",", 1)[0]
+        try:
+            split_submission_id(sid)
+        except (ConfigError, ValueError):
+            problems.append(f"line {number}: {sid[:80]!r} is not an ID of a TpuGraphs collection")
+            continue
+        if sid in seen:
+            problems.append(f"line {number}: duplicate ID {sid}")
+            continue
+        seen.add(sid)
+        ids.append(sid)
+    if not ids and not problems:
+        problems.append("lists no test ID")
+    if problems:
+        more = f" (and {len(problems) - 5} more)" if len(problems) > 5 else ""
+        raise FormatError(path, "; ".join(problems[:5]) + more)
+    return ids
+
+
+def test_file_problems(data_root: Path | str, collections: Sequence[Collection] = ALL_COLLECTIONS,
+                       sample_ids: Sequence[str] | None = None) -> tuple[dict[str, GraphRef], list[str]]:
+    """The test graphs of ``collections`` by submission ID, and how they differ from the IDs of
+    sample_submission.csv (an ID without a file, a file not listed, an unreadable entry)."""
+    sample_ids = read_sample_ids(data_root) if sample_ids is None else sample_ids
+    wanted = {c.name for c in collections}
+    listed = {sid for sid in sample_ids if split_submission_id(sid)[0].name in wanted}
+    found: dict[str, GraphRef] = {}
+    problems = []
+    for collection in collections:
+        refs = list_graphs(data_root, collection, "test")
+        if not refs:
+            problems.append(f"{collection_dir(data_root, collection, 'test')}: no test graphs of {collection.name} "
+                            "(no *.npz file)")
+        for ref in refs:
+            found[ref.submission_id] = ref
+            reason = unreadable_reason(ref.path)
+            if reason is not None:
+                problems.append(f"{ref.path}: {reason}")
+            elif ref.submission_id not in listed:
+                problems.append(f"{ref.path}: test file not listed in sample_submission.csv")
+    for sid in sorted(listed - set(found)):
+        collection, stem = split_submission_id(sid)
+        problems.append(f"ID {sid} of sample_submission.csv has no test file "
+                        f"({collection_dir(data_root, collection, 'test') / f'{stem}.npz'})")
+    return found, problems
+
+
+def check_test_files(data_root: Path | str, collections: Sequence[Collection] = ALL_COLLECTIONS) -> dict[str, GraphRef]:
+    """Raise a FormatError unless the test files of ``collections`` match sample_submission.csv exactly."""
+    found, problems = test_file_problems(data_root, collections)
+    if problems:
+        more = f"\n  ... and {len(problems) - 20} more" if len(problems) > 20 else ""
+        raise FormatError(sample_submission_path(data_root),
+                          f"the test files do not match the official test IDs ({len(problems)} problem(s)):\n  "
+                          + "\n  ".join(problems[:20]) + more)
+    return found
 
 
 def read_submission(path: Path | str) -> dict[str, list[int]]:
@@ -215,17 +342,35 @@ def _expected_graphs(data_root: Path | str, split: str) -> dict[str, GraphRef]:
     """Every graph of ``split`` in all five collections by submission ID; a missing directory raises."""
     if split not in SPLITS:
         raise ConfigError(f"unknown split {split!r}; expected one of {', '.join(SPLITS)}")
-    return {ref.submission_id: ref for c in ALL_COLLECTIONS for ref in list_graphs(data_root, c, split)}
+    if split == "test":  # the official list of test IDs decides what a complete submission is
+        return check_test_files(data_root)
+    refs = {ref.submission_id: ref for c in ALL_COLLECTIONS for ref in list_graphs(data_root, c, split)}
+    for ref in refs.values():
+        reason = unreadable_reason(ref.path)
+        if reason is not None:
+            raise FormatError(ref.path, reason)
+    return refs
+
+
+def _size_bound(expected: Mapping[str, GraphRef], num_configs: Mapping[str, int]) -> int:
+    """Largest byte size a well-formed submission for these graphs can reasonably have."""
+    total = len(HEADER) + 1
+    for sid, ref in expected.items():
+        c = num_configs[sid]
+        indices = min(TILE_TOP_K, c) if ref.collection.is_tile else c
+        total += len(sid) + 2 + indices * (len(str(max(c - 1, 0))) + 1)
+    return SIZE_SLACK_FACTOR * total + SIZE_SLACK_BYTES
 
 
 def _checked_rows(path: Path, data_root: Path | str, split: str) -> tuple[dict[str, list[int]], dict[str, GraphRef],
                                                                            dict[str, int]]:
     """Parse and check a submission against a split; returns rows, their graphs and config counts."""
     expected = _expected_graphs(data_root, split)
-    rows, problems = _parse(_read_text(path))
+    # Every graph's config count from its npy header (cheap), so the file's size is bounded before reading it.
+    num_configs = {sid: count_configs(ref.path, ref.collection) for sid, ref in expected.items()}
+    rows, problems = _parse(_read_text(path, _size_bound(expected, num_configs)))
     first_line: dict[str, int] = {}
     accepted: dict[str, list[int]] = {}
-    num_configs: dict[str, int] = {}
     for row in rows:
         where = f"ID {row.id} (line {row.line})"
         if row.id in first_line:
@@ -238,7 +383,6 @@ def _checked_rows(path: Path, data_root: Path | str, split: str) -> tuple[dict[s
             continue
         if row.indices is None:
             continue
-        num_configs[row.id] = count_configs(ref.path, ref.collection)
         problems += [f"{where}: {p}" for p in index_problems(ref.collection, row.indices, num_configs[row.id])]
         accepted[row.id] = row.indices
     problems += [f"ID {sid}: missing (no row for this {split} graph)" for sid in expected if sid not in first_line]

@@ -11,7 +11,9 @@ float32 array never exists in memory. The writer streams the same way in reverse
 
 from __future__ import annotations
 
+import errno
 import os
+import stat
 import tempfile
 import zipfile
 import zlib
@@ -63,6 +65,30 @@ CHUNK_BYTES = 32 * 1024 * 1024
 COMMON_KEYS = ("node_feat", "node_opcode", "edge_index")
 TILE_KEYS = COMMON_KEYS + ("config_feat", "config_runtime", "config_runtime_normalizers")
 LAYOUT_KEYS = COMMON_KEYS + ("node_config_ids", "node_config_feat", "config_runtime", "node_splits")
+
+# Bounds on declared sizes, checked from the zip and npy headers before anything is decompressed, so
+# a decompression bomb or a lying header costs no memory. Each is a few times the largest real value
+# (shared/TPUGRAPHS_FORMAT.md: <= ~44k nodes, nc <= 3143, <= 100,040 configs, node_config_feat of
+# 100040 x 121 x 18), so no legitimate file comes near them.
+MAX_NODES = 200_000
+MAX_EDGES = 2_000_000
+MAX_CONFIGS = 400_000
+MAX_CONFIG_NODES = 20_000
+MAX_LAYOUT_CONFIG_ITEMS = 500_000_000  # c * nc * 18; stored as int8 (<= 500 MB), streamed from disk
+MAX_ITEMSIZE = 8  # every key holds plain numbers
+_MAX_ITEMS = {
+    "node_feat": MAX_NODES * NODE_FEAT_DIM,
+    "node_opcode": MAX_NODES,
+    "edge_index": MAX_EDGES * 2,
+    "config_feat": MAX_CONFIGS * TILE_CONFIG_DIM,
+    "config_runtime": MAX_CONFIGS,
+    "config_runtime_normalizers": MAX_CONFIGS,
+    "node_config_ids": MAX_CONFIG_NODES,
+    "node_config_feat": MAX_LAYOUT_CONFIG_ITEMS,
+    "node_splits": MAX_NODES + 1,
+}
+_NPY_HEADER_SLACK = 1 << 16  # npy magic + header (numpy refuses headers above 10,000 bytes anyway)
+_DEFLATE_MAX_RATIO = 1100  # deflate cannot expand one byte into more than ~1032
 
 
 # ----------------------------------------------------------------------------- data classes
@@ -170,14 +196,19 @@ def collection_dir(data_root: Path | str, collection: Collection, split: str) ->
 
 
 def list_graphs(data_root: Path | str, collection: Collection, split: str) -> list[GraphRef]:
-    """All graph files of one collection and split, sorted by stem. A missing directory is an error."""
+    """All graph files of one collection and split, sorted by stem. A missing directory is an error.
+
+    Every entry named ``*.npz`` is listed, also one that cannot be read (a dangling link, a
+    directory, a FIFO): loading it raises a FormatError naming it, never a silent skip; see
+    :func:`unreadable_reason` to find such entries without opening them.
+    """
     directory = collection_dir(data_root, collection, split)
     if not directory.is_dir():
         raise FormatError(directory, f"missing directory for {collection.name} {split}")
     return [
         GraphRef(collection, split, p.name[: -len(".npz")], p)
         for p in sorted(directory.iterdir())
-        if p.name.endswith(".npz") and p.is_file()
+        if p.name.endswith(".npz") and p.name != ".npz"
     ]
 
 
@@ -203,8 +234,9 @@ def load_graph(path: Path | str, collection: Collection, *, with_configs: bool =
     """
     path = Path(path)
     stem = path.name[: -len(".npz")] if path.name.endswith(".npz") else path.stem
+    check_readable_file(path)
     with _archive_errors(path), zipfile.ZipFile(path) as archive:
-        members = {name[: -len(".npy")]: name for name in archive.namelist() if name.endswith(".npy")}
+        members = _checked_members(archive, path)
         required = TILE_KEYS if collection.is_tile else LAYOUT_KEYS
         missing = [k for k in required if k not in members]
         if missing:
@@ -244,16 +276,107 @@ def count_configs(path: Path | str, collection: Collection) -> int:
     path = Path(path)
     key, rank, width = (("config_feat", 2, TILE_CONFIG_DIM) if collection.is_tile
                         else ("node_config_feat", 3, LAYOUT_CONFIG_DIM))
+    check_readable_file(path)
     with _archive_errors(path), zipfile.ZipFile(path) as archive:
-        if f"{key}.npy" not in archive.namelist():
+        members = _checked_members(archive, path)
+        if key not in members:
             raise FormatError(path, f"missing key {key} for {collection.name}")
-        with archive.open(f"{key}.npy") as stream:
-            shape, _, dtype = _read_header(stream)
+        with archive.open(members[key]) as stream:
+            shape, _, dtype = _checked_header(stream, archive.getinfo(members[key]), path, key)
     if len(shape) != rank or shape[-1] != width or shape[0] == 0 or dtype.hasobject:
         expected = "(c, 24)" if collection.is_tile else "(c, nc, 18)"
         raise FormatError(path, f"{key}: expected a numeric array of shape {expected} with c > 0, "
                                 f"got {dtype} {shape}")
     return int(shape[0])
+
+
+def unreadable_reason(path: Path | str) -> str | None:
+    """Why ``path`` cannot be read as a graph file without opening it (None: a regular file).
+
+    Checked before any open: opening a FIFO would block forever, a directory or a dangling link
+    would otherwise surface as a confusing archive error.
+    """
+    path = Path(path)
+    try:
+        mode = path.stat().st_mode
+    except FileNotFoundError:
+        return "dangling symlink (its target does not exist)" if path.is_symlink() else "file not found"
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            return "symlink loop"
+        return f"cannot read ({exc.strerror or exc})"
+    if stat.S_ISREG(mode):
+        return None
+    kind = ("a directory" if stat.S_ISDIR(mode) else "a FIFO (named pipe)" if stat.S_ISFIFO(mode)
+            else "a socket" if stat.S_ISSOCK(mode) else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode)
+            else "not a regular file")
+    return f"not a regular file: {kind}"
+
+
+def check_readable_file(path: Path) -> None:
+    reason = unreadable_reason(path)
+    if reason is not None:
+        raise FormatError(path, reason)
+
+
+def _checked_members(archive: zipfile.ZipFile, path: Path) -> dict[str, str]:
+    """``{key: member name}`` of the ``.npy`` members, after checking the zip headers alone: no
+    duplicate member, only stored/deflated members, declared sizes within the format's bounds and
+    consistent with the file's size (so nothing is decompressed from a bomb)."""
+    infos = archive.infolist()
+    names = [info.filename for info in infos]
+    duplicates = sorted({n for n in names if names.count(n) > 1})
+    if duplicates:
+        raise FormatError(path, f"duplicate archive member(s) {', '.join(duplicates)} (which copy is meant is "
+                                "ambiguous)")
+    file_size = path.stat().st_size
+    if sum(info.compress_size for info in infos) > file_size:
+        raise FormatError(path, "archive members declare more compressed bytes than the file holds")
+    members = {}
+    for info in infos:
+        if not info.filename.endswith(".npy"):
+            continue
+        key = info.filename[: -len(".npy")]
+        if info.compress_type not in (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED):
+            raise FormatError(path, f"{key}: unsupported compression method {info.compress_type} "
+                                    "(np.savez writes stored or deflated members)")
+        limit = _MAX_ITEMS.get(key)
+        if limit is not None and info.file_size > limit * MAX_ITEMSIZE + _NPY_HEADER_SLACK:
+            raise FormatError(path, f"{key}: declares {info.file_size} bytes uncompressed, more than any "
+                                    f"TpuGraphs file holds (at most {limit} values); refusing to decompress it")
+        if info.compress_type == zipfile.ZIP_STORED and info.file_size != info.compress_size:
+            raise FormatError(path, f"{key}: stored member declares {info.file_size} bytes but holds "
+                                    f"{info.compress_size}")
+        if info.file_size > _DEFLATE_MAX_RATIO * info.compress_size + _NPY_HEADER_SLACK:
+            raise FormatError(path, f"{key}: declares {info.file_size} bytes from {info.compress_size} "
+                                    "compressed bytes, more than deflate can produce")
+        members[key] = info.filename
+    return members
+
+
+def _checked_header(stream: IO[bytes], info: zipfile.ZipInfo, path: Path,
+                    key: str) -> tuple[tuple[int, ...], bool, np.dtype]:
+    """The npy header of a member, checked against the format's bounds and the member's declared size
+    before any array data is read."""
+    shape, fortran_order, dtype = _read_header(stream)
+    if dtype.hasobject:
+        raise FormatError(path, f"{key}: object arrays are not allowed")
+    if dtype.kind not in "fiub" or dtype.itemsize > MAX_ITEMSIZE:
+        raise FormatError(path, f"{key}: expected a numeric array, got dtype {dtype}")
+    if any(d < 0 for d in shape):
+        raise FormatError(path, f"{key}: negative dimension in shape {shape}")
+    count = 1
+    for dim in shape:
+        count *= int(dim)  # Python int: no overflow on absurd shapes
+    limit = _MAX_ITEMS.get(key)
+    if limit is not None and count > limit:
+        raise FormatError(path, f"{key}: declared shape {shape} ({count} values) exceeds what any TpuGraphs "
+                                f"file holds (at most {limit}); refusing to read it")
+    data_bytes = count * dtype.itemsize
+    if data_bytes > info.file_size:
+        raise FormatError(path, f"{key}: declared shape {shape} needs {data_bytes} bytes but the member holds "
+                                f"{info.file_size}")
+    return shape, fortran_order, dtype
 
 
 @contextmanager
@@ -281,9 +404,7 @@ def _read_header(stream: IO[bytes]) -> tuple[tuple[int, ...], bool, np.dtype]:
 def _read_member(archive: zipfile.ZipFile, member: str, path: Path, key: str) -> np.ndarray:
     """Read one (small) array member completely; object arrays are refused."""
     with archive.open(member) as stream:
-        shape, fortran_order, dtype = _read_header(stream)
-        if dtype.hasobject:
-            raise FormatError(path, f"{key}: object arrays are not allowed")
+        shape, fortran_order, dtype = _checked_header(stream, archive.getinfo(member), path, key)
         count = int(np.prod(shape, dtype=np.int64))
         data = _read_exact(stream, count * dtype.itemsize, path, key)
         _drain(stream)
@@ -308,7 +429,7 @@ def _read_layout_configs(archive: zipfile.ZipFile, member: str, path: Path) -> n
     """Stream node_config_feat into an int8 array chunk by chunk, checking values are integers in -1..5."""
     key = "node_config_feat"
     with archive.open(member) as stream:
-        shape, fortran_order, dtype = _read_header(stream)
+        shape, fortran_order, dtype = _checked_header(stream, archive.getinfo(member), path, key)
         if len(shape) != 3 or shape[2] != LAYOUT_CONFIG_DIM:
             raise FormatError(path, f"{key}: expected shape (c, nc, {LAYOUT_CONFIG_DIM}), got {shape}")
         if dtype.hasobject or dtype.kind not in "fiub":
@@ -435,6 +556,10 @@ def _build_tile(path: Path, stem: str, arrays: dict[str, np.ndarray]) -> TileGra
     config_feat = _as_float32(config_feat, path, "config_feat", f"(c, {TILE_CONFIG_DIM})")
     runtime = _runtimes(path, arrays, "config_runtime", num_configs, "config_feat")
     normalizers = _runtimes(path, arrays, "config_runtime_normalizers", num_configs, "config_feat")
+    if np.any(runtime != 0) and np.any(normalizers == 0):
+        row = int(np.argmax(normalizers == 0))
+        raise FormatError(path, f"config_runtime_normalizers: 0 in config {row} of a labelled file "
+                                "(the target runtime / normalizer would be undefined)")
     return TileGraph(stem, node_feat, opcode, edges, config_feat, runtime, normalizers)
 
 

@@ -60,7 +60,7 @@ def build_root(root: Path, runtimes: Callable[[np.random.Generator, int], np.nda
     """Write every collection and split; returns the metric's truth per valid-split submission ID."""
     rng, runtime_rng = np.random.default_rng(0), np.random.default_rng(1)  # features never depend on runtimes
     (root / "npz_all" / "npz").mkdir(parents=True)
-    truths = {}
+    truths, sample = {}, []
     for collection in ALL_COLLECTIONS:
         for split in ("train", "valid", "test"):
             sizes = (TILE_SIZES if collection.is_tile else LAYOUT_SIZES)[split]
@@ -72,6 +72,9 @@ def build_root(root: Path, runtimes: Callable[[np.random.Generator, int], np.nda
                 save_graph(collection_dir(root, collection, split) / f"{stem}.npz", graph)
                 if split == "valid":
                     truths[collection.submission_id(stem)] = graph.target
+                if split == "test":
+                    sample.append(f"{collection.submission_id(stem)},{';'.join(map(str, range(min(c, 5))))}")
+    (root / "sample_submission.csv").write_text("\n".join([HEADER, *sorted(sample)]) + "\n")
     return truths
 
 
@@ -146,7 +149,8 @@ VIOLATIONS = {
     "tile out of range": (_replace(TILE_ID, "0;1;2;3;6"), "index out of range [0, 6): 6"),
     "layout non-permutation": (_replace(LAYOUT_ID, "0;1;2;3;3"), "not a permutation of 0..4: missing index 4"),
     "layout too short": (_replace(LAYOUT_ID, "0;1;2;3"), "layout order has 4 indices, expected a permutation"),
-    "non-integer token": (_replace(LAYOUT_ID, "0;1;x;3;-4"), "non-integer token(s) 'x', '-4'"),
+    "non-integer token": (_replace(LAYOUT_ID, "0;1;x;3;4"), "non-integer token(s) 'x'"),
+    "negative index": (_replace(LAYOUT_ID, "0;1;-2;3;4"), "negative index -2"),
     "empty token": (_replace(LAYOUT_ID, "0;1;;3;4"), "non-integer token(s) ''"),
     "field count": (lambda lines: lines + ["a,b,c"], "line 8: expected 2 fields"),
 }

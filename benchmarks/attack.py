@@ -1,0 +1,772 @@
+"""Replay the black-box attack of issue 13 (and more) against the command line, and print a table.
+
+Usage: python -m benchmarks.attack [--out DIR] [--keep] [--only SUBSTRING] [--timeout S]
+
+Every case is one hostile input or fault, run as ``python -m pipelines ...`` in a fresh subprocess on
+a private copy of the ``tiny`` synthetic world. Each is classified:
+
+* rejected cleanly: exit code 2, an ``error:`` message, no traceback (plus the case's own check,
+  e.g. "the CSV is unchanged", "no stage folder was written", "the message names the path");
+* accepted as intended: exit 0 where that is the right answer (``data.on_bad_file=skip``, ...),
+  with the case's check passing;
+* traceback: a Python traceback on stderr; timeout: killed after ``--timeout`` seconds;
+* accepted wrongly: exit 0 where a rejection was due, or a case check that failed;
+* raw data changed: the data root's listing, sizes, times or bytes differ afterwards.
+
+Peak RSS is the child's own (``wait4``). The table (and a JSON of every case) goes to stdout and
+``--out`` (default ``benchmarks/results/``). Needs Linux; the full-disk cases need ``mount``
+(root) and are reported as skipped otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import io
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import zipfile
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+FAST = ["--config", "quick", "--set", "folds.k=2", "--set", "run.n_jobs=1", "--set", "gbdt.n_estimators=10",
+        "--set", "gbdt.num_threads=1"]
+
+
+# ----------------------------------------------------------------------------- running one case
+
+
+@dataclass
+class Outcome:
+    rc: int | None
+    stdout: str
+    stderr: str
+    wall_s: float
+    peak_rss_mb: float
+    timed_out: bool
+
+
+def run_cli(args: list[str], cwd: Path, timeout: float, env: dict[str, str] | None = None,
+            stdin: int | None = subprocess.DEVNULL) -> Outcome:
+    """``python -m pipelines ARGS`` with its own peak RSS (from wait4) and a hard timeout."""
+    out, err = tempfile.TemporaryFile(), tempfile.TemporaryFile()
+    started = time.perf_counter()
+    child = subprocess.Popen([sys.executable, "-m", "pipelines", *args], cwd=cwd, stdout=out, stderr=err,
+                             stdin=stdin, env={**os.environ, "PYTHONPATH": str(REPO), **(env or {})},
+                             start_new_session=True)
+    timed_out = False
+    peak_kb = 0
+    while True:
+        peak_kb = max(peak_kb, _high_water_kb(child.pid))
+        pid, status, _ = os.wait4(child.pid, os.WNOHANG)
+        if pid:
+            break
+        if time.perf_counter() - started > timeout:
+            os.killpg(child.pid, signal.SIGKILL)
+            pid, status, _ = os.wait4(child.pid, 0)
+            timed_out = True
+            break
+        time.sleep(0.01)
+    child.returncode = os.waitstatus_to_exitcode(status)
+    out.seek(0)
+    err.seek(0)
+    return Outcome(child.returncode, out.read().decode(errors="replace"), err.read().decode(errors="replace"),
+                   time.perf_counter() - started, peak_kb / 1024, timed_out)
+
+
+def _high_water_kb(pid: int) -> int:
+    """VmHWM of a live process: its own peak RSS. (ru_maxrss from wait4 is not: on Linux a child
+    inherits its parent's high-water mark through fork/exec, which would hide small peaks.)"""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1])
+    except (OSError, ValueError):
+        pass
+    return 0
+
+
+def snapshot(root: Path) -> dict[str, tuple]:
+    """Listing of a data root with type, size, mtime and content hash of every regular file (links not followed)."""
+    out: dict[str, tuple] = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in sorted(dirnames + filenames):
+            path = Path(dirpath) / name
+            st = os.lstat(path)
+            digest = ""
+            if path.is_file() and not path.is_symlink():
+                digest = hashlib.sha256(path.read_bytes()).hexdigest()
+            out[str(path.relative_to(root))] = (st.st_mode, st.st_size, st.st_mtime_ns, digest)
+    return out
+
+
+# ----------------------------------------------------------------------------- cases
+
+
+@dataclass
+class Context:
+    base: Path  # scratch folder of this case
+    data: Path  # this case's private copy of the tiny world
+    world: Path  # the pristine tiny world (never touched)
+    run_id: str  # a published run of the world (random model)
+    subs: Path  # its submissions folder (copied per case)
+    work: Path  # its work dir (shared, read-mostly)
+    csv: Path  # its submission (in this case's copy of subs)
+
+
+@dataclass
+class Case:
+    item: str  # issue item number, or "+" for our additions
+    name: str
+    prepare: Callable[[Context], list[str]]  # builds the hostile input, returns the CLI arguments
+    expect: str = "reject"  # or "accept"
+    check: Callable[[Context, Outcome], str | None] = lambda ctx, out: None  # a problem, or None
+    needs_mount: bool = False
+    results: dict = field(default_factory=dict)
+
+
+def tile(ctx: Context, split: str) -> Path:
+    return ctx.data / "npz_all" / "npz" / "tile" / "xla" / split
+
+
+def first_npz(folder: Path) -> Path:
+    return sorted(folder.glob("*.npz"))[0]
+
+
+def csv_without_first_tile_test(ctx: Context) -> Path:
+    victim = first_npz(tile(ctx, "test"))
+    sid = f"tile:xla:{victim.stem}"
+    lines = [line for line in ctx.csv.read_text().splitlines() if not line.startswith(sid + ",")]
+    partial = ctx.base / "partial.csv"
+    partial.write_text("\n".join(lines) + "\n")
+    return partial
+
+
+def prepare_args(ctx: Context, *extra: str) -> list[str]:
+    return ["prepare", "--data-root", str(ctx.data), "--work-dir", str(ctx.base / "work"), "--collections",
+            "tile:xla", *FAST, *extra]
+
+
+def run_args(ctx: Context, *extra: str) -> list[str]:
+    return ["run", "--data-root", str(ctx.data), "--work-dir", str(ctx.base / "work"), "--submissions-dir",
+            str(ctx.base / "subs"), "--models", "random", *FAST, *extra]
+
+
+def no_stage_output(ctx: Context, out: Outcome) -> str | None:
+    done = list((ctx.base / "work").glob("*/*/manifest.json"))
+    return f"stage output(s) completed before the error: {done}" if done else None
+
+
+def nothing_written(ctx: Context, out: Outcome) -> str | None:
+    if (ctx.base / "work").exists() and any((ctx.base / "work").iterdir()):
+        return "stage folders were written before the error"
+    return None
+
+
+def says(*words: str) -> Callable[[Context, Outcome], str | None]:
+    def check(ctx: Context, out: Outcome) -> str | None:
+        text = out.stdout + out.stderr
+        missing = [w.format(data=ctx.data, base=ctx.base) for w in words if w.format(data=ctx.data, base=ctx.base)
+                   not in text]
+        return f"message lacks {missing}" if missing else None
+    return check
+
+
+def both(*checks: Callable[[Context, Outcome], str | None]) -> Callable[[Context, Outcome], str | None]:
+    def check(ctx: Context, out: Outcome) -> str | None:
+        for one in checks:
+            problem = one(ctx, out)
+            if problem:
+                return problem
+        return None
+    return check
+
+
+def write_members(path: Path, members: list[tuple[str, bytes]], compression: int = zipfile.ZIP_DEFLATED) -> None:
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # duplicate names are the point of one case
+        with zipfile.ZipFile(path, "w", compression=compression) as archive:
+            for name, data in members:
+                archive.writestr(name, data)
+
+
+def npy_bytes(array: np.ndarray) -> bytes:
+    buffer = io.BytesIO()
+    np.lib.format.write_array(buffer, array)
+    return buffer.getvalue()
+
+
+def read_members(path: Path) -> list[tuple[str, bytes]]:
+    with zipfile.ZipFile(path) as archive:
+        return [(name, archive.read(name)) for name in archive.namelist()]
+
+
+def zero_bomb(path: Path, source: Path, key: str, shape: tuple[int, ...], dtype: str = "<i8") -> None:
+    """Replace ``key`` of ``source`` by zeros of ``shape`` streamed through deflate (tiny on disk)."""
+    with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_DEFLATED, compresslevel=9) as archive:
+        for name, data in read_members(source):
+            if name != f"{key}.npy":
+                archive.writestr(name, data)
+        with archive.open(f"{key}.npy", "w", force_zip64=True) as stream:
+            np.lib.format.write_array_header_1_0(stream, {"descr": dtype, "fortran_order": False, "shape": shape})
+            left = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+            chunk = bytes(1 << 24)
+            while left:
+                stream.write(chunk[: min(left, len(chunk))])
+                left -= min(left, len(chunk))
+
+
+def csv_unchanged(ctx: Context, out: Outcome) -> str | None:
+    return None if ctx.csv.read_text().startswith("ID,TopConfigs") else "the submission was overwritten"
+
+
+def build_cases(bombs: Path) -> list[Case]:
+    cases: list[Case] = []
+
+    def add(item: str, name: str, expect: str = "reject", check=lambda ctx, out: None, needs_mount: bool = False):
+        def register(prepare: Callable[[Context], list[str]]) -> Callable[[Context], list[str]]:
+            cases.append(Case(item, name, prepare, expect, check, needs_mount))
+            return prepare
+        return register
+
+    # 1. report --out
+    def report_to(target: Callable[[Context], Path], expect="reject", check=csv_unchanged):
+        def prepare(ctx: Context) -> list[str]:
+            return ["report", ctx.run_id, "--submissions-dir", str(ctx.subs), "--out", str(target(ctx))]
+        return prepare, expect, check
+
+    for name, target in {
+        "report --out the run's submission.csv": lambda c: c.csv,
+        "report --out the run's manifest.json": lambda c: c.csv.with_name("manifest.json"),
+        "report --out a foreign file": lambda c: _touch(c.base / "notes.txt", "mine"),
+        "report --out a directory": lambda c: c.base,
+        "report --out a symlink to the submission": lambda c: _link(c.base / "link.html", c.csv),
+    }.items():
+        prepare, expect, check = report_to(target)
+        cases.append(Case("1", name, prepare, expect, check))
+    prepare, _, _ = report_to(lambda c: c.base / "new" / "report.html")
+    cases.append(Case("1", "report --out a new file (allowed)", prepare, "accept"))
+
+    # 2. incomplete submissions and sample_submission.csv
+    @add("2", "validate a CSV missing the row of a deleted test file", check=says("has no test file"))
+    def _(ctx):
+        partial = csv_without_first_tile_test(ctx)
+        first_npz(tile(ctx, "test")).unlink()
+        return ["validate-submission", "--data-root", str(ctx.data), str(partial)]
+
+    @add("2", "validate with a test file replaced by a dangling symlink", check=says("dangling symlink"))
+    def _(ctx):
+        partial = csv_without_first_tile_test(ctx)
+        victim = first_npz(tile(ctx, "test"))
+        victim.unlink()
+        victim.symlink_to(ctx.base / "gone.npz")
+        return ["validate-submission", "--data-root", str(ctx.data), str(partial)]
+
+    @add("2", "validate with sample_submission.csv deleted", check=says("sample_submission.csv"))
+    def _(ctx):
+        (ctx.data / "sample_submission.csv").unlink()
+        return ["validate-submission", "--data-root", str(ctx.data), str(ctx.csv)]
+
+    @add("2", "validate with sample_submission.csv full of garbage", check=says("sample_submission.csv"))
+    def _(ctx):
+        (ctx.data / "sample_submission.csv").write_bytes(os.urandom(5000))
+        return ["validate-submission", "--data-root", str(ctx.data), str(ctx.csv)]
+
+    @add("2", "validate with an extra ID in sample_submission.csv", check=says("has no test file"))
+    def _(ctx):
+        with open(ctx.data / "sample_submission.csv", "a") as handle:
+            handle.write("tile:xla:ffffffffffffffffffffffffffffffff,0;1;2;3;4\n")
+        return ["validate-submission", "--data-root", str(ctx.data), str(ctx.csv)]
+
+    @add("2", "run with one test file deleted", check=both(nothing_written, says("has no test file")))
+    def _(ctx):
+        first_npz(tile(ctx, "test")).unlink()
+        return run_args(ctx)
+
+    # 3. unreadable split entries
+    for kind in ("dangling symlink", "symlink loop", "directory", "FIFO"):
+        def plant(ctx, kind=kind) -> Path:
+            entry = tile(ctx, "train") / "zz_bad.npz"
+            if kind == "dangling symlink":
+                entry.symlink_to(ctx.base / "nowhere.npz")
+            elif kind == "symlink loop":
+                entry.symlink_to(entry)
+            elif kind == "directory":
+                entry.mkdir()
+            else:
+                os.mkfifo(entry)
+            return entry
+
+        cases.append(Case("3", f"prepare with a {kind} named *.npz in train", lambda ctx, plant=plant: (
+            plant(ctx), prepare_args(ctx))[1], "reject", both(nothing_written, says("zz_bad.npz"))))
+        cases.append(Case("3", f"prepare --set data.on_bad_file=skip with a {kind} in train",
+                          lambda ctx, plant=plant: (plant(ctx), prepare_args(ctx, "--set", "data.on_bad_file=skip"))[1],
+                          "accept", _skipped_recorded))
+
+    # 4. structural problems before the first stage
+    @add("4", "run with a collection directory missing", check=both(nothing_written, says("layout/nlp/random")))
+    def _(ctx):
+        shutil.rmtree(ctx.data / "npz_all" / "npz" / "layout" / "nlp" / "random")
+        return run_args(ctx)
+
+    @add("4", "run with an empty test split", check=both(nothing_written, says("tile/xla/test")))
+    def _(ctx):
+        for path in tile(ctx, "test").iterdir():
+            path.unlink()
+        return run_args(ctx)
+
+    @add("4", "run with a split directory missing", check=both(nothing_written, says("valid")))
+    def _(ctx):
+        shutil.rmtree(tile(ctx, "valid"))
+        return run_args(ctx)
+
+    # 5. decompression bombs (built once, copied in)
+    for bomb in ("edges-200M.npz", "edges-20M.npz", "node-feat-2M.npz", "config-feat-100M.npz"):
+        cases.append(Case("5", f"prepare with a bomb in train: {bomb}", lambda ctx, bomb=bomb: (
+            shutil.copy(bombs / bomb, tile(ctx, "train") / f"zz_{bomb}"), prepare_args(ctx))[1], "reject",
+            both(no_stage_output, says("refusing"))))
+
+    @add("5", "prepare with a lying npy header (10**8 configs declared)", check=says("declared shape"))
+    def _(ctx):
+        victim = first_npz(tile(ctx, "train"))
+        members = read_members(victim)
+        out = []
+        for name, data in members:
+            if name == "config_feat.npy":
+                array = np.load(io.BytesIO(data))
+                buffer = io.BytesIO()
+                np.lib.format.write_array_header_1_0(buffer, {"descr": "<f4", "fortran_order": False,
+                                                              "shape": (10**8, 24)})
+                data = buffer.getvalue() + array.astype("<f4").tobytes()
+            out.append((name, data))
+        write_members(victim, out)
+        return prepare_args(ctx)
+
+    # 6. zero normalizer, 7. duplicate member
+    @add("6", "prepare with a 0 in config_runtime_normalizers of a train file", check=says("normalizers"))
+    def _(ctx):
+        victim = first_npz(tile(ctx, "train"))
+        members = [(n, npy_bytes(np.where(np.arange(np.load(io.BytesIO(d)).shape[0]) == 0, 0, np.load(io.BytesIO(d)))
+                                  .astype(np.int64)) if n == "config_runtime_normalizers.npy" else d)
+                   for n, d in read_members(victim)]
+        write_members(victim, members)
+        return prepare_args(ctx)
+
+    @add("7", "prepare with config_runtime.npy twice in a train file", check=says("duplicate"))
+    def _(ctx):
+        victim = first_npz(tile(ctx, "train"))
+        members = read_members(victim)
+        runtime = next(d for n, d in members if n == "config_runtime.npy")
+        write_members(victim, members + [("config_runtime.npy", npy_bytes(np.load(io.BytesIO(runtime))[::-1].copy()))])
+        return prepare_args(ctx)
+
+    # 8. raw tracebacks
+    @add("8", "prepare --work-dir FILE", check=says("not a directory"))
+    def _(ctx):
+        afile = _touch(ctx.base / "passwd", "root:x:0:0\n")
+        return ["prepare", "--data-root", str(ctx.data), "--work-dir", str(afile), *FAST]
+
+    @add("8", "prepare --work-dir /proc/foo", check=says("/proc/foo"))
+    def _(ctx):
+        return ["prepare", "--data-root", str(ctx.data), "--work-dir", "/proc/foo", *FAST]
+
+    @add("8", "run --set gbdt.exclude_features=[\"f_\"]", check=both(nothing_written, says("exclude_features")))
+    def _(ctx):
+        return [*run_args(ctx), "--models", "gbdt", "--set", 'gbdt.exclude_features=["f_"]']
+
+    @add("8", "prepare with a stage folder replaced by a file", check=says("folds"))
+    def _(ctx):
+        shutil.copytree(ctx.work, ctx.base / "work")
+        stage = next(p for p in (ctx.base / "work" / "folds").iterdir() if not p.name.startswith("."))
+        shutil.rmtree(stage)
+        stage.write_text("in the way")
+        return ["prepare", "--data-root", str(ctx.world), "--work-dir", str(ctx.base / "work"), *FAST]
+
+    @add("8", "status --work-dir FILE", expect="accept")
+    def _(ctx):
+        return ["status", "--work-dir", str(_touch(ctx.base / "afile", "x")), "--submissions-dir", str(ctx.subs)]
+
+    # 9. debris after kill -9
+    @add("9", "status cleans a run folder holding only .draft/.tmp debris", expect="accept", check=_debris_gone)
+    def _(ctx):
+        debris = ctx.subs / "20260101T000000Z-0123abcd"
+        debris.mkdir()
+        _touch(debris / ".submission.csv.draft", "ID,TopConfigs\n")
+        _touch(debris / ".submission.csv.k2j3.tmp", "ID,TopConfigs\n")
+        staging = ctx.subs / ".tmp-run-0badc0de"
+        staging.mkdir()
+        _touch(staging / ".lock", "999999\n")
+        return ["status", "--work-dir", str(ctx.work), "--submissions-dir", str(ctx.subs)]
+
+    @add("9", "status lists a run folder with a CSV but no manifest", expect="accept", check=says("incomplete run"))
+    def _(ctx):
+        (ctx.subs / ctx.run_id / "manifest.json").unlink()
+        return ["status", "--work-dir", str(ctx.work), "--submissions-dir", str(ctx.subs)]
+
+    for command in ("report", "ensemble"):
+        @add("9", f"{command} on a run folder without manifest", check=says("incomplete run folder"))
+        def _(ctx, command=command):
+            (ctx.subs / ctx.run_id / "manifest.json").unlink()
+            runs = [ctx.run_id] if command == "report" else ["--runs", ctx.run_id]
+            return [command, *runs, "--submissions-dir", str(ctx.subs)]
+
+    @add("9", "a dead run's .tmp-<key> stage folder goes when the stage is reused", expect="accept",
+         check=_tmp_stage_gone)
+    def _(ctx):
+        shutil.copytree(ctx.work, ctx.base / "work")
+        prune = ctx.base / "work" / "prune"
+        key = next(p.name for p in prune.iterdir() if not p.name.startswith("."))
+        leftover = prune / f".tmp-{key}-killed99"
+        leftover.mkdir()
+        _touch(leftover / ".lock", "999999\n")
+        return ["prepare", "--data-root", str(ctx.world), "--work-dir", str(ctx.base / "work"), *FAST]
+
+    @add("9", "a run killed (SIGKILL) while publishing, then run again", expect="accept", check=_killed_publish)
+    def _(ctx):
+        shutil.copytree(ctx.work, ctx.base / "work")
+        return ["run", "--data-root", str(ctx.world), "--work-dir", str(ctx.base / "work"), "--submissions-dir",
+                str(ctx.base / "subs"), "--models", "random", *FAST]
+
+    # 10. oversized submissions
+    for command in ("validate-submission", "score"):
+        @add("10", f"{command} on a 200 MB CSV", check=says("refused without reading"))
+        def _(ctx, command=command):
+            big = ctx.base / "big.csv"
+            with open(big, "wb") as handle:
+                handle.write(ctx.csv.read_bytes())
+                line = b"tile:xla:x," + b"0;" * 1_000_000 + b"0\n"
+                for _ in range(100):
+                    handle.write(line)
+            if command == "score":
+                return ["score", "--data-root", str(ctx.data), "--submission", str(big)]
+            return ["validate-submission", "--data-root", str(ctx.data), str(big)]
+
+    # 11. config bounds
+    for override in ("gbdt.learning_rate=nan", "gbdt.learning_rate=inf", "gbdt.lambda_l2=-inf"):
+        cases.append(Case("11", f"config --set {override}", lambda ctx, o=override: ["config", "--set", o],
+                          "reject", says("finite")))
+    cases.append(Case("11", "config --config /dev/zero", lambda ctx: ["config", "--config", "/dev/zero"], "reject",
+                      says("/dev/zero")))
+    cases.append(Case("11", "config --config a 50 MB file", lambda ctx: ["config", "--config", str(
+        _big_file(ctx.base / "big.toml", b'extends = "base"\n', b"#", 50 << 20))], "reject", says("larger than")))
+    cases.append(Case("11", "config --config a directory", lambda ctx: ["config", "--config", str(ctx.base) + "/"],
+                      "reject"))
+
+    # 12. work dir inside the data root
+    for where in (".", "work", "npz_all/npz/work"):
+        cases.append(Case("12", f"prepare --work-dir DATA_ROOT/{where}", lambda ctx, w=where: [
+            "prepare", "--data-root", str(ctx.data), "--work-dir", str(ctx.data / w), *FAST], "reject",
+            says("inside the data root")))
+    cases.append(Case("12", "run --submissions-dir DATA_ROOT/subs", lambda ctx: [
+        *run_args(ctx), "--submissions-dir", str(ctx.data / "subs")], "reject", says("inside the data root")))
+
+    # 13. messages
+    @add("13", "validate a CSV with a negative index", check=says("negative index -1"))
+    def _(ctx):
+        lines = ctx.csv.read_text().splitlines()
+        sid, top = lines[1].split(",")
+        lines[1] = f"{sid},-1;{top.split(';', 1)[1]}"
+        return ["validate-submission", "--data-root", str(ctx.data), str(_touch(ctx.base / "neg.csv",
+                                                                               "\n".join(lines) + "\n"))]
+
+    @add("13", "validate a CSV with a UTF-8 BOM", check=says("byte-order mark"))
+    def _(ctx):
+        bom = ctx.base / "bom.csv"
+        bom.write_bytes(b"\xef\xbb\xbf" + ctx.csv.read_bytes())
+        return ["validate-submission", "--data-root", str(ctx.data), str(bom)]
+
+    @add("13", "run with a full submissions disk", needs_mount=True,
+         check=both(says("{base}/full", "No space left on device"), _no_run_folder_in_full))
+    def _(ctx):
+        shutil.copytree(ctx.work, ctx.base / "work")
+        full = ctx.base / "full"
+        full.mkdir()
+        subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(full)], check=True)
+        subprocess.run(["dd", "if=/dev/zero", f"of={full}/filler", "bs=4k"], capture_output=True)
+        return ["run", "--data-root", str(ctx.world), "--work-dir", str(ctx.base / "work"), "--submissions-dir",
+                str(full), "--models", "random", *FAST]
+
+    @add("13", "run --scheduler with a password in the address", check=_no_password)
+    def _(ctx):
+        return [*run_args(ctx), "--scheduler", "tcp://alice:hunter2@127.0.0.1:1"]
+
+    # + our additions
+    @add("+", "prepare --data-root a file", check=says("no TpuGraphs data"))
+    def _(ctx):
+        return ["prepare", "--data-root", str(_touch(ctx.base / "afile", "x")), *FAST]
+
+    @add("+", "validate with sample_submission.csv a FIFO", check=says("FIFO"))
+    def _(ctx):
+        (ctx.data / "sample_submission.csv").unlink()
+        os.mkfifo(ctx.data / "sample_submission.csv")
+        return ["validate-submission", "--data-root", str(ctx.data), str(ctx.csv)]
+
+    @add("+", "validate with a 70 MB sample_submission.csv", check=says("sample_submission.csv"))
+    def _(ctx):
+        sample = ctx.data / "sample_submission.csv"
+        _big_file(sample, sample.read_bytes(), b"#", 70 << 20)
+        return ["validate-submission", "--data-root", str(ctx.data), str(ctx.csv)]
+
+    @add("+", "validate a submission that is a FIFO", check=says("FIFO"))
+    def _(ctx):
+        os.mkfifo(ctx.base / "pipe.csv")
+        return ["validate-submission", "--data-root", str(ctx.data), str(ctx.base / "pipe.csv")]
+
+    @add("+", "validate a CSV with CRLF line ends (allowed)", expect="accept")
+    def _(ctx):
+        crlf = ctx.base / "crlf.csv"
+        crlf.write_bytes(ctx.csv.read_bytes().replace(b"\n", b"\r\n"))
+        return ["validate-submission", "--data-root", str(ctx.data), str(crlf)]
+
+    @add("+", "validate a CSV with a NUL byte", check=says("non-integer"))
+    def _(ctx):
+        nul = ctx.base / "nul.csv"
+        nul.write_bytes(ctx.csv.read_bytes().replace(b";", b";\x00", 1))
+        return ["validate-submission", "--data-root", str(ctx.data), str(nul)]
+
+    @add("+", "validate a CSV with a non-ASCII byte", check=says("not an ASCII"))
+    def _(ctx):
+        latin = ctx.base / "latin.csv"
+        latin.write_bytes(ctx.csv.read_bytes().replace(b";", b"\xe9", 1))
+        return ["validate-submission", "--data-root", str(ctx.data), str(latin)]
+
+    @add("+", "prepare with a bzip2-compressed member", check=says("compression"))
+    def _(ctx):
+        victim = first_npz(tile(ctx, "train"))
+        write_members(victim, read_members(victim), zipfile.ZIP_BZIP2)
+        return prepare_args(ctx)
+
+    @add("+", "prepare with a train file that is an empty file", check=says("zz_empty.npz"))
+    def _(ctx):
+        _touch(tile(ctx, "train") / "zz_empty.npz", "")
+        return prepare_args(ctx)
+
+    @add("+", "prepare with a test file that is a directory, on_bad_file=skip", check=says("zz_dir.npz"))
+    def _(ctx):
+        (tile(ctx, "test") / "zz_dir.npz").mkdir()
+        return prepare_args(ctx, "--set", "data.on_bad_file=skip")
+
+    @add("+", "report of a run-id with path traversal", check=says("not a run-id"))
+    def _(ctx):
+        return ["report", "../../etc", "--submissions-dir", str(ctx.subs)]
+    return cases
+
+
+def _big_file(path: Path, head: bytes, fill: bytes, size: int) -> Path:
+    """Write ``head`` then ``fill`` up to ``size`` bytes in chunks (the driver's own memory stays small)."""
+    with open(path, "wb") as handle:
+        handle.write(head)
+        chunk = fill * (1 << 20)
+        for _ in range(size // len(chunk)):
+            handle.write(chunk)
+    return path
+
+
+def _touch(path: Path, text: str) -> Path:
+    path.write_text(text)
+    return path
+
+
+def _link(path: Path, target: Path) -> Path:
+    path.symlink_to(target)
+    return path
+
+
+def _skipped_recorded(ctx: Context, out: Outcome) -> str | None:
+    manifests = list((ctx.base / "work" / "prune").glob("*/manifest.json"))
+    if len(manifests) != 1:
+        return "no prune manifest"
+    skipped = json.loads(manifests[0].read_text())["metrics"]["skipped_files"]
+    if [Path(s["path"]).name for s in skipped] != ["zz_bad.npz"]:
+        return f"skipped_files = {skipped}"
+    return None if "warning" in out.stdout + out.stderr else "no warning printed"
+
+
+def _debris_gone(ctx: Context, out: Outcome) -> str | None:
+    left = [p.name for p in ctx.subs.iterdir() if p.name != ctx.run_id]
+    return f"left behind: {left}" if left else None
+
+
+def _tmp_stage_gone(ctx: Context, out: Outcome) -> str | None:
+    left = list((ctx.base / "work" / "prune").glob(".tmp-*"))
+    return f"left behind: {left}" if left else None
+
+
+def _no_run_folder_in_full(ctx: Context, out: Outcome) -> str | None:
+    full = ctx.base / "full"
+    left = [p.name for p in full.iterdir() if p.name != "filler"]
+    subprocess.run(["umount", str(full)], check=False)
+    return f"left behind: {left}" if left else None
+
+
+def _no_password(ctx: Context, out: Outcome) -> str | None:
+    return "the password was echoed" if "hunter2" in out.stdout + out.stderr else None
+
+
+def _killed_publish(ctx: Context, out: Outcome) -> str | None:
+    """Run once more, killed with SIGKILL the moment its staging folder appears; then the case's run
+    (already done) must have left exactly one complete run folder and no staging folder."""
+    subs = ctx.base / "subs"
+    runs = [p for p in subs.iterdir() if not p.name.startswith(".")]
+    if not all((p / "manifest.json").is_file() and (p / "submission.csv").is_file() for p in runs):
+        return f"incomplete run folders: {runs}"
+    if any(p.name.startswith(".") for p in subs.iterdir()):
+        return "a staging folder survived the run"
+    ours = [p for p in runs if str(ctx.base) in (p / "manifest.json").read_text()]  # not the copied baseline
+    if len(ours) != 1:
+        return f"expected one new run folder (the rerun), found {ours}"
+    return None
+
+
+def _kill_while_publishing(ctx: Context, args: list[str], timeout: float) -> str:
+    """Start the run, SIGKILL it as soon as a ``.tmp-run-*`` staging folder exists (or a run folder, too late)."""
+    subs = ctx.base / "subs"
+    child = subprocess.Popen([sys.executable, "-m", "pipelines", *args], cwd=ctx.base, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL, env={**os.environ, "PYTHONPATH": str(REPO)},
+                             start_new_session=True)
+    started = time.perf_counter()
+    state = "finished before a staging folder was seen"
+    while child.poll() is None and time.perf_counter() - started < timeout:
+        # kill once the staging folder holds the CSV: in the middle of publishing
+        if subs.is_dir() and any(p.name.startswith(".tmp-run-") and (p / "submission.csv").exists()
+                                 for p in subs.iterdir()):
+            os.killpg(child.pid, signal.SIGKILL)
+            state = "killed while publishing (staging folder with its CSV, no manifest)"
+            break
+        time.sleep(0.001)
+    child.wait()
+    return state
+
+
+# ----------------------------------------------------------------------------- driver
+
+
+def build_bombs(folder: Path, world: Path) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    source = first_npz(world / "npz_all" / "npz" / "tile" / "xla" / "train")
+    zero_bomb(folder / "edges-200M.npz", source, "edge_index", (200_000_000, 2))
+    zero_bomb(folder / "edges-20M.npz", source, "edge_index", (20_000_000, 2))
+    zero_bomb(folder / "node-feat-2M.npz", source, "node_feat", (2_000_000, 140), "<f4")
+    zero_bomb(folder / "config-feat-100M.npz", source, "config_feat", (10_000_000, 24), "<f4")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results")
+    parser.add_argument("--scratch", type=Path, default=None, help="scratch folder (default: a temporary one)")
+    parser.add_argument("--keep", action="store_true", help="keep the scratch folder")
+    parser.add_argument("--only", default=None, help="run only cases whose name contains this")
+    parser.add_argument("--skip", action="append", default=[],
+                        help="leave out cases whose name contains this (repeatable; e.g. to spare an old "
+                             "version the inputs that exhaust its memory)")
+    parser.add_argument("--timeout", type=float, default=180.0, help="seconds before a case is killed")
+    args = parser.parse_args(argv)
+
+    scratch = args.scratch or Path(tempfile.mkdtemp(prefix="tpugraphs-attack-"))
+    scratch.mkdir(parents=True, exist_ok=True)
+    can_mount = os.geteuid() == 0 and shutil.which("mount") is not None
+    try:
+        world = scratch / "world"
+        if not world.exists():
+            print("generating the tiny world, a baseline run and the bombs ...", flush=True)
+            setup = run_cli(["synth", "--out", str(world), "--scale", "tiny", "--seed", "0"], scratch, 600)
+            assert setup.rc == 0, setup.stderr
+        baseline = run_cli(["run", "--data-root", str(world), "--work-dir", str(scratch / "work"), "--submissions-dir",
+                            str(scratch / "subs"), "--models", "random", *FAST], scratch, 600)
+        assert baseline.rc == 0, baseline.stderr
+        run_id = Path(baseline.stdout.strip().splitlines()[-1]).parent.name
+        if not (scratch / "bombs").exists():
+            build_bombs(scratch / "bombs", world)
+        pristine = snapshot(world)
+
+        rows = []
+        for index, case in enumerate(build_cases(scratch / "bombs")):
+            if (args.only and args.only not in case.name) or any(word in case.name for word in args.skip):
+                continue
+            base = scratch / "cases" / f"{index:03d}"
+            shutil.rmtree(base, ignore_errors=True)
+            base.mkdir(parents=True)
+            shutil.copytree(world, base / "data", symlinks=True)
+            shutil.copytree(scratch / "subs", base / "subs")
+            ctx = Context(base, base / "data", world, run_id, base / "subs", scratch / "work",
+                          base / "subs" / run_id / "submission.csv")
+            if case.needs_mount and not can_mount:
+                rows.append({"item": case.item, "case": case.name, "verdict": "skipped (needs root and mount)"})
+                continue
+            cli_args = case.prepare(ctx)
+            before = snapshot(ctx.data)
+            if case.check is _killed_publish:
+                note = _kill_while_publishing(ctx, cli_args, args.timeout)
+            outcome = run_cli(cli_args, base, args.timeout)
+            changed = snapshot(ctx.data) != before or snapshot(world) != pristine
+            problem = case.check(ctx, outcome)
+            text = outcome.stdout + outcome.stderr
+            if outcome.timed_out:
+                verdict = "timeout"
+            elif "Traceback (most recent call last)" in text:
+                verdict = "traceback"
+            elif case.expect == "reject":
+                verdict = ("rejected cleanly" if outcome.rc == 2 and "error:" in outcome.stderr and not problem
+                           else "accepted wrongly")
+            else:
+                verdict = "accepted as intended" if outcome.rc == 0 and not problem else "accepted wrongly"
+            message = (outcome.stderr.strip().splitlines() or [""])[0] if outcome.rc else \
+                (outcome.stdout.strip().splitlines() or [""])[-1]
+            row = {"item": case.item, "case": case.name, "verdict": verdict, "rc": outcome.rc,
+                   "raw_data_changed": changed, "wall_s": round(outcome.wall_s, 2),
+                   "peak_rss_mb": round(outcome.peak_rss_mb, 1), "problem": problem, "message": message[:300]}
+            if case.check is _killed_publish:
+                row["note"] = note
+            rows.append(row)
+            print(f"[{case.item:>2}] {verdict:<21} rss {outcome.peak_rss_mb:7.1f} MB {outcome.wall_s:6.2f}s  "
+                  f"{case.name}" + (f"  <- {problem}" if problem else ""), flush=True)
+    finally:
+        if not args.keep and args.scratch is None:
+            subprocess.run(["bash", "-c", f"umount {scratch}/cases/*/full 2>/dev/null; true"])
+            shutil.rmtree(scratch, ignore_errors=True)
+
+    table = summary(rows)
+    print()
+    print(table)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "attack.json").write_text(json.dumps(rows, indent=2) + "\n")
+    (args.out / "attack.txt").write_text(table + "\n")
+    bad = sum(r["verdict"] in ("traceback", "timeout", "accepted wrongly") or r.get("raw_data_changed") for r in rows)
+    return 1 if bad else 0
+
+
+def summary(rows: list[dict]) -> str:
+    ran = [r for r in rows if not r["verdict"].startswith("skipped")]
+    count = lambda verdict: sum(r["verdict"] == verdict for r in ran)  # noqa: E731
+    peak = max((r["peak_rss_mb"] for r in ran), default=0.0)
+    lines = [
+        "| inputs tried | rejected cleanly | accepted as intended | tracebacks | timeouts | accepted wrongly "
+        "| raw data changed | skipped | max peak RSS (MB) |",
+        "|---|---|---|---|---|---|---|---|---|",
+        f"| {len(ran)} | {count('rejected cleanly')} | {count('accepted as intended')} | {count('traceback')} "
+        f"| {count('timeout')} | {count('accepted wrongly')} | {sum(bool(r.get('raw_data_changed')) for r in ran)} "
+        f"| {len(rows) - len(ran)} | {peak:.0f} |",
+        "",
+        "| item | case | verdict | peak RSS (MB) | wall (s) |",
+        "|---|---|---|---|---|",
+    ]
+    for r in rows:
+        lines.append(f"| {r['item']} | {r['case']} | {r['verdict']}{' (raw data changed!)' if r.get('raw_data_changed') else ''}"
+                     f" | {r.get('peak_rss_mb', '')} | {r.get('wall_s', '')} |")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
