@@ -179,6 +179,21 @@ def scores_table(runs: Sequence[CollectionRun]) -> pl.DataFrame:
     return pl.DataFrame(rows, schema=SCORES_SCHEMA)
 
 
+def scores_from_manifest(manifest: Mapping[str, Any]) -> pl.DataFrame:
+    """The :func:`scores_table` of a published run, rebuilt from its manifest alone."""
+    rows = []
+    for cname, scores in (manifest.get("cv_scores") or {}).items():
+        blend = scores.get("blend") or {}
+        weights = (manifest.get("ensemble_weights") or {}).get(cname) or {}
+        for name, m in (scores.get("training") or {}).items():
+            rows.append({"collection": cname, "model": name, "oof_score": m.get("oof_score"),
+                         "oof_std": m.get("oof_score_std"), "seeds": len(m.get("oof_score_by_seed") or {}),
+                         "blend_score": blend.get(name), "weight": weights.get(name)})
+        rows.append({"collection": cname, "model": "ensemble", "oof_score": blend.get("ensemble"),
+                     "oof_std": None, "seeds": None, "blend_score": blend.get("ensemble"), "weight": None})
+    return pl.DataFrame(rows, schema=SCORES_SCHEMA)
+
+
 def combined_by_model(table: pl.DataFrame, column: str = "blend_score") -> dict[str, Any]:
     """``{model: CombinedScore}`` of a scores table (mean of the collection means)."""
     from pipelines.metric import combine_collection_scores
