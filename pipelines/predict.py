@@ -99,17 +99,23 @@ def predict_test(output: StageOutput, prepared: Any, *, num_threads: int = 1) ->
     return pl.concat(frames) if frames else pl.DataFrame(schema=PREDICTION_SCHEMA)
 
 
-def prepare_test_graphs(config: Any, collection: Collection, data_root: Path, work_dir: Path, log: Log) -> Any:
-    """The prune, features and node-arrays stages over the test graphs of ``data_root`` only (no labels,
-    no folds needed): a :class:`pipelines.prepare.Prepared` handle for prediction."""
-    from pipelines.prepare import (Prepared, collection_refs, raw_data_key, run_features, run_node_arrays,
-                                   run_prune, GRAPHS_TABLE)
+def prepare_test_graphs(config: Any, collection: Collection, data_root: Path, work_dir: Path, log: Log,
+                        split: str = "test") -> Any:
+    """The prune, features and node-arrays stages over the ``split`` graphs of ``data_root`` only (no
+    folds needed): a :class:`pipelines.prepare.Prepared` handle for prediction. The graphs are
+    prepared as unlabelled ``test`` graphs whatever their split (every config kept, none merged),
+    because a submission ranks every config of the file."""
+    import dataclasses
 
-    refs = collection_refs(data_root, collection)
-    refs = {split: (items if split == "test" else []) for split, items in refs.items()}
+    from pipelines.prepare import (GRAPHS_TABLE, Prepared, collection_refs, raw_data_key, run_features,
+                                   run_node_arrays, run_prune)
+
+    found = collection_refs(data_root, collection)
+    refs = {name: [] for name in found}
+    refs["test"] = [dataclasses.replace(ref, split="test") for ref in found[split]]
     if not refs["test"]:
-        raise PipelineError(f"{data_root}: no {collection.name} test graphs to rank (the run has models for it; "
-                            "the new data root must hold its test files in the Kaggle layout)")
+        raise PipelineError(f"{data_root}: no {collection.name} {split} graphs to rank (the run has models for it; "
+                            f"the data root must hold its {split} files in the Kaggle layout)")
     data_key = raw_data_key(data_root, refs)
     tagged = (lambda message: log(f"{collection.name} {message}"))
     prune, _ = run_prune(config, collection, work_dir, refs, data_key, False, tagged)
@@ -121,11 +127,29 @@ def prepare_test_graphs(config: Any, collection: Collection, data_root: Path, wo
     return Prepared(collection, {"prune": prune, "features": features, "node_arrays": node_arrays})
 
 
+def _check_split(source: dict[str, Any], run_id: str, split: str) -> None:
+    """A labelled split may only be ranked by fold models that never trained on it: with
+    ``folds.holdout_valid`` the valid graphs are a holdout of every fold model."""
+    if split == "test":
+        return
+    if split != "valid":
+        raise ConfigError(f"predict --split must be test or valid, got {split!r} (every fold model trained on "
+                          "train graphs)")
+    configs = [source.get("config") or {}] if source.get("kind") != "ensemble" else \
+        list(((source.get("config") or {}).get("source_runs") or {}).values())
+    if not configs or not all(((c or {}).get("folds") or {}).get("holdout_valid") for c in configs):
+        raise ConfigError(f"run {run_id}: its fold models trained on valid graphs (folds.holdout_valid = false), so "
+                          "a valid-split score would not be a validation score; run with "
+                          "--set folds.holdout_valid=true to keep the valid split out of training")
+
+
 def predict_run(run_id: str, data_root: Path | str, *, submissions_dir: Path | str = DEFAULT_SUBMISSIONS_DIR,
-                work_dir: Path | str | None = None, num_threads: int = 1, command: str | None = None,
-                log: Log = print) -> RunResult:
-    """Rank every test graph of ``data_root`` with run ``run_id``'s saved models and blend weights, and
-    publish a validated submission in a new run folder (see the module docstring)."""
+                work_dir: Path | str | None = None, split: str = "test", num_threads: int = 1,
+                command: str | None = None, log: Log = print) -> RunResult:
+    """Rank every ``split`` graph of ``data_root`` with run ``run_id``'s saved models and blend weights, and
+    publish a validated submission in a new run folder (see the module docstring). ``split="valid"``
+    (only for runs whose fold models held the valid split out) writes a submission that ``score``
+    can score."""
     from pipelines.config import PipelineConfig, config_from_dict
     from pipelines.ensemble import blend, prepare_model_scores
     from pipelines.run import default_command, publish_submission, submission_rows
@@ -135,6 +159,7 @@ def predict_run(run_id: str, data_root: Path | str, *, submissions_dir: Path | s
     if not data_root.is_dir():
         raise PipelineError(f"{data_root}: no such data root")
     source = read_run_manifest(submissions_dir, run_id)
+    _check_split(source, run_id, split)
     source_work = Path(work_dir if work_dir is not None else source["work_dir"])
     method = ((source.get("config") or {}).get("ensemble") or {}).get("method", "minmax")
     collections = list(source.get("collections") or source["stages"])
@@ -164,7 +189,8 @@ def predict_run(run_id: str, data_root: Path | str, *, submissions_dir: Path | s
             cache = (cname, fingerprint(config_dict))
             if cache not in prepared_by_config:
                 config = config_from_dict(PipelineConfig, config_dict, f"run {run_id} manifest")
-                prepared_by_config[cache] = prepare_test_graphs(config, collection, data_root, source_work, log)
+                prepared_by_config[cache] = prepare_test_graphs(config, collection, data_root, source_work, log,
+                                                                split)
             prepared = prepared_by_config[cache]
             prepare_keys = {stage: out.key for stage, out in prepared.stages.items()}
             frames.append(predict_test(output, prepared, num_threads=num_threads)
@@ -175,6 +201,7 @@ def predict_run(run_id: str, data_root: Path | str, *, submissions_dir: Path | s
     manifest = {
         "kind": "predict",
         "source_run": run_id,
+        "split": split,
         "command": command if command is not None else default_command(),
         "config": source.get("config"),
         "data_root": str(data_root.resolve()),
@@ -192,5 +219,5 @@ def predict_run(run_id: str, data_root: Path | str, *, submissions_dir: Path | s
         "wall_time_s": round(time.perf_counter() - started, 3),
     }
     new_id, path, manifest = publish_submission(rows, manifest, data_root=data_root, submissions_dir=submissions_dir,
-                                                log=log)
+                                                split=split, log=log)
     return RunResult(new_id, path.parent, path, manifest, scores_from_manifest(manifest), ())

@@ -377,7 +377,7 @@ def _make_run_dir(submissions_dir: Path, payload: Any) -> tuple[str, Path]:
 
 
 def publish_submission(rows: Mapping[str, Sequence[int]], manifest: dict[str, Any], *, data_root: Path,
-                       submissions_dir: Path, log: Log = print) -> tuple[str, Path, dict[str, Any]]:
+                       submissions_dir: Path, log: Log = print, split: str = "test") -> tuple[str, Path, dict[str, Any]]:
     """Validate ``rows`` against the test split of ``data_root``, then publish them with the manifest.
 
     Returns ``(run_id, submission path, final manifest)``. The CSV is first written to a hidden file
@@ -391,7 +391,7 @@ def publish_submission(rows: Mapping[str, Sequence[int]], manifest: dict[str, An
     try:
         draft = run_dir / f".{SUBMISSION_FILE}.draft"
         draft.write_text(text, encoding="ascii")
-        count = validate_submission(draft, data_root, split="test")
+        count = validate_submission(draft, data_root, split=split)
         path = write_submission(run_dir / SUBMISSION_FILE, rows)
         draft.unlink()
         manifest = {**manifest, "run_id": run_id,
