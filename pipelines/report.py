@@ -40,6 +40,8 @@ class Section:
     paragraphs: list[str] = field(default_factory=list)
     tables: list[tuple[str, pl.DataFrame]] = field(default_factory=list)
     figures: list[tuple[str, bytes]] = field(default_factory=list)
+    collapsed: bool = False  # rendered folded (<details>): long tables that would dominate the page
+    markup: str = ""  # trusted HTML built by this module (the summary table), placed after the paragraphs
 
 
 # ----------------------------------------------------------------------------- pure parts
@@ -61,6 +63,80 @@ def cv_table(manifest: dict[str, Any]) -> pl.DataFrame:
     schema = {"collection": pl.Utf8, "model": pl.Utf8, "oof_mean": pl.Float64, "oof_std_seeds": pl.Float64,
               "seeds": pl.Int64, "seed_averaged": pl.Float64, "weight": pl.Float64}
     return pl.DataFrame(rows, schema=schema)
+
+
+def _spread(values: Any) -> float | None:
+    values = [float(v) for v in (values or []) if v is not None and not math.isnan(float(v))]
+    if len(values) < 2:
+        return None
+    mean = sum(values) / len(values)
+    return math.sqrt(sum((v - mean) ** 2 for v in values) / len(values))
+
+
+def summary_table(manifest: dict[str, Any], fold_scores: dict[tuple[str, str], dict[str, float]] | None = None
+                  ) -> pl.DataFrame:
+    """One row per model (then ``ensemble``): the CV score per collection with its spread over seeds
+    and over folds, and the combined score (mean of the collections) with its spread over seeds.
+
+    Columns per collection ``c``: ``c`` (mean over seeds), ``c:seeds`` (std over seeds), ``c:folds``
+    (std over folds of the fold means; from ``fold_scores[(c, model)]`` = fold -> score). The
+    ensemble's score is the OOF score of the blend of seed-averaged predictions (one number).
+    """
+    fold_scores = fold_scores or {}
+    collections = list((manifest.get("cv_scores") or {}))
+    models: list[str] = []
+    for scores in (manifest.get("cv_scores") or {}).values():
+        models += [m for m in (scores.get("training") or {}) if m not in models]
+    rows = []
+    for model in [*models, "ensemble"]:
+        row: dict[str, Any] = {"model": model}
+        by_seed: dict[str, list[float]] = {}
+        means = []
+        for c in collections:
+            scores = manifest["cv_scores"][c]
+            if model == "ensemble":
+                mean, seeds, folds = (scores.get("blend") or {}).get("ensemble"), None, None
+            else:
+                m = (scores.get("training") or {}).get(model) or {}
+                mean, seeds = m.get("oof_score"), m.get("oof_score_std")
+                folds = _spread((fold_scores.get((c, model)) or {}).values())
+                for seed, value in (m.get("oof_score_by_seed") or {}).items():
+                    by_seed.setdefault(seed, []).append(value)
+            row |= {c: mean, f"{c}:seeds": seeds, f"{c}:folds": folds}
+            means.append(mean)
+        complete = bool(means) and all(v is not None for v in means)
+        row["combined"] = sum(means) / len(means) if complete else None
+        row["combined:seeds"] = _spread([sum(v) / len(v) for v in by_seed.values() if len(v) == len(collections)])
+        rows.append(row)
+    schema = {"model": pl.Utf8, "combined": pl.Float64, "combined:seeds": pl.Float64}
+    for c in collections:
+        schema |= {c: pl.Float64, f"{c}:seeds": pl.Float64, f"{c}:folds": pl.Float64}
+    return pl.DataFrame(rows, schema=schema).select(list(schema))
+
+
+def summary_html(table: pl.DataFrame) -> str:
+    """The summary table: a column per collection, each cell ``mean`` with ``+- seeds / +- folds`` below."""
+    collections = [c for c in table.columns if c != "model" and not c.endswith((":seeds", ":folds"))
+                   and c != "combined"]
+    head = "".join(f"<th>{html.escape(c)}</th>" for c in ["model", "combined", *collections])
+
+    def cell(row: dict[str, Any], name: str, strong: bool = False) -> str:
+        value = _format_cell(row.get(name))
+        spreads = []
+        if row.get(f"{name}:seeds") is not None:
+            spreads.append(f"&plusmn;{row[f'{name}:seeds']:.4f} seeds")
+        if row.get(f"{name}:folds") is not None:
+            spreads.append(f"&plusmn;{row[f'{name}:folds']:.4f} folds")
+        value = f"<b>{value}</b>" if strong else value
+        small = f"<br><span class='spread'>{' '.join(spreads)}</span>" if spreads else ""
+        return f"<td>{value}{small}</td>"
+
+    body = []
+    for row in table.iter_rows(named=True):
+        ensemble = row["model"] == "ensemble"
+        body.append(f"<tr{' class=ensemble' if ensemble else ''}><td>{html.escape(row['model'])}</td>"
+                    + cell(row, "combined", strong=True) + "".join(cell(row, c) for c in collections) + "</tr>")
+    return f"<table class='summary'><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
 
 
 def graph_scores_table(scores: pl.DataFrame) -> pl.DataFrame:
@@ -93,6 +169,9 @@ def html_table(frame: pl.DataFrame) -> str:
 
 
 STYLE = """body{font-family:sans-serif;max-width:1100px;margin:2em auto;color:#222}
+.headline{font-size:1.3em;margin:0.3em 0 0.8em}.headline b{font-size:1.3em}
+table.summary{font-size:0.95em}table.summary tr.ensemble td{background:#eef5ff;font-weight:bold}
+.spread{color:#777;font-size:0.8em;font-weight:normal}details summary{cursor:pointer;color:#235}
 table{border-collapse:collapse;margin:0.5em 0 1.5em;font-size:0.85em}
 th,td{border:1px solid #ccc;padding:3px 8px;text-align:right}th{background:#f2f2f2}
 td:first-child,th:first-child{text-align:left}img{max-width:100%}h2{border-bottom:1px solid #ddd}
@@ -105,13 +184,19 @@ def render_html(title: str, sections: list[Section]) -> str:
              f"<style>{STYLE}</style></head><body><h1>{html.escape(title)}</h1>"]
     for section in sections:
         parts.append(f"<h2>{html.escape(section.title)}</h2>")
+        if section.collapsed:
+            parts.append(f"<details><summary>show {html.escape(section.title.lower())}</summary>")
         parts += [f"<p>{html.escape(text)}</p>" for text in section.paragraphs]
+        if section.markup:
+            parts.append(section.markup)
         for caption, frame in section.tables:
             parts.append(f"<p class='caption'>{html.escape(caption)}</p>{html_table(frame)}")
         for caption, png in section.figures:
             data = base64.b64encode(png).decode("ascii")
             parts.append(f"<figure><img alt='{html.escape(caption)}' src='data:image/png;base64,{data}'>"
                          f"<figcaption class='caption'>{html.escape(caption)}</figcaption></figure>")
+        if section.collapsed:
+            parts.append("</details>")
     parts.append("</body></html>")
     return "\n".join(parts)
 
@@ -120,21 +205,26 @@ def render_html(title: str, sections: list[Section]) -> str:
 
 
 def _distribution_figure(per_graph: pl.DataFrame) -> bytes:
+    """Per collection, a histogram of the per-graph OOF scores of each model on one set of bins."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import numpy as np
 
     collections = per_graph["collection"].unique(maintain_order=True).to_list()
-    fig, axes = plt.subplots(1, len(collections), figsize=(3.4 * len(collections), 3.2), squeeze=False)
+    fig, axes = plt.subplots(1, len(collections), figsize=(3.6 * len(collections), 3.4), squeeze=False)
     for ax, name in zip(axes[0], collections):
         part = per_graph.filter(pl.col("collection") == name)
-        models = part["model"].unique(maintain_order=True).to_list()
-        ax.boxplot([part.filter(pl.col("model") == m)["mean"].to_numpy() for m in models], tick_labels=models)
-        ax.set_title(name, fontsize=9)
-        ax.tick_params(axis="x", labelrotation=30, labelsize=8)
+        edges = np.histogram_bin_edges(part["mean"].to_numpy(), bins=12)  # shared by the models of the panel
+        for model in part["model"].unique(maintain_order=True).to_list():
+            values = part.filter(pl.col("model") == model)["mean"].to_numpy()
+            ax.hist(values, bins=edges, histtype="step", linewidth=1.6, label=model)
+        ax.set_title(name, fontsize=10)
+        ax.set_xlabel("per-graph OOF score (seed mean)")
         ax.grid(alpha=0.3)
-    axes[0][0].set_ylabel("per-graph OOF score (mean over seeds)")
+    axes[0][0].set_ylabel("graphs")
+    axes[0][-1].legend(fontsize=8)
     fig.tight_layout()
     return figure_png(fig)
 
@@ -150,9 +240,10 @@ def _importance_figure(table: pl.DataFrame) -> bytes:
     for ax, name in zip(axes[0], collections):
         part = table.filter(pl.col("collection") == name).reverse()
         ax.barh(part["feature"].to_list(), part["mean"].to_numpy(), xerr=part["std"].to_numpy(), capsize=2)
-        ax.set_title(name, fontsize=9)
-        ax.tick_params(axis="y", labelsize=7)
+        ax.set_title(name, fontsize=10)
+        ax.tick_params(axis="y", labelsize=8)
         ax.set_xlabel("share of gain")
+    axes[0][0].set_ylabel("feature")
     fig.tight_layout()
     return figure_png(fig)
 
@@ -167,7 +258,7 @@ def _curve_figure(curves: dict[str, tuple[str, pl.DataFrame, float]]) -> bytes:
     for ax, (name, (model, curve, chosen)) in zip(axes[0], curves.items()):
         ax.plot(curve["weight"].to_numpy(), curve["score"].to_numpy(), marker=".")
         ax.axvline(chosen, color="grey", linestyle="--", linewidth=1)
-        ax.set_title(name, fontsize=9)
+        ax.set_title(name, fontsize=10)
         ax.set_xlabel(f"weight of {model}")
         ax.grid(alpha=0.3)
     axes[0][0].set_ylabel("OOF score of the blend")
@@ -185,16 +276,36 @@ def build_report(run: RunOutputs) -> list[Section]:
 
     manifest = run.manifest
     config = manifest.get("config") or {}
-    folds = (config.get("folds") or {}).get("k")
-    seeds = (config.get("run") or {}).get("seeds")
-    combined = ", ".join(f"{m} {_format_cell(v.get('value'))}{'' if v.get('complete') else ' (incomplete)'}"
-                         for m, v in (manifest.get("combined_oof") or {}).items())
+    fold_scores = {(c, model): {f: v for f, v in (out.metrics.get("oof_score_by_fold") or {}).items()}
+                   for c, models in run.trained.items() for model, out in models.items()}
+    combined = (manifest.get("combined_oof") or {}).get("ensemble") or {}
+    headline = f"combined CV score (ensemble, mean of the collections): {_format_cell(combined.get('value'))}"
+    if combined and not combined.get("complete"):
+        headline += " (not all five collections: the mean of those present)"
+    summary = Section("Summary", markup=f"<p class='headline'>{html.escape(headline).replace(': ', ': <b>', 1)}"
+                                        f"</b></p>" + summary_html(summary_table(manifest, fold_scores)),
+                      paragraphs=[])
+    summary.markup += ("<p class='caption'>Out-of-fold CV scores (tile: top-5 slowdown score, layout: Kendall tau-b; "
+                       "higher is better). Each model: mean over seeds, &plusmn; standard deviation over seeds and "
+                       "over folds (fold means averaged over seeds). ensemble: the blend of the seed-averaged "
+                       "predictions with the weights below.</p>")
+    if manifest.get("kind") == "ensemble":
+        sources = config.get("source_runs") or {}
+        described = []
+        for run_id in manifest.get("source_runs") or list(sources):
+            source = sources.get(run_id) or {}
+            described.append(f"{run_id} ({(source.get('folds') or {}).get('k', '?')} folds x seeds "
+                             f"{(source.get('run') or {}).get('seeds', '?')})")
+        setup = (f"re-blend of {len(described)} run(s), training nothing: {'; '.join(described)}; method "
+                 f"{(config.get('ensemble') or {}).get('method', '?')}")
+    else:
+        setup = (f"{(config.get('folds') or {}).get('k', '?')} folds x seeds "
+                 f"{(config.get('run') or {}).get('seeds', '?')}")
     overview = Section("Run", [
         f"run {run.run_id} ({manifest.get('kind', 'run')}), created {manifest.get('created', '?')}, "
         f"wall time {manifest.get('wall_time_s', '?')} s; command: {manifest.get('command', '?')}",
-        f"data root {manifest.get('data_root')}; models {', '.join(manifest.get('models', []))}; "
-        f"{folds} folds x seeds {seeds}; code {(manifest.get('code_version') or {}).get('commit', '?')}",
-        f"combined OOF score (mean of the collections): {combined or '-'}",
+        f"data root {manifest.get('data_root')}; models {', '.join(manifest.get('models', []))}; {setup}; "
+        f"code {(manifest.get('code_version') or {}).get('commit', '?')}",
     ])
     cv = Section("Cross-validation scores per collection",
                  ["oof_mean: mean over seeds of the OOF score (each seed: mean over graphs of the metric, "
@@ -211,11 +322,12 @@ def build_report(run: RunOutputs) -> list[Section]:
                                    .with_columns(pl.lit(collection).alias("collection")))
     per_graph = graph_scores_table(pl.concat(scores, how="vertical_relaxed"))
     distribution = Section("Per-graph score distribution",
-                           ["Each box: the graphs of a collection, each scored out of fold and averaged over seeds."],
+                           ["Histograms of the graphs of each collection, each scored out of fold and averaged "
+                            "over seeds; the models of a panel share its bins."],
                            figures=[("per-graph OOF scores", _distribution_figure(per_graph))])
     worst = Section("Worst graphs", [f"The {WORST_GRAPHS} lowest-scoring graphs per collection and model."],
-                    [("worst graphs", worst_graphs(per_graph))])
-    sections = [overview, cv, distribution, worst]
+                    [("worst graphs", worst_graphs(per_graph))], collapsed=True)
+    sections = [summary, overview, cv, distribution]
 
     if importances:
         table = importance_table(pl.concat(importances), top=TOP_FEATURES)
@@ -240,7 +352,7 @@ def build_report(run: RunOutputs) -> list[Section]:
         curves[collection] = (models[0], curve.sort("weight"), weights[collection][models[0]])
     if curves:
         ensemble.figures.append(("OOF score vs. blend weight", _curve_figure(curves)))
-    sections.append(ensemble)
+    sections += [ensemble, worst]
     return sections
 
 

@@ -33,6 +33,7 @@ import hashlib
 import json
 import math
 import os
+import re
 import shlex
 import shutil
 import sys
@@ -440,6 +441,22 @@ def _manifest(*, kind: str, config: Any, data_root: Path, work_dir: Path, runs: 
 # ----------------------------------------------------------------------------- run
 
 
+class StageCounter:
+    """Prefixes the engine's "computing" / "cached" line of each stage with ``stage i/N`` (N: every
+    stage of the run, known before it starts), so a log says how far a run is."""
+
+    _START = re.compile(r"\[[\w.:-]+\] (computing|cached) [0-9a-f]+$")
+
+    def __init__(self, total: int, log: Log):
+        self.total, self.log, self.index = total, log, 0
+
+    def __call__(self, message: str) -> None:
+        if self._START.search(message):
+            self.index += 1
+            message = f"stage {self.index}/{self.total}: {message}"
+        self.log(message)
+
+
 def run_pipeline(config: PipelineConfig, data_root: Path | str, *, work_dir: Path | str,
                  models: Sequence[str] | None = None, collections: Sequence[Collection | str] | None = None,
                  submissions_dir: Path | str = DEFAULT_SUBMISSIONS_DIR, scheduler: str | None = None,
@@ -458,6 +475,11 @@ def run_pipeline(config: PipelineConfig, data_root: Path | str, *, work_dir: Pat
     for name in names:
         get_adapter(name)  # an unknown model fails before any work
     computed: list[str] = []
+    from pipelines.prepare import STAGES
+    from pipelines.tpugraphs import available_collections
+
+    count = len(collections) if collections is not None else len(available_collections(data_root))
+    log = StageCounter(count * (len(STAGES) + len(names) + 1), log)  # prepare, train per model, ensemble
 
     def track(output: StageOutput) -> StageOutput:
         if not output.cached:
@@ -494,7 +516,22 @@ def _finish(runs: Sequence[CollectionRun], *, kind: str, config: Any, data_root:
                          extra={"stages_computed": list(computed), **(extra or {})})
     run_id, path, manifest = publish_submission(rows, manifest, data_root=data_root,
                                                 submissions_dir=submissions_dir, log=log)
+    write_run_report(run_id, submissions_dir, log)
     return RunResult(run_id, path.parent, path, manifest, table, tuple(computed))
+
+
+def write_run_report(run_id: str, submissions_dir: Path, log: Log = print) -> Path | None:
+    """``report.html`` in the new run folder. The submission is already published and valid, so a
+    report that cannot be drawn is a warning, not a failed run (``report RUN_ID`` retries it)."""
+    from pipelines.report import write_report
+
+    try:
+        path = write_report(run_id, submissions_dir=submissions_dir)
+    except (PipelineError, OSError, ValueError) as exc:
+        log(f"warning: report of run {run_id} not written ({exc}); retry with: report {run_id}")
+        return None
+    log(f"report {path}")
+    return path
 
 
 # ----------------------------------------------------------------------------- re-ensemble

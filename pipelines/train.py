@@ -74,6 +74,7 @@ from pipelines.config import PipelineConfig, config_to_dict, resolve_for_collect
 from pipelines.engine import StageOutput, run_stage, stage_key, write_json_atomic
 from pipelines.errors import ConfigError, PipelineError
 from pipelines.predictions import PREDICTION_SCHEMA, prediction_frame
+from pipelines.progress import format_duration
 
 STAGE_VERSION = 1
 PREDICTIONS_FILE = "predictions.parquet"
@@ -633,11 +634,6 @@ def train_model(config: PipelineConfig, prepared: Any, *, model: str, work_dir: 
     return output
 
 
-def _format_eta(seconds: float) -> str:
-    seconds = max(0, int(round(seconds)))
-    return f"{seconds // 3600}h{seconds // 60 % 60:02d}m" if seconds >= 3600 else f"{seconds // 60}m{seconds % 60:02d}s"
-
-
 def _run_folds(adapter: ModelAdapter, prepared: Any, collection: Collection, settings: dict[str, Any],
                seeds: list[int], *, n_jobs: int, folder: Path, partial: Path | None = None,
                log: Callable[[str], None]) -> dict[str, Any]:
@@ -678,7 +674,7 @@ def _run_folds(adapter: ModelAdapter, prepared: Any, collection: Collection, set
         oof = result.scores.filter((pl.col("split") == "oof") & pl.col("score").is_not_nan())["score"]
         elapsed = time.perf_counter() - started
         left = len(todo) - count
-        eta = f", ETA {_format_eta(elapsed / count * left)}" if left else ""
+        eta = f", ETA {format_duration(elapsed / count * left)}" if left else ""
         log(f"{tag} fold job {len(finished) + count}/{len(tasks)} done (fold {result.fold} seed {result.seed}): "
             f"held-out score {oof.mean() if len(oof) else float('nan'):.4f} ({result.wall_s:.1f}s){eta}")
         results.append(result)
