@@ -51,7 +51,8 @@ def cv_table(manifest: dict[str, Any]) -> pl.DataFrame:
     """Per collection and model: OOF score mean and std over seeds (training) and the score of the
     seed-averaged predictions the blend uses, with the blend's own row (``ensemble``)."""
     rows = []
-    for collection, scores in manifest.get("cv_scores", {}).items():
+    for collection in _collection_order(manifest):
+        scores = manifest["cv_scores"][collection]
         weights = manifest.get("ensemble_weights", {}).get(collection, {})
         blend = scores.get("blend", {})
         for model, m in scores.get("training", {}).items():
@@ -83,7 +84,7 @@ def summary_table(manifest: dict[str, Any], fold_scores: dict[tuple[str, str], d
     ensemble's score is the OOF score of the blend of seed-averaged predictions (one number).
     """
     fold_scores = fold_scores or {}
-    collections = list((manifest.get("cv_scores") or {}))
+    collections = _collection_order(manifest)
     models: list[str] = []
     for scores in (manifest.get("cv_scores") or {}).values():
         models += [m for m in (scores.get("training") or {}) if m not in models]
@@ -98,7 +99,8 @@ def summary_table(manifest: dict[str, Any], fold_scores: dict[tuple[str, str], d
                 mean, seeds, folds = (scores.get("blend") or {}).get("ensemble"), None, None
             else:
                 m = (scores.get("training") or {}).get(model) or {}
-                mean, seeds = m.get("oof_score"), m.get("oof_score_std")
+                mean = m.get("oof_score")
+                seeds = m.get("oof_score_std") if len(m.get("oof_score_by_seed") or {}) > 1 else None
                 folds = _spread((fold_scores.get((c, model)) or {}).values())
                 for seed, value in (m.get("oof_score_by_seed") or {}).items():
                     by_seed.setdefault(seed, []).append(value)
@@ -112,6 +114,13 @@ def summary_table(manifest: dict[str, Any], fold_scores: dict[tuple[str, str], d
     for c in collections:
         schema |= {c: pl.Float64, f"{c}:seeds": pl.Float64, f"{c}:folds": pl.Float64}
     return pl.DataFrame(rows, schema=schema).select(list(schema))
+
+
+def _collection_order(manifest: dict[str, Any]) -> list[str]:
+    """The run's collections in the order it ran them (the competition's), not the JSON key order."""
+    scored = list(manifest.get("cv_scores") or {})
+    return [c for c in manifest.get("collections") or [] if c in scored] + \
+        [c for c in scored if c not in (manifest.get("collections") or [])]
 
 
 def summary_html(table: pl.DataFrame) -> str:
@@ -204,7 +213,24 @@ def render_html(title: str, sections: list[Section]) -> str:
 # ----------------------------------------------------------------------------- figures
 
 
-def _distribution_figure(per_graph: pl.DataFrame) -> bytes:
+def _panels(plt: Any, count: int, width: float, height: float, columns: int = 3) -> tuple[Any, list[Any]]:
+    """A grid of ``count`` panels, at most ``columns`` a row (five side by side are unreadable on a
+    page), unused cells hidden; returns the figure and the used axes in order."""
+    ncols = max(1, min(columns, count))
+    nrows = math.ceil(count / ncols)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(width * ncols, height * nrows), squeeze=False)
+    flat = [ax for row in axes for ax in row]
+    for ax in flat[count:]:
+        ax.set_visible(False)
+    return fig, flat[:count]
+
+
+def _in_order(present: list[str], order: list[str] | None) -> list[str]:
+    order = order or []
+    return [c for c in order if c in present] + [c for c in present if c not in order]
+
+
+def _distribution_figure(per_graph: pl.DataFrame, order: list[str] | None = None) -> bytes:
     """Per collection, a histogram of the per-graph OOF scores of each model on one set of bins."""
     import matplotlib
 
@@ -212,9 +238,9 @@ def _distribution_figure(per_graph: pl.DataFrame) -> bytes:
     import matplotlib.pyplot as plt
     import numpy as np
 
-    collections = per_graph["collection"].unique(maintain_order=True).to_list()
-    fig, axes = plt.subplots(1, len(collections), figsize=(3.6 * len(collections), 3.4), squeeze=False)
-    for ax, name in zip(axes[0], collections):
+    collections = _in_order(per_graph["collection"].unique(maintain_order=True).to_list(), order)
+    fig, axes = _panels(plt, len(collections), 3.8, 3.2)
+    for ax, name in zip(axes, collections):
         part = per_graph.filter(pl.col("collection") == name)
         edges = np.histogram_bin_edges(part["mean"].to_numpy(), bins=12)  # shared by the models of the panel
         for model in part["model"].unique(maintain_order=True).to_list():
@@ -222,28 +248,27 @@ def _distribution_figure(per_graph: pl.DataFrame) -> bytes:
             ax.hist(values, bins=edges, histtype="step", linewidth=1.6, label=model)
         ax.set_title(name, fontsize=10)
         ax.set_xlabel("per-graph OOF score (seed mean)")
+        ax.set_ylabel("graphs")
         ax.grid(alpha=0.3)
-    axes[0][0].set_ylabel("graphs")
-    axes[0][-1].legend(fontsize=8)
+        ax.legend(fontsize=8)
     fig.tight_layout()
     return figure_png(fig)
 
 
-def _importance_figure(table: pl.DataFrame) -> bytes:
+def _importance_figure(table: pl.DataFrame, order: list[str] | None = None) -> bytes:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    collections = table["collection"].unique(maintain_order=True).to_list()
-    fig, axes = plt.subplots(1, len(collections), figsize=(3.6 * len(collections), 3.6), squeeze=False)
-    for ax, name in zip(axes[0], collections):
+    collections = _in_order(table["collection"].unique(maintain_order=True).to_list(), order)
+    fig, axes = _panels(plt, len(collections), 5.0, 3.4)
+    for ax, name in zip(axes, collections):
         part = table.filter(pl.col("collection") == name).reverse()
         ax.barh(part["feature"].to_list(), part["mean"].to_numpy(), xerr=part["std"].to_numpy(), capsize=2)
         ax.set_title(name, fontsize=10)
-        ax.tick_params(axis="y", labelsize=8)
+        ax.tick_params(axis="y", labelsize=9)
         ax.set_xlabel("share of gain")
-    axes[0][0].set_ylabel("feature")
     fig.tight_layout()
     return figure_png(fig)
 
@@ -254,14 +279,14 @@ def _curve_figure(curves: dict[str, tuple[str, pl.DataFrame, float]]) -> bytes:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, len(curves), figsize=(3.4 * len(curves), 3.0), squeeze=False)
-    for ax, (name, (model, curve, chosen)) in zip(axes[0], curves.items()):
+    fig, axes = _panels(plt, len(curves), 3.8, 3.0)
+    for ax, (name, (model, curve, chosen)) in zip(axes, curves.items()):
         ax.plot(curve["weight"].to_numpy(), curve["score"].to_numpy(), marker=".")
         ax.axvline(chosen, color="grey", linestyle="--", linewidth=1)
         ax.set_title(name, fontsize=10)
         ax.set_xlabel(f"weight of {model}")
+        ax.set_ylabel("OOF score of the blend")
         ax.grid(alpha=0.3)
-    axes[0][0].set_ylabel("OOF score of the blend")
     fig.tight_layout()
     return figure_png(fig)
 
@@ -276,6 +301,7 @@ def build_report(run: RunOutputs) -> list[Section]:
 
     manifest = run.manifest
     config = manifest.get("config") or {}
+    order = _collection_order(manifest)
     fold_scores = {(c, model): {f: v for f, v in (out.metrics.get("oof_score_by_fold") or {}).items()}
                    for c, models in run.trained.items() for model, out in models.items()}
     combined = (manifest.get("combined_oof") or {}).get("ensemble") or {}
@@ -324,27 +350,31 @@ def build_report(run: RunOutputs) -> list[Section]:
     distribution = Section("Per-graph score distribution",
                            ["Histograms of the graphs of each collection, each scored out of fold and averaged "
                             "over seeds; the models of a panel share its bins."],
-                           figures=[("per-graph OOF scores", _distribution_figure(per_graph))])
+                           figures=[("per-graph OOF scores", _distribution_figure(per_graph, order))])
     worst = Section("Worst graphs", [f"The {WORST_GRAPHS} lowest-scoring graphs per collection and model."],
                     [("worst graphs", worst_graphs(per_graph))], collapsed=True)
     sections = [summary, overview, cv, distribution]
+    folded: list[Section] = []
 
     if importances:
         table = importance_table(pl.concat(importances), top=TOP_FEATURES)
         sections.append(Section("Feature importances (GBDT)",
                                 ["Gain of each feature as a share of its fold model's total gain, mean +- std over "
                                  f"fold models; the top {TOP_FEATURES} per collection."],
-                                [("gain importances", table)], [("gain importances", _importance_figure(table))]))
+                                figures=[("gain importances", _importance_figure(table, order))]))
+        folded.append(Section("Feature importance table", [], [("gain importances", table)], collapsed=True))
 
     weights = manifest.get("ensemble_weights") or {}
-    weight_rows = [{"collection": c, **{f"w:{m}": w for m, w in ws.items()}} for c, ws in weights.items()]
+    weight_rows = [{"collection": c, **{f"w:{m}": w for m, w in weights[c].items()}}
+                   for c in _in_order(list(weights), order)]
     ensemble = Section("Ensemble weights",
                        ["Weights fitted on the out-of-fold predictions (seed-averaged, normalised per graph); the "
                         "curve is every weight the ensemble stage tried (two models: the first model's weight; "
                         "dashed: the chosen one)."],
                        [("weights per collection", pl.DataFrame(weight_rows))] if weight_rows else [])
     curves = {}
-    for collection, output in run.ensemble.items():
+    for collection in _in_order(list(run.ensemble), order):
+        output = run.ensemble[collection]
         models = [m for m in manifest.get("models", []) if m in weights.get(collection, {})]
         if len(models) != 2:
             continue
@@ -352,7 +382,7 @@ def build_report(run: RunOutputs) -> list[Section]:
         curves[collection] = (models[0], curve.sort("weight"), weights[collection][models[0]])
     if curves:
         ensemble.figures.append(("OOF score vs. blend weight", _curve_figure(curves)))
-    sections += [ensemble, worst]
+    sections += [ensemble, worst, *folded]
     return sections
 
 
