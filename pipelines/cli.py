@@ -24,6 +24,9 @@ _DISK_ERRNOS = frozenset({errno.ENOSPC, errno.EROFS, getattr(errno, "EDQUOT", er
 Handler = Callable[[argparse.Namespace], int | None]
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+# The keys of pipelines.train.MODELS, for help texts (importing train here would load polars on every
+# command; a test keeps the two in step).
+TRAINABLE_MODELS = ("gbdt", "gnn", "random", "feature")
 EXIT_CODES_HELP = ("exit codes: 0 success, 1 data or pipeline error, 2 usage error (bad option, argument or config "
                    "value), 130 interrupted")
 
@@ -183,7 +186,7 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
     p = _parser(sub, "train", "grouped k-fold training of one model per collection (runs prepare first)",
                 "train --model gnn --collection tile:xla --data-root data/synthetic-small --config quick")
     p.add_argument("--model", required=True,
-                   help=f"registered model: {', '.join(_registered_models())} (feature: the best single f_* "
+                   help=f"registered model: {', '.join(TRAINABLE_MODELS)} (feature: the best single f_* "
                         "column; feature:<column> fixes it)")
     p.add_argument("--collection", "--collections", dest="collections", action="append", default=[],
                    metavar="NAME", help="collection name(s), repeatable or comma-separated (default: all present)")
@@ -194,12 +197,6 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
                    help="override one config value (repeatable)")
     p.add_argument("--force", action="store_true", help="retrain even when a cached output exists (prepare stays cached)")
     p.set_defaults(handler=_run_train)
-
-
-def _registered_models() -> list[str]:
-    from pipelines.train import MODELS  # no torch: the GNN entry is a lazy factory
-
-    return list(MODELS)
 
 
 def _run_train(args: argparse.Namespace) -> int:

@@ -107,12 +107,14 @@ def prepare_test_graphs(config: Any, collection: Collection, data_root: Path, wo
     because a submission ranks every config of the file."""
     import dataclasses
 
-    from pipelines.prepare import (GRAPHS_TABLE, Prepared, collection_refs, raw_data_key, run_features,
-                                   run_node_arrays, run_prune)
+    from pipelines.prepare import (GRAPHS_TABLE, Prepared, raw_data_key, run_features, run_node_arrays,
+                                   run_prune)
 
-    found = collection_refs(data_root, collection)
-    refs = {name: [] for name in found}
-    refs["test"] = [dataclasses.replace(ref, split="test") for ref in found[split]]
+    from pipelines.collections import SPLITS
+    from pipelines.tpugraphs import list_graphs
+
+    refs = {name: [] for name in SPLITS}  # the other splits may be absent from a root of new graphs
+    refs["test"] = [dataclasses.replace(ref, split="test") for ref in list_graphs(data_root, collection, split)]
     if not refs["test"]:
         raise PipelineError(f"{data_root}: no {collection.name} {split} graphs to rank (the run has models for it; "
                             f"the data root must hold its {split} files in the Kaggle layout)")

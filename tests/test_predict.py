@@ -15,7 +15,7 @@ import pipelines.train as train
 from pipelines.cli import main
 from pipelines.collections import LAYOUT_XLA_DEFAULT, TILE_XLA, parse_collection
 from pipelines.config import load_config
-from pipelines.errors import PipelineError
+from pipelines.errors import ConfigError, PipelineError
 from pipelines.predict import predict_run
 from pipelines.prepare import prepare
 from pipelines.run import run_pipeline
@@ -201,3 +201,23 @@ def test_a_killed_gnn_fold_resumes_from_its_last_epoch_with_the_same_predictions
     theirs = pl.read_parquet(reference.path / train.PREDICTIONS_FILE)
     assert ours.equals(theirs)
     assert np.array_equal(ours["score"].to_numpy(), theirs["score"].to_numpy())
+
+
+def test_predict_valid_split_needs_held_out_valid_graphs_and_then_score_scores_it(run, tiny_world, tmp_path, capsys):
+    with pytest.raises(ConfigError, match="holdout_valid"):
+        predict_run(run["result"].run_id, run["root"], submissions_dir=run["base"] / "subs", split="valid", log=quiet)
+
+    subs = tmp_path / "subs"
+    held_out = run_pipeline(load_config("quick", [*FAST, "folds.holdout_valid=true"]), tiny_world,
+                            work_dir=tmp_path / "work", models=["feature"], submissions_dir=subs, log=quiet)
+    assert main(["predict", "--run", held_out.run_id, "--data-root", str(tiny_world), "--split", "valid",
+                 "--submissions-dir", str(subs)]) == 0
+    path = Path(capsys.readouterr().out.strip().splitlines()[-1])
+    assert main(["score", "--data-root", str(tiny_world), "--split", "valid", "--submission", str(path)]) == 0
+    assert "combined" in capsys.readouterr().out.lower()
+
+    # a test submission given to score: says why it cannot be scored and what to do instead
+    assert main(["score", "--data-root", str(tiny_world), "--split", "valid",
+                 "--submission", str(held_out.submission)]) == 1
+    err = capsys.readouterr().err
+    assert "ranks another split" in err and "predict --run RUN_ID --split valid" in err
