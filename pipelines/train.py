@@ -664,6 +664,7 @@ def _run_folds(adapter: ModelAdapter, prepared: Any, collection: Collection, set
     else:
         from joblib import Parallel, delayed
 
+        _quiet_loky()
         # No explicit backend: loky processes unless the caller chose one with joblib.parallel_config
         # (``run --scheduler ADDRESS`` sends the jobs to a Dask cluster).
         results_iter = Parallel(n_jobs=jobs, return_as="generator_unordered")(
@@ -711,6 +712,17 @@ def _run_folds(adapter: ModelAdapter, prepared: Any, collection: Collection, set
                     **saved_models.get((r.fold, r.seed), {})} for r in results],
     }
     return metrics
+
+
+def _quiet_loky() -> None:
+    """Keep loky's routine notices out of the log: it replaces a worker that its memory-leak check
+    retired between two fold jobs (the jobs are resubmitted, nothing is lost) and, without ``lscpu``,
+    warns that it counts logical cores, which is what ``available_cores`` gives it anyway."""
+    import warnings
+
+    os.environ.setdefault("LOKY_MAX_CPU_COUNT", str(available_cores()))
+    warnings.filterwarnings("ignore", message="A worker stopped while some jobs were given to the executor",
+                            category=UserWarning)
 
 
 def _write_parquet(frame: pl.DataFrame, path: Path) -> None:
