@@ -25,7 +25,8 @@ import polars as pl
 from pipelines.collections import Collection, parse_collection
 from pipelines.engine import StageOutput, code_version, fingerprint, library_versions, load_stage
 from pipelines.errors import ConfigError, PipelineError
-from pipelines.run import DEFAULT_SUBMISSIONS_DIR, RunResult, Log, read_run_manifest, scores_from_manifest
+from pipelines.run import (DEFAULT_SUBMISSIONS_DIR, Log, RunResult, read_run_manifest, scores_from_manifest,
+                           write_run_report)
 
 PREPARE_FOR_PREDICTION = ("prune", "features", "node_arrays")
 
@@ -199,7 +200,8 @@ def predict_run(run_id: str, data_root: Path | str, *, submissions_dir: Path | s
                           .with_columns(pl.lit(model).alias("model")))
         test = prepare_model_scores(pl.concat(frames), method)
         rows.update(submission_rows(blend(test, weights)))
-        stages[cname] = {"prepare": prepare_keys, "train": refs}
+        # the ensemble stage whose weights were applied (the report reads its weight curve)
+        stages[cname] = {"prepare": prepare_keys, "train": refs, "ensemble": source["stages"][cname].get("ensemble")}
     manifest = {
         "kind": "predict",
         "source_run": run_id,
@@ -222,4 +224,5 @@ def predict_run(run_id: str, data_root: Path | str, *, submissions_dir: Path | s
     }
     new_id, path, manifest = publish_submission(rows, manifest, data_root=data_root, submissions_dir=submissions_dir,
                                                 split=split, log=log)
+    write_run_report(new_id, submissions_dir, log)
     return RunResult(new_id, path.parent, path, manifest, scores_from_manifest(manifest), ())

@@ -327,6 +327,9 @@ def build_report(run: RunOutputs) -> list[Section]:
     else:
         setup = (f"{(config.get('folds') or {}).get('k', '?')} folds x seeds "
                  f"{(config.get('run') or {}).get('seeds', '?')}")
+    if manifest.get("kind") == "predict":
+        setup = (f"ranked by the saved fold models and blend weights of run {manifest.get('source_run')}, training "
+                 f"nothing ({setup}); every CV score below is that run's")
     overview = Section("Run", [
         f"run {run.run_id} ({manifest.get('kind', 'run')}), created {manifest.get('created', '?')}, "
         f"wall time {manifest.get('wall_time_s', '?')} s; command: {manifest.get('command', '?')}",

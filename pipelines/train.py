@@ -76,7 +76,7 @@ from pipelines.errors import ConfigError, PipelineError
 from pipelines.predictions import PREDICTION_SCHEMA, prediction_frame
 from pipelines.progress import format_duration
 
-STAGE_VERSION = 1
+STAGE_VERSION = 2  # 2: the fold models are kept in the output (models/), for predict
 PREDICTIONS_FILE = "predictions.parquet"
 SCORES_FILE = "scores.parquet"
 IMPORTANCE_FILE = "importance.parquet"

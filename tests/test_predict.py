@@ -64,6 +64,8 @@ def test_predict_on_the_original_data_root_reproduces_the_csv_byte_for_byte(run,
     assert again.run_id != source.run_id
     assert again.submission.read_bytes() == source.submission.read_bytes()
     assert again.manifest["kind"] == "predict" and again.manifest["source_run"] == source.run_id
+    report = (again.run_dir / "report.html").read_text(encoding="utf-8")
+    assert f"ranked by the saved fold models and blend weights of run {source.run_id}" in report
 
 
 def test_predict_ranks_a_new_data_root_holding_only_test_graphs(run, tmp_path):
