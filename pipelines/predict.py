@@ -14,9 +14,7 @@ validated against ``NEW_ROOT`` and published as a new run folder (``kind = "pred
 
 from __future__ import annotations
 
-import hashlib
 import time
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -47,18 +45,10 @@ def _source_config(manifest: dict[str, Any], model_name: str) -> dict[str, Any]:
     return manifest["config"]
 
 
-def _file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def fold_models(output: StageOutput, *, num_threads: int = 1) -> list[tuple[int, int, Any, Any]]:
     """``(fold, seed, adapter, ranker)`` of every fold model saved in a training stage output, in the
     order the stage wrote its predictions (seed, then fold). Each file is checked against its hash."""
-    from pipelines.train import get_adapter
+    from pipelines.train import file_sha256, get_adapter
 
     config = output.manifest.get("config") or {}
     adapter = get_adapter(config.get("model", ""))
@@ -71,7 +61,7 @@ def fold_models(output: StageOutput, *, num_threads: int = 1) -> list[tuple[int,
     for entry in sorted(entries, key=lambda e: (e["seed"], e["fold"])):
         for name in entry["files"]:
             path = output.file(name)
-            if _file_sha256(path) != entry["sha256"][name]:
+            if file_sha256(path) != entry["sha256"][name]:
                 raise PipelineError(f"{path}: saved model does not match the SHA-256 its stage manifest records "
                                     "(modified or corrupt)")
         folder = output.path / Path(entry["files"][0]).parent
@@ -172,8 +162,8 @@ def predict_run(run_id: str, data_root: Path | str, *, submissions_dir: Path | s
     for step, cname in enumerate(collections, start=1):
         collection = parse_collection(cname)
         refs = source["stages"][cname]["train"]
-        models = [m for m in (source.get("models") or []) if m in refs] + sorted(m for m in refs
-                                                                                 if m not in (source.get("models") or []))
+        listed = [m for m in (source.get("models") or []) if m in refs]  # the order the ensemble stage used
+        models = listed + sorted(m for m in refs if m not in listed)
         weights = (source.get("ensemble_weights") or {}).get(cname)
         if not weights or set(weights) != set(models):
             raise PipelineError(f"run {run_id}: {cname} has no ensemble weights for its models {models}")

@@ -378,7 +378,8 @@ def _make_run_dir(submissions_dir: Path, payload: Any) -> tuple[str, Path]:
 
 
 def publish_submission(rows: Mapping[str, Sequence[int]], manifest: dict[str, Any], *, data_root: Path,
-                       submissions_dir: Path, log: Log = print, split: str = "test") -> tuple[str, Path, dict[str, Any]]:
+                       submissions_dir: Path, log: Log = print,
+                       split: str = "test") -> tuple[str, Path, dict[str, Any]]:
     """Validate ``rows`` against the test split of ``data_root``, then publish them with the manifest.
 
     Returns ``(run_id, submission path, final manifest)``. The CSV is first written to a hidden file

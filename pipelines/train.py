@@ -532,7 +532,7 @@ def load_fold_result(folder: Path) -> FoldResult | None:
         return None
 
 
-def _sha256(path: Path) -> str:
+def file_sha256(path: Path) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as handle:
         for block in iter(lambda: handle.read(1 << 20), b""):
@@ -696,7 +696,7 @@ def _run_folds(adapter: ModelAdapter, prepared: Any, collection: Collection, set
             shutil.copyfile(r.folder / name, folder / MODELS_DIR / name)
         saved_models[(r.fold, r.seed)] = {
             "files": [f"{MODELS_DIR}/{name}" for name in r.model_files],
-            "sha256": {f"{MODELS_DIR}/{name}": _sha256(folder / MODELS_DIR / name) for name in r.model_files}}
+            "sha256": {f"{MODELS_DIR}/{name}": file_sha256(folder / MODELS_DIR / name) for name in r.model_files}}
     metrics = summarize_scores(scores)
     metrics |= {
         "collection": collection.name,
