@@ -134,6 +134,9 @@ def test_a_killed_training_stage_trains_only_the_unfinished_folds_and_gives_the_
     assert len(done_before) == 4 and len(trained_after) == 2
     assert not set(done_before) & set(trained_after)
     assert any("resuming: 4 of 6 fold jobs already done" in line for line in lines)
+    jobs = [line for line in lines if " fold job " in line]
+    assert [line.split(" fold job ")[1].split()[0] for line in jobs] == ["5/6", "6/6"]
+    assert "ETA" in jobs[0] and "ETA" not in jobs[1]
     assert resumed.key == reference.key and resumed.metrics["resumed_fold_jobs"] == 4
     for name in (train.PREDICTIONS_FILE, train.SCORES_FILE, train.IMPORTANCE_FILE):
         assert (resumed.path / name).read_bytes() == (reference.path / name).read_bytes(), name

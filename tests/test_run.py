@@ -120,6 +120,8 @@ def test_second_run_in_the_same_work_dir_reuses_every_stage(runs):
     again = runs["again"]
     assert again.computed == ()
     assert not [line for line in runs["again_log"] if "computing" in line]
+    numbered = [line.split(":", 1)[0] for line in runs["again_log"] if line.startswith("stage ")]
+    assert numbered == [f"stage {i}/35" for i in range(1, 36)]  # 5 collections x (4 prepare + 2 models + ensemble)
     assert again.manifest["stages"] == runs["a"].manifest["stages"]
     assert again.submission.read_bytes() == runs["a"].submission.read_bytes()
     assert again.run_dir != runs["a"].run_dir  # a new folder, the old one untouched
