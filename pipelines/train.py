@@ -389,8 +389,9 @@ class FoldResult:
     importance: pl.DataFrame | None
     facts: dict[str, Any]
     wall_s: float
-    model_files: list[str] = dataclasses.field(default_factory=list)  # in the fold's result folder
-    folder: Path | None = None  # where the result was saved (None: kept in memory only)
+    # The fitted model as saved by the adapter (file name -> bytes), carried in memory so the stage
+    # output never depends on the folder of finished fold jobs, which a concurrent run may remove.
+    model_files: dict[str, bytes] = dataclasses.field(default_factory=dict)
 
 
 def _batches(graphs: list[str], size: int):
@@ -470,9 +471,10 @@ def fit_predict_fold(adapter: ModelAdapter, prepared: Any, collection: Collectio
     facts, importance = adapter.describe(ranker)
     if importance is not None:
         importance = importance.with_columns(pl.lit(fold, pl.Int16).alias("fold"), pl.lit(seed, pl.Int32).alias("seed"))
-    result = FoldResult(fold, seed, predictions, scores, importance, facts, time.perf_counter() - started)
+    result = FoldResult(fold, seed, predictions, scores, importance, facts, time.perf_counter() - started,
+                        model_bytes(adapter, ranker, f"{adapter.name.replace(':', '.')}-{fold_job_name(fold, seed)}"))
     if partial is not None:
-        save_fold_result(result, adapter, ranker, partial)
+        save_fold_result(result, partial)
         if checkpoint_dir is not None:
             shutil.rmtree(checkpoint_dir, ignore_errors=True)  # the saved model supersedes its checkpoints
     return result
@@ -490,31 +492,48 @@ def partial_dir(work_dir: Path, stage: str, key: str) -> Path:
     return Path(work_dir) / stage / f"{PARTIAL_PREFIX}{key}"
 
 
-def save_fold_result(result: FoldResult, adapter: ModelAdapter, ranker: Any, partial: Path) -> None:
+def model_bytes(adapter: ModelAdapter, ranker: Any, name: str) -> dict[str, bytes]:
+    """The files ``adapter.save_model`` writes for ``ranker``, read back as bytes."""
+    with tempfile.TemporaryDirectory(prefix="tpugraphs-model-") as tmp:
+        files = adapter.save_model(ranker, Path(tmp), name)
+        return {f: (Path(tmp) / f).read_bytes() for f in files}
+
+
+def save_fold_result(result: FoldResult, partial: Path) -> bool:
     """Write one finished fold job (predictions, scores, importances, the fitted model, facts) into
     ``partial/f<fold>-s<seed>/``: built in a private folder and renamed into place, ``fold.json`` last,
-    so a folder with that name is always complete. A twin finished by another process is kept."""
-    partial.mkdir(parents=True, exist_ok=True)
+    so a folder with that name is always complete. A twin finished by another process is kept.
+
+    Returns False when ``partial`` vanished meanwhile (a concurrent run of the same stage finished
+    and removed it): the result is still returned by the job, it only cannot be resumed from.
+    """
     name = fold_job_name(result.fold, result.seed)
-    work = Path(tempfile.mkdtemp(prefix=f".tmp-{name}-", dir=partial))
+    try:
+        partial.mkdir(parents=True, exist_ok=True)
+        work = Path(tempfile.mkdtemp(prefix=f".tmp-{name}-", dir=partial))
+    except FileNotFoundError:
+        return False
     try:
         result.predictions.write_parquet(work / PREDICTIONS_FILE)
         result.scores.write_parquet(work / SCORES_FILE)
         if result.importance is not None:
             result.importance.write_parquet(work / IMPORTANCE_FILE)
-        files = adapter.save_model(ranker, work, f"{adapter.name.replace(':', '.')}-{name}")
+        for file, data in result.model_files.items():
+            (work / file).write_bytes(data)
         write_json_atomic(work / FOLD_RESULT, {"fold": result.fold, "seed": result.seed, "facts": result.facts,
-                                              "wall_s": result.wall_s, "model_files": files})
-        try:
-            os.rename(work, partial / name)
-        except OSError:
-            if not (partial / name / FOLD_RESULT).is_file():
-                raise
-            shutil.rmtree(work, ignore_errors=True)
+                                              "wall_s": result.wall_s, "model_files": list(result.model_files)})
+        os.rename(work, partial / name)
+    except FileNotFoundError:
+        shutil.rmtree(work, ignore_errors=True)
+        return False
+    except OSError:
+        shutil.rmtree(work, ignore_errors=True)
+        if not (partial / name / FOLD_RESULT).is_file():
+            raise
     except BaseException:
         shutil.rmtree(work, ignore_errors=True)
         raise
-    result.model_files, result.folder = files, partial / name
+    return True
 
 
 def load_fold_result(folder: Path) -> FoldResult | None:
@@ -524,10 +543,9 @@ def load_fold_result(folder: Path) -> FoldResult | None:
         predictions = pl.read_parquet(folder / PREDICTIONS_FILE)
         scores = pl.read_parquet(folder / SCORES_FILE)
         importance = pl.read_parquet(folder / IMPORTANCE_FILE) if (folder / IMPORTANCE_FILE).exists() else None
-        if not all((folder / f).is_file() for f in info["model_files"]):
-            return None
+        models = {name: (folder / name).read_bytes() for name in info["model_files"]}
         return FoldResult(int(info["fold"]), int(info["seed"]), predictions, scores, importance, info["facts"],
-                          float(info["wall_s"]), list(info["model_files"]), folder)
+                          float(info["wall_s"]), models)
     except (OSError, ValueError, KeyError, TypeError, pl.exceptions.PolarsError):
         return None
 
@@ -689,14 +707,13 @@ def _run_folds(adapter: ModelAdapter, prepared: Any, collection: Collection, set
         _write_parquet(pl.concat(importances), folder / IMPORTANCE_FILE)
     saved_models = {}
     for r in results:
-        if r.folder is None:
-            continue
         (folder / MODELS_DIR).mkdir(exist_ok=True)
-        for name in r.model_files:
-            shutil.copyfile(r.folder / name, folder / MODELS_DIR / name)
+        for name, data in r.model_files.items():
+            (folder / MODELS_DIR / name).write_bytes(data)  # the stage folder is private until published
         saved_models[(r.fold, r.seed)] = {
             "files": [f"{MODELS_DIR}/{name}" for name in r.model_files],
-            "sha256": {f"{MODELS_DIR}/{name}": file_sha256(folder / MODELS_DIR / name) for name in r.model_files}}
+            "sha256": {f"{MODELS_DIR}/{name}": hashlib.sha256(data).hexdigest()
+                       for name, data in r.model_files.items()}}
     metrics = summarize_scores(scores)
     metrics |= {
         "collection": collection.name,
