@@ -13,7 +13,7 @@ import pytest
 
 import pipelines.train as train
 from pipelines.cli import main
-from pipelines.collections import LAYOUT_XLA_DEFAULT, TILE_XLA, parse_collection
+from pipelines.collections import TILE_XLA, parse_collection
 from pipelines.config import load_config
 from pipelines.errors import ConfigError, PipelineError
 from pipelines.predict import predict_run
@@ -25,7 +25,7 @@ FAST = ["folds.k=2", "run.n_jobs=1", "gbdt.n_estimators=20", "gbdt.early_stoppin
         "gbdt.min_child_samples=5", "gbdt.max_configs_per_graph=40", "gbdt.num_threads=1"]
 # A GNN small enough for seconds per fold on one core.
 TINY_GNN = ["gnn.epochs=3", "gnn.patience=0", "gnn.hidden=8", "gnn.free_layers=1", "gnn.configs_per_graph=4",
-            "gnn.num_threads=1"]
+            "gnn.num_threads=1", "gnn.eval_max_configs=16", "gnn.opcode_dim=8"]
 
 
 def quiet(_: str) -> None:
@@ -176,7 +176,7 @@ def test_a_killed_gnn_fold_resumes_from_its_last_epoch_with_the_same_predictions
     from pipelines.models.gnn import trainer
 
     config = load_config("quick", [*FAST, *TINY_GNN])
-    prepared = prepare(config, tiny_world, tmp_path / "work", [LAYOUT_XLA_DEFAULT], log=quiet)[LAYOUT_XLA_DEFAULT.name]
+    prepared = prepare(config, tiny_world, tmp_path / "work", [TILE_XLA], log=quiet)[TILE_XLA.name]
     reference = train.train_model(config, prepared, model="gnn", work_dir=tmp_path / "clean", log=quiet)
 
     real_save = trainer.save_checkpoint
