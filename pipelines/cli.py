@@ -280,8 +280,8 @@ def _add_submit(sub: argparse._SubParsersAction) -> None:
     p = _parser(sub, "submit", "upload a run's submission (or a CSV file) to the Kaggle competition",
                 "submit 20261122T120000Z-1a2b3c4d        # or: submit FILE -m MESSAGE --data-root DIR")
     p.add_argument("target", metavar="RUN_ID|FILE",
-                   help="a run-id under --submissions-dir (validated against the data root the run recorded, "
-                        "recorded in the run folder) or a CSV file")
+                   help="a run-id under --submissions-dir or a run folder (validated against the data root the "
+                        "run recorded; what was sent is recorded in the run folder), or a CSV file")
     p.add_argument("-m", "--message", default=None,
                    help="submission description shown on Kaggle (default for a run: RUN_ID CV <combined score>; "
                         "required for a file)")
@@ -300,8 +300,10 @@ def _run_submit(args: argparse.Namespace) -> int:
             raise ConfigError("submitting a file needs a message: -m MESSAGE (a run-id gets a default one)")
         print(submit_file(target, args.message, data_root=args.data_root))
         return 0
-    print(submit_run(args.target, submissions_dir=args.submissions_dir, message=args.message,
-                     data_root=args.data_root))
+    run_id, submissions_dir = args.target, args.submissions_dir
+    if target.is_dir() and (target / "manifest.json").is_file():  # a run folder's path works too
+        run_id, submissions_dir = target.name, target.parent
+    print(submit_run(run_id, submissions_dir=submissions_dir, message=args.message, data_root=args.data_root))
     return 0
 
 

@@ -120,3 +120,10 @@ def test_submit_refuses_a_changed_csv_and_records_nothing_when_the_upload_fails(
     assert main(["submit", result.run_id, "--submissions-dir", str(subs)]) == 1
     assert len([c for c in fake.calls if c[0] == "submit"]) == uploads
     assert main(["submit", "no-such-run", "--submissions-dir", str(subs)]) == 1
+
+
+def test_submit_takes_a_run_folder_path_too(one_run, fake):  # noqa: F811
+    result, _ = one_run
+    assert main(["submit", str(result.run_dir), "-m", "by path"]) == 0
+    assert [c for c in fake.calls if c[0] == "submit"][-1][1:3] == (str(result.submission), "by path")
+    assert json.loads((result.run_dir / runs.SUBMITTED_RECORD).read_text())["submissions"][-1]["message"] == "by path"
