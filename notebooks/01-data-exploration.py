@@ -22,6 +22,7 @@
 # See `pipelines.analysis.notebook_settings` for every switch.
 
 # %%
+import numpy as np
 import polars as pl
 
 from pipelines import analysis
@@ -62,12 +63,16 @@ spread = (labelled.group_by("collection")
           .sort("collection"))
 print(analysis.format_table(spread))
 fig, ax = plt.subplots(figsize=(6, 3.2))
-for name in settings.collections:
-    values = labelled.filter(pl.col("collection") == name)["log10_max_over_min"].drop_nans().to_numpy()
-    ax.hist(values, bins=20, alpha=0.5, label=name)
+values_by_collection = {name: labelled.filter(pl.col("collection") == name)["log10_max_over_min"].drop_nans().to_numpy()
+                        for name in settings.collections}
+# one set of bin edges for every collection, so the bars compare like with like
+edges = np.histogram_bin_edges(np.concatenate([v for v in values_by_collection.values()] or [np.zeros(1)]), bins=20)
+for name, values in values_by_collection.items():
+    ax.hist(values, bins=edges, histtype="step", linewidth=1.5, label=name)
 ax.set_xlabel("log10(max runtime / min runtime) per graph")
 ax.set_ylabel("graphs")
 ax.legend(fontsize=8)
+fig.tight_layout()
 analysis.save_figure(fig, figures / "01-runtime-spread.png", close=False)
 
 # %% [markdown]
@@ -83,8 +88,10 @@ width = 0.8 / max(1, len(wide.columns) - 1)
 for i, column in enumerate(c for c in wide.columns if c != "name"):
     ax.bar([j + i * width for j in range(len(names))], wide[column].to_numpy(), width=width, label=column)
 ax.set_xticks([j + 0.4 - width / 2 for j in range(len(names))], names, rotation=45, ha="right")
+ax.set_xlabel("opcode")
 ax.set_ylabel("share of nodes")
 ax.legend(fontsize=8)
+fig.tight_layout()
 analysis.save_figure(fig, figures / "01-opcode-mix.png", close=False)
 
 # %% [markdown]
@@ -118,4 +125,5 @@ if layout.height:
     ax.set_xlabel("nodes")
     ax.set_ylabel("configurable nodes")
     ax.legend(fontsize=8)
+    fig.tight_layout()
     analysis.save_figure(fig, figures / "01-configurable-nodes.png", close=False)

@@ -82,6 +82,7 @@ for group in [c for c in wide.columns if c != "collection"]:
     values = wide[group].to_list()
     ax.bar(wide["collection"].to_list(), values, bottom=bottom, label=group)
     bottom = [b + v for b, v in zip(bottom, values)]
+ax.set_xlabel("collection")
 ax.set_ylabel("share of total gain")
 ax.legend(fontsize=8)
 plt.setp(ax.get_xticklabels(), rotation=20, ha="right")

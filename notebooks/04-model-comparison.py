@@ -64,7 +64,7 @@ if blended:
     print(analysis.format_table(weights))
 comparison = analysis.summarize_cells(cells, ["collection", "model"])
 print(analysis.format_table(comparison))
-fig = analysis.errorbar_plot(comparison, x="model", title="Models per collection", xlabel="")
+fig = analysis.errorbar_plot(comparison, x="model", title="Models per collection", xlabel="model")
 analysis.save_figure(fig, figures / "04-models.png", close=False)
 
 # %% [markdown]
@@ -90,7 +90,7 @@ if has_gnn:
     paired = analysis.paired_differences(analysis.variant_cells(gnn_trained), baseline="config default")
     print("paired change against the config default (same fold x seed cells):")
     print(analysis.format_table(analysis.summarize_cells(paired, ["collection", "variant"])))
-    fig = analysis.errorbar_plot(gnn_summary, x="variant", title="GNN options", xlabel="")
+    fig = analysis.errorbar_plot(gnn_summary, x="variant", title="GNN options", xlabel="GNN variant")
     analysis.save_figure(fig, figures / "04-gnn-options.png", close=False)
 else:
     print("the GNN is not registered in pipelines.train.MODELS: no GNN options to compare")

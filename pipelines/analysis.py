@@ -519,6 +519,9 @@ def true_runtimes(prune: StageOutput, collection: str, graphs: Iterable[str]) ->
 # ----------------------------------------------------------------------------- plots
 
 
+FIGURE_DPI = 130  # legible when a report or notebook shows the PNG at its natural size
+
+
 def use_agg() -> None:
     """Draw off-screen (tests, servers); a notebook front end may switch back to inline."""
     import matplotlib
@@ -574,7 +577,7 @@ def save_figure(fig: Any, path: Path | str, *, close: bool = True) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")
-    fig.savefig(tmp, format="png", dpi=90)
+    fig.savefig(tmp, format="png", dpi=FIGURE_DPI, bbox_inches="tight")
     if close:
         plt.close(fig)
     os.replace(tmp, path)
@@ -588,7 +591,7 @@ def figure_png(fig: Any) -> bytes:
     import matplotlib.pyplot as plt
 
     buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=90)
+    fig.savefig(buffer, format="png", dpi=FIGURE_DPI, bbox_inches="tight")
     plt.close(fig)
     return buffer.getvalue()
 

@@ -2,7 +2,11 @@
 
 Each command has an ``_add_<name>`` function declaring its arguments and a ``_run_<name>`` handler.
 Handlers import their modules lazily so ``--help`` and light commands stay fast (torch is heavy).
-Expected failures raise :class:`PipelineError` and are printed as one clear message, exit code 2.
+Expected failures raise :class:`PipelineError` and are printed as one clear message.
+
+Exit codes: 0 success; 1 data or pipeline error (a bad or missing file, a failed stage, Kaggle
+refused, a full disk); 2 usage error (unknown command or option, a bad argument or config value);
+130 interrupted (Ctrl-C).
 """
 
 from __future__ import annotations
@@ -14,18 +18,42 @@ from pathlib import Path
 from typing import Callable
 
 from pipelines import paths
-from pipelines.errors import PipelineError, redact_credentials
+from pipelines.errors import ConfigError, PipelineError, redact_credentials
 
 _DISK_ERRNOS = frozenset({errno.ENOSPC, errno.EROFS, getattr(errno, "EDQUOT", errno.ENOSPC)})
 
 Handler = Callable[[argparse.Namespace], int | None]
+
+EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+# The keys of pipelines.train.MODELS, for help texts (importing train here would load polars on every
+# command; a test keeps the two in step).
+TRAINABLE_MODELS = ("gbdt", "gnn", "random", "feature")
+EXIT_CODES_HELP = ("exit codes: 0 success, 1 data or pipeline error, 2 usage error (bad option, argument or config "
+                   "value), 130 interrupted")
+
+
+def _parser(sub: argparse._SubParsersAction, name: str, help_text: str, example: str) -> argparse.ArgumentParser:
+    """A subcommand parser whose --help ends with one example (``PROG`` is how it was called)."""
+    return sub.add_parser(name, help=help_text, description=help_text[:1].upper() + help_text[1:] + ".",
+                          epilog=f"example:\n  {_prog()} {example}\n\n{EXIT_CODES_HELP}",
+                          formatter_class=argparse.RawDescriptionHelpFormatter)
+
+
+def _prog() -> str:
+    """``tpugraphs`` when called through the console script, else ``python -m pipelines``."""
+    import os
+
+    name = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else ""
+    return name if name and not name.endswith((".py", "__main__.py")) and name not in ("-c", "-m") \
+        and "pytest" not in name else "python -m pipelines"
 
 
 # ----------------------------------------------------------------------------- synth
 
 
 def _add_synth(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("synth", help="write a synthetic dataset in the exact TpuGraphs on-disk format")
+    p = _parser(sub, "synth", "write a synthetic dataset in the exact TpuGraphs on-disk format",
+                "synth --out data/synthetic-small --scale small --seed 0")
     p.add_argument("--out", type=Path, required=True, help="data root to create (Kaggle layout)")
     p.add_argument("--scale", choices=("tiny", "small", "full"), default="small")
     p.add_argument("--seed", type=int, default=0)
@@ -49,7 +77,8 @@ def _run_synth(args: argparse.Namespace) -> int:
 
 
 def _add_validate_submission(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("validate-submission", help="check a submission CSV against a data root's test files")
+    p = _parser(sub, "validate-submission", "check a submission CSV against a data root's test files",
+                "validate-submission --data-root data/kaggle submissions/RUN_ID/submission.csv")
     p.add_argument("--data-root", type=Path, required=True)
     p.add_argument("--split", default="test", choices=("train", "valid", "test"))
     p.add_argument("file", type=Path)
@@ -65,7 +94,9 @@ def _run_validate_submission(args: argparse.Namespace) -> int:
 
 
 def _add_score(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("score", help="score a submission written for a labelled split (e.g. valid)")
+    p = _parser(sub, "score", "score a submission written for a labelled split (e.g. valid; `predict --split valid` "
+                              "writes one)",
+                "score --data-root data/synthetic-small --split valid --submission submissions/RUN_ID/submission.csv")
     p.add_argument("--data-root", type=Path, required=True)
     p.add_argument("--split", default="valid", choices=("train", "valid"))
     p.add_argument("--submission", type=Path, required=True)
@@ -73,9 +104,21 @@ def _add_score(sub: argparse._SubParsersAction) -> None:
 
 
 def _run_score(args: argparse.Namespace) -> int:
+    from pipelines.errors import SubmissionError
     from pipelines.submission import score_submission
 
-    report = score_submission(args.submission, args.data_root, split=args.split)
+    try:
+        report = score_submission(args.submission, args.data_root, split=args.split)
+    except SubmissionError as exc:
+        unknown = [v for v in exc.violations if "unknown ID" in v]
+        if unknown and len(unknown) * 2 >= len([v for v in exc.violations if "missing" not in v]):
+            raise PipelineError(
+                f"{args.submission}: {len(unknown)} of its IDs are not graphs of the {args.split} split of "
+                f"{args.data_root}: it ranks another split. The test submissions `run` writes cannot be scored (the "
+                "test split has no runtimes); for a valid-split submission of a run trained with "
+                "folds.holdout_valid = true: predict --run RUN_ID --split valid --data-root DIR; the cross-validation "
+                "scores of every run: runs list") from None
+        raise
     print(report.to_text())
     return 0
 
@@ -84,8 +127,10 @@ def _run_score(args: argparse.Namespace) -> int:
 
 
 def _add_demo(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("demo", help="the README's main job on the embedded synthetic world")
-    p.add_argument("--data-root", type=Path, default=paths.DEMO_DATA_ROOT)
+    p = _parser(sub, "demo", "the README's main job on the embedded synthetic world",
+                "demo --scale tiny")
+    p.add_argument("--data-root", type=Path, default=None,
+                   help="where the synthetic world is generated or reused (default: data/synthetic-SCALE)")
     p.add_argument("--scale", choices=("tiny", "small", "full"), default="small")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--work-dir", type=Path, default=paths.WORK_DIR)
@@ -99,7 +144,8 @@ def _add_demo(sub: argparse._SubParsersAction) -> None:
 def _run_demo(args: argparse.Namespace) -> int:
     from pipelines.demo import run_demo
 
-    return run_demo(data_root=args.data_root, scale=args.scale, seed=args.seed, work_dir=args.work_dir,
+    data_root = args.data_root if args.data_root is not None else paths.synthetic_world(args.scale)
+    return run_demo(data_root=data_root, scale=args.scale, seed=args.seed, work_dir=args.work_dir,
                     submissions_dir=args.submissions_dir, config=args.config, overrides=args.overrides)
 
 
@@ -107,7 +153,8 @@ def _run_demo(args: argparse.Namespace) -> int:
 
 
 def _add_prepare(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("prepare", help="prune graphs, build feature tables, GNN arrays and folds (cached stages)")
+    p = _parser(sub, "prepare", "prune graphs, build feature tables, GNN arrays and folds (cached stages)",
+                "prepare --data-root data/kaggle --collections layout:xla:default")
     p.add_argument("--data-root", type=Path, required=True)
     p.add_argument("--work-dir", type=Path, default=paths.WORK_DIR)
     p.add_argument("--config", default=None, help="config name (e.g. quick) or TOML file (default: base)")
@@ -137,9 +184,11 @@ def _run_prepare(args: argparse.Namespace) -> int:
 
 
 def _add_train(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("train", help="grouped k-fold training of one model per collection (runs prepare first)")
+    p = _parser(sub, "train", "grouped k-fold training of one model per collection (runs prepare first)",
+                "train --model gnn --collection tile:xla --data-root data/synthetic-small --config quick")
     p.add_argument("--model", required=True,
-                   help="registered model: gbdt, random, feature (best single f_* column) or feature:<column>")
+                   help=f"registered model: {', '.join(TRAINABLE_MODELS)} (feature: the best single f_* "
+                        "column; feature:<column> fixes it)")
     p.add_argument("--collection", "--collections", dest="collections", action="append", default=[],
                    metavar="NAME", help="collection name(s), repeatable or comma-separated (default: all present)")
     p.add_argument("--data-root", type=Path, required=True)
@@ -172,7 +221,8 @@ def _run_train(args: argparse.Namespace) -> int:
 
 
 def _add_status(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("status", help="list cached stage outputs (complete, incomplete, running, interrupted)")
+    p = _parser(sub, "status", "list cached stage outputs (complete, incomplete, running, interrupted)",
+                "status --stage train-gbdt")
     p.add_argument("--work-dir", type=Path, default=paths.WORK_DIR)
     p.add_argument("--stage", action="append", default=[], help="show only this stage (repeatable)")
     p.add_argument("--submissions-dir", type=Path, default=paths.SUBMISSIONS_DIR,
@@ -196,7 +246,8 @@ def _run_status(args: argparse.Namespace) -> int:
 
 
 def _add_config(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("config", help="validate a configuration and print it resolved, as TOML")
+    p = _parser(sub, "config", "validate a configuration and print it resolved, as TOML",
+                "config --config demo --set gnn.epochs=4")
     p.add_argument("--config", default=None, help="config name (e.g. quick) or TOML file (default: base)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
                    help="override one config value (repeatable)")
@@ -217,7 +268,8 @@ def _run_config(args: argparse.Namespace) -> int:
 
 
 def _add_download(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("download", help="download the competition data from Kaggle into a data root")
+    p = _parser(sub, "download", "download the competition data from Kaggle into a data root",
+                "download --data-root data/kaggle")
     p.add_argument("--data-root", type=Path, required=True,
                    help="folder to receive npz_all/ and sample_submission.csv (other files in it are left alone)")
     p.add_argument("--force", action="store_true", help="download again even if the data root is complete")
@@ -232,18 +284,33 @@ def _run_download(args: argparse.Namespace) -> int:
 
 
 def _add_submit(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("submit", help="upload a submission CSV to the Kaggle competition")
-    p.add_argument("file", type=Path)
-    p.add_argument("-m", "--message", required=True, help="submission description shown on Kaggle")
+    p = _parser(sub, "submit", "upload a run's submission (or a CSV file) to the Kaggle competition",
+                "submit 20261122T120000Z-1a2b3c4d        # or: submit FILE -m MESSAGE --data-root DIR")
+    p.add_argument("target", metavar="RUN_ID|FILE",
+                   help="a run-id under --submissions-dir or a run folder (validated against the data root the "
+                        "run recorded; what was sent is recorded in the run folder), or a CSV file")
+    p.add_argument("-m", "--message", default=None,
+                   help="submission description shown on Kaggle (default for a run: RUN_ID CV <combined score>; "
+                        "required for a file)")
     p.add_argument("--data-root", type=Path, default=None,
-                   help="validate the file against this data root's test files before uploading")
+                   help="validate against this data root's test files (default for a run: the one it recorded)")
+    p.add_argument("--submissions-dir", type=Path, default=paths.SUBMISSIONS_DIR)
     p.set_defaults(handler=_run_submit)
 
 
 def _run_submit(args: argparse.Namespace) -> int:
-    from pipelines.kaggle_io import submit_file
+    from pipelines.kaggle_io import submit_file, submit_run
 
-    print(submit_file(args.file, args.message, data_root=args.data_root))
+    target = Path(args.target)
+    if target.is_file() or target.suffix == ".csv":
+        if args.message is None:
+            raise ConfigError("submitting a file needs a message: -m MESSAGE (a run-id gets a default one)")
+        print(submit_file(target, args.message, data_root=args.data_root))
+        return 0
+    run_id, submissions_dir = args.target, args.submissions_dir
+    if target.is_dir() and (target / "manifest.json").is_file():  # a run folder's path works too
+        run_id, submissions_dir = target.name, target.parent
+    print(submit_run(run_id, submissions_dir=submissions_dir, message=args.message, data_root=args.data_root))
     return 0
 
 
@@ -251,15 +318,17 @@ def _run_submit(args: argparse.Namespace) -> int:
 
 
 def _add_run(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("run", help="every stage, every model, the ensemble and a validated submission "
-                                   "(cached stages are reused); prints the submission path last")
+    p = _parser(sub, "run", "every stage, every model, the ensemble, a validated submission and report.html "
+                            "(cached stages are reused); prints the submission path last",
+                "run --data-root data/kaggle --config quick --models gbdt,gnn")
     p.add_argument("--data-root", type=Path, required=True, help="any data root in the Kaggle layout")
     p.add_argument("--work-dir", type=Path, default=paths.WORK_DIR)
     p.add_argument("--config", default=None, help="config name (e.g. quick) or TOML file (default: base)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
                    help="override one config value (repeatable)")
     p.add_argument("--models", default=None,
-                   help="comma-separated models to train and blend (default: the config's ensemble.models)")
+                   help="comma-separated models to train and blend (default: the config's ensemble.models, "
+                        "each of which must be one of run.models, the models the config allows)")
     p.add_argument("--submissions-dir", type=Path, default=paths.SUBMISSIONS_DIR)
     p.add_argument("--scheduler", default=None, metavar="ADDRESS",
                    help="Dask scheduler address for the training jobs (workers must share this filesystem); "
@@ -281,8 +350,9 @@ def _run_run(args: argparse.Namespace) -> int:
 
 
 def _add_ensemble(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("ensemble", help="re-blend the saved predictions of earlier runs into a new submission "
-                                        "(no training); prints the submission path last")
+    p = _parser(sub, "ensemble", "re-blend the saved predictions of earlier runs into a new submission "
+                                 "(no training); prints the submission path last",
+                "ensemble --runs RUN_A RUN_B --method rank")
     p.add_argument("--runs", nargs="+", required=True, metavar="RUN_ID", help="run-ids under --submissions-dir")
     p.add_argument("--method", choices=("minmax", "rank"), default=None,
                    help="per-graph normalisation (default: the first run's)")
@@ -308,8 +378,9 @@ def _run_ensemble(args: argparse.Namespace) -> int:
 
 
 def _add_report(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("report", help="write a self-contained HTML report of a run (scores, worst graphs, "
-                                      "importances, ensemble weights)")
+    p = _parser(sub, "report", "write a self-contained HTML report of a run (scores, worst graphs, "
+                               "importances, ensemble weights)",
+                "report 20261122T120000Z-1a2b3c4d --out /tmp/report.html")
     p.add_argument("run_id", metavar="RUN_ID", help="a run-id under --submissions-dir")
     p.add_argument("--submissions-dir", type=Path, default=paths.SUBMISSIONS_DIR)
     p.add_argument("--work-dir", type=Path, default=None, help="where the run's stage outputs are "
@@ -322,6 +393,74 @@ def _run_report(args: argparse.Namespace) -> int:
     from pipelines.report import write_report
 
     print(write_report(args.run_id, submissions_dir=args.submissions_dir, out=args.out, work_dir=args.work_dir))
+    return 0
+
+
+# ----------------------------------------------------------------------------- runs and predict
+
+
+def _add_runs(sub: argparse._SubParsersAction) -> None:
+    p = _parser(sub, "runs", "list the runs with their CV scores, or compare two (reads only run manifests)",
+                "runs list --sort score      # or: runs compare RUN_A RUN_B")
+    actions = p.add_subparsers(dest="action", metavar="ACTION")
+    actions.required = True
+    listing = actions.add_parser("list", help="one line per run: date, data root, models, CV per collection and "
+                                              "combined, seeds, wall time, submitted")
+    listing.add_argument("--sort", choices=("date", "score", "wall", "id"), default="date",
+                         help="date/id: oldest first; score: best first; wall: fastest first")
+    listing.add_argument("--reverse", action="store_true", help="reverse the order")
+    listing.add_argument("--limit", type=int, default=None, metavar="N", help="show the first N rows only")
+    listing.add_argument("--submitted", action="store_true", help="only runs that were submitted to Kaggle")
+    listing.add_argument("--data-root", default=None, help="only runs on this data root")
+    listing.add_argument("--submissions-dir", type=Path, default=paths.SUBMISSIONS_DIR)
+    compare = actions.add_parser("compare", help="CV scores per collection and model side by side, and the config "
+                                                 "difference")
+    compare.add_argument("run_a", metavar="RUN_A")
+    compare.add_argument("run_b", metavar="RUN_B")
+    compare.add_argument("--submissions-dir", type=Path, default=paths.SUBMISSIONS_DIR)
+    p.set_defaults(handler=_run_runs)
+
+
+def _run_runs(args: argparse.Namespace) -> int:
+    from pipelines import runs
+
+    if args.action == "compare":
+        a = runs.load_manifest(args.submissions_dir, args.run_a)
+        b = runs.load_manifest(args.submissions_dir, args.run_b)
+        print(runs.compare_runs(args.run_a, a, args.run_b, b))
+        return 0
+    if args.limit is not None and args.limit < 1:
+        raise ConfigError(f"--limit must be at least 1, got {args.limit}")
+    rows = runs.filter_runs(runs.load_runs(args.submissions_dir), submitted_only=args.submitted,
+                            data_root=args.data_root)
+    rows = runs.sort_runs(rows, args.sort, args.reverse)
+    print(runs.format_runs(rows[:args.limit] if args.limit else rows))
+    return 0
+
+
+def _add_predict(sub: argparse._SubParsersAction) -> None:
+    p = _parser(sub, "predict", "rank the test graphs of a data root with a run's saved fold models and blend "
+                                "weights, without training; writes a validated submission in a new run folder",
+                "predict --run 20261122T120000Z-1a2b3c4d --data-root data/new-graphs")
+    p.add_argument("--run", required=True, metavar="RUN_ID", help="a run-id under --submissions-dir")
+    p.add_argument("--data-root", type=Path, required=True,
+                   help="data root in the Kaggle layout whose test graphs are ranked (train/valid may be absent)")
+    p.add_argument("--work-dir", type=Path, default=None,
+                   help="where the run's stages are; the new data's stages go there too (default: as recorded)")
+    p.add_argument("--submissions-dir", type=Path, default=paths.SUBMISSIONS_DIR)
+    p.add_argument("--split", choices=("test", "valid"), default="test",
+                   help="rank this split (valid: for `score`, only for runs whose fold models held it out, "
+                        "folds.holdout_valid = true)")
+    p.add_argument("--threads", type=int, default=1, help="threads per model when predicting")
+    p.set_defaults(handler=_run_predict)
+
+
+def _run_predict(args: argparse.Namespace) -> int:
+    from pipelines.predict import predict_run
+
+    result = predict_run(args.run, args.data_root, submissions_dir=args.submissions_dir, work_dir=args.work_dir,
+                         split=args.split, num_threads=max(1, args.threads))
+    print(result.submission)
     return 0
 
 
@@ -341,11 +480,16 @@ _COMMANDS: tuple[Callable[[argparse._SubParsersAction], None], ...] = (
     _add_run,
     _add_ensemble,
     _add_report,
+    _add_runs,
+    _add_predict,
 )
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m pipelines", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog=_prog(), description="TpuGraphs runtime-ranking pipelines: data, training, ensembling, submissions.",
+        epilog=f"'{_prog()} COMMAND --help' shows a command's options and an example.\n\n{EXIT_CODES_HELP}",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     for add in _COMMANDS:
@@ -358,16 +502,19 @@ def main(argv: list[str] | None = None) -> int:
     handler: Handler = args.handler
     try:
         return int(handler(args) or 0)
+    except ConfigError as exc:  # a bad argument or config value: the caller's usage
+        print(redact_credentials(f"error: {exc}"), file=sys.stderr)
+        return EXIT_USAGE
     except PipelineError as exc:
         print(redact_credentials(f"error: {exc}"), file=sys.stderr)
-        return 2
+        return EXIT_ERROR
     except OSError as exc:
         # A file system refusal outside the checked places (a full disk, a path that is a file, a
         # folder that cannot be created): one message naming the path(s), not a traceback.
         where = " -> ".join(str(f) for f in (exc.filename, exc.filename2) if f) or "output"
         action = "cannot write" if exc.errno in _DISK_ERRNOS else "file system error"
         print(redact_credentials(f"error: {where}: {action}: {exc.strerror or exc}"), file=sys.stderr)
-        return 2
+        return EXIT_ERROR
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
-        return 130
+        return EXIT_INTERRUPTED

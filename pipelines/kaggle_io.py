@@ -30,6 +30,7 @@ from datetime import datetime, timezone
 from pathlib import Path, PurePosixPath
 from typing import Any, Callable, Iterator, Mapping, Protocol
 
+from pipelines import paths
 from pipelines.collections import ALL_COLLECTIONS, SPLITS
 from pipelines.errors import ConfigError, FormatError, PipelineError
 
@@ -521,3 +522,52 @@ def submit_file(
     if text.strip() == UPLOAD_FAILED_MESSAGE:
         raise PipelineError(f"Kaggle did not accept the upload of {file} ({text}); see the messages above")
     return text
+
+
+def submit_run(
+    run_id: str,
+    *,
+    submissions_dir: Path | str = paths.SUBMISSIONS_DIR,
+    message: str | None = None,
+    data_root: Path | str | None = None,
+    api_factory: Callable[[], KaggleApiLike] | None = None,
+    log: Callable[[str], None] = print,
+) -> str:
+    """Upload the submission of run ``run_id`` and record what was sent in its run folder.
+
+    The CSV must still be the one the run published (its SHA-256 is in the run manifest); it is
+    validated against ``data_root``, by default the data root the run recorded. The message
+    defaults to the run-id and its combined CV score. After a successful upload the record
+    ``<run>/submitted.json`` gains one entry (time, message, file hash, data root, Kaggle's answer),
+    which ``runs list`` shows.
+    """
+    import hashlib
+
+    from pipelines.engine import write_json_atomic
+    from pipelines.runs import SUBMITTED_RECORD, load_manifest, read_submitted, run_summary
+
+    run_dir = Path(submissions_dir) / run_id
+    manifest = load_manifest(submissions_dir, run_id)
+    recorded = manifest.get("submission") or {}
+    file = run_dir / recorded.get("file", "submission.csv")
+    if not file.is_file():
+        raise PipelineError(f"{file}: run {run_id} has no submission file")
+    digest = hashlib.sha256(file.read_bytes()).hexdigest()
+    if recorded.get("sha256") and digest != recorded["sha256"]:
+        raise PipelineError(f"{file}: changed since run {run_id} published it (SHA-256 differs from its manifest); "
+                            "refusing to upload it as this run")
+    root = Path(data_root) if data_root is not None else Path(manifest.get("data_root") or "")
+    if not str(root) or not root.is_dir():
+        raise PipelineError(f"run {run_id}: its data root {str(root) or '(none recorded)'} is not there to validate "
+                            "against; pass --data-root")
+    if message is None:
+        summary = run_summary(run_id, manifest)
+        score = "-" if summary["combined"] is None else f"{summary['combined']:.4f}"
+        message = f"{run_id} CV {score}" + ("" if summary["complete"] else " (incomplete)")
+    answer = submit_file(file, message, data_root=root, api_factory=api_factory, log=log)
+    previous = read_submitted(run_dir)
+    entry = {"submitted_at": datetime.now(timezone.utc).isoformat(timespec="seconds"), "message": message,
+             "competition": COMPETITION, "file": file.name, "sha256": digest,
+             "validated_against": str(root.resolve()), "kaggle_response": answer}
+    write_json_atomic(run_dir / SUBMITTED_RECORD, {"run_id": run_id, "submissions": [*previous, entry]})
+    return answer

@@ -40,6 +40,7 @@ from pipelines.errors import ConfigError, FormatError, PipelineError
 from pipelines.features import config_feature_table, graph_aggregates, graph_feature_table
 from pipelines.folds import assign_folds
 from pipelines.node_arrays import GraphArrays, load_graph_arrays, make_graph_arrays, save_graph_arrays
+from pipelines.progress import Progress
 from pipelines.prune import (
     PrunedGraph,
     deduplicate_graph,
@@ -238,9 +239,11 @@ def run_prune(config: PipelineConfig, collection: Collection, work_dir: Path, re
               data_key: str, force: bool, log: Log) -> Ran:
     def compute(folder: Path) -> dict[str, Any]:
         rows, skipped = [], []
+        progress = Progress(log, "[prune]", sum(len(items) for items in refs.values()))
         for split, items in refs.items():
             (folder / split).mkdir()
             for ref in items:
+                progress.step()
                 try:
                     rows.append(_prune_to(folder, ref, config))
                 except FormatError as exc:
@@ -298,10 +301,12 @@ def run_features(config: PipelineConfig, collection: Collection, work_dir: Path,
     def compute(folder: Path) -> dict[str, Any]:
         rows = 0
         columns: list[str] = []
+        progress = Progress(log, "[features]", sum(len(items) for items in refs.values()))
         for split, items in refs.items():
             (folder / split / "configs").mkdir(parents=True)
             aggregates = []
             for ref in items:
+                progress.step()
                 table, aggregate = graph_table(ref)
                 table.write_parquet(folder / split / "configs" / f"{ref.stem}.parquet")
                 rows += table.height
@@ -323,7 +328,9 @@ def run_node_arrays(collection: Collection, work_dir: Path, graphs: pl.DataFrame
     def compute(folder: Path) -> dict[str, Any]:
         for split in SPLITS:
             (folder / split).mkdir()
+        progress = Progress(log, "[node_arrays]", graphs.height)
         for stem, split in graphs.select("graph", "split").iter_rows():
+            progress.step()
             pruned = load_pruned(prune.path / split / f"{stem}.npz")
             save_graph_arrays(folder / split / f"{stem}.npz", make_graph_arrays(pruned, collection.name, split))
         return {"graphs": graphs.height}

@@ -43,6 +43,8 @@ class Section:
     paragraphs: list[str] = field(default_factory=list)
     tables: list[tuple[str, pl.DataFrame]] = field(default_factory=list)
     figures: list[tuple[str, bytes]] = field(default_factory=list)
+    collapsed: bool = False  # rendered folded (<details>): long tables that would dominate the page
+    markup: str = ""  # trusted HTML built by this module (the summary table), placed after the paragraphs
 
 
 # ----------------------------------------------------------------------------- pure parts
@@ -52,7 +54,8 @@ def cv_table(manifest: dict[str, Any]) -> pl.DataFrame:
     """Per collection and model: OOF score mean and std over seeds (training) and the score of the
     seed-averaged predictions the blend uses, with the blend's own row (``ensemble``)."""
     rows = []
-    for collection, scores in manifest.get("cv_scores", {}).items():
+    for collection in _collection_order(manifest):
+        scores = manifest["cv_scores"][collection]
         weights = manifest.get("ensemble_weights", {}).get(collection, {})
         blend = scores.get("blend", {})
         for model, m in scores.get("training", {}).items():
@@ -64,6 +67,88 @@ def cv_table(manifest: dict[str, Any]) -> pl.DataFrame:
     schema = {"collection": pl.Utf8, "model": pl.Utf8, "oof_mean": pl.Float64, "oof_std_seeds": pl.Float64,
               "seeds": pl.Int64, "seed_averaged": pl.Float64, "weight": pl.Float64}
     return pl.DataFrame(rows, schema=schema)
+
+
+def _spread(values: Any) -> float | None:
+    values = [float(v) for v in (values or []) if v is not None and not math.isnan(float(v))]
+    if len(values) < 2:
+        return None
+    mean = sum(values) / len(values)
+    return math.sqrt(sum((v - mean) ** 2 for v in values) / len(values))
+
+
+def summary_table(manifest: dict[str, Any], fold_scores: dict[tuple[str, str], dict[str, float]] | None = None
+                  ) -> pl.DataFrame:
+    """One row per model (then ``ensemble``): the CV score per collection with its spread over seeds
+    and over folds, and the combined score (mean of the collections) with its spread over seeds.
+
+    Columns per collection ``c``: ``c`` (mean over seeds), ``c:seeds`` (std over seeds), ``c:folds``
+    (std over folds of the fold means; from ``fold_scores[(c, model)]`` = fold -> score). The
+    ensemble's score is the OOF score of the blend of seed-averaged predictions (one number).
+    """
+    fold_scores = fold_scores or {}
+    collections = _collection_order(manifest)
+    models: list[str] = []
+    for scores in (manifest.get("cv_scores") or {}).values():
+        models += [m for m in (scores.get("training") or {}) if m not in models]
+    rows = []
+    for model in [*models, "ensemble"]:
+        row: dict[str, Any] = {"model": model}
+        by_seed: dict[str, list[float]] = {}
+        means = []
+        for c in collections:
+            scores = manifest["cv_scores"][c]
+            if model == "ensemble":
+                mean, seeds, folds = (scores.get("blend") or {}).get("ensemble"), None, None
+            else:
+                m = (scores.get("training") or {}).get(model) or {}
+                mean = m.get("oof_score")
+                seeds = m.get("oof_score_std") if len(m.get("oof_score_by_seed") or {}) > 1 else None
+                folds = _spread((fold_scores.get((c, model)) or {}).values())
+                for seed, value in (m.get("oof_score_by_seed") or {}).items():
+                    by_seed.setdefault(seed, []).append(value)
+            row |= {c: mean, f"{c}:seeds": seeds, f"{c}:folds": folds}
+            means.append(mean)
+        complete = bool(means) and all(v is not None for v in means)
+        row["combined"] = sum(means) / len(means) if complete else None
+        row["combined:seeds"] = _spread([sum(v) / len(v) for v in by_seed.values() if len(v) == len(collections)])
+        rows.append(row)
+    schema = {"model": pl.Utf8, "combined": pl.Float64, "combined:seeds": pl.Float64}
+    for c in collections:
+        schema |= {c: pl.Float64, f"{c}:seeds": pl.Float64, f"{c}:folds": pl.Float64}
+    return pl.DataFrame(rows, schema=schema).select(list(schema))
+
+
+def _collection_order(manifest: dict[str, Any]) -> list[str]:
+    """The run's collections in the order it ran them (the competition's), not the JSON key order."""
+    scored = list(manifest.get("cv_scores") or {})
+    return [c for c in manifest.get("collections") or [] if c in scored] + \
+        [c for c in scored if c not in (manifest.get("collections") or [])]
+
+
+def summary_html(table: pl.DataFrame) -> str:
+    """The summary table: a column per collection, each cell ``mean`` with ``+- seeds / +- folds`` below."""
+    collections = [c for c in table.columns if c != "model" and not c.endswith((":seeds", ":folds"))
+                   and c != "combined"]
+    head = "".join(f"<th>{html.escape(c)}</th>" for c in ["model", "combined", *collections])
+
+    def cell(row: dict[str, Any], name: str, strong: bool = False) -> str:
+        value = _format_cell(row.get(name))
+        spreads = []
+        if row.get(f"{name}:seeds") is not None:
+            spreads.append(f"&plusmn;{row[f'{name}:seeds']:.4f} seeds")
+        if row.get(f"{name}:folds") is not None:
+            spreads.append(f"&plusmn;{row[f'{name}:folds']:.4f} folds")
+        value = f"<b>{value}</b>" if strong else value
+        small = f"<br><span class='spread'>{' '.join(spreads)}</span>" if spreads else ""
+        return f"<td>{value}{small}</td>"
+
+    body = []
+    for row in table.iter_rows(named=True):
+        ensemble = row["model"] == "ensemble"
+        body.append(f"<tr{' class=ensemble' if ensemble else ''}><td>{html.escape(row['model'])}</td>"
+                    + cell(row, "combined", strong=True) + "".join(cell(row, c) for c in collections) + "</tr>")
+    return f"<table class='summary'><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
 
 
 def graph_scores_table(scores: pl.DataFrame) -> pl.DataFrame:
@@ -96,6 +181,9 @@ def html_table(frame: pl.DataFrame) -> str:
 
 
 STYLE = """body{font-family:sans-serif;max-width:1100px;margin:2em auto;color:#222}
+.headline{font-size:1.3em;margin:0.3em 0 0.8em}.headline b{font-size:1.3em}
+table.summary{font-size:0.95em}table.summary tr.ensemble td{background:#eef5ff;font-weight:bold}
+.spread{color:#777;font-size:0.8em;font-weight:normal}details summary{cursor:pointer;color:#235}
 table{border-collapse:collapse;margin:0.5em 0 1.5em;font-size:0.85em}
 th,td{border:1px solid #ccc;padding:3px 8px;text-align:right}th{background:#f2f2f2}
 td:first-child,th:first-child{text-align:left}img{max-width:100%}h2{border-bottom:1px solid #ddd}
@@ -108,13 +196,19 @@ def render_html(title: str, sections: list[Section]) -> str:
              f"<style>{STYLE}</style></head><body><h1>{html.escape(title)}</h1>"]
     for section in sections:
         parts.append(f"<h2>{html.escape(section.title)}</h2>")
+        if section.collapsed:
+            parts.append(f"<details><summary>show {html.escape(section.title.lower())}</summary>")
         parts += [f"<p>{html.escape(text)}</p>" for text in section.paragraphs]
+        if section.markup:
+            parts.append(section.markup)
         for caption, frame in section.tables:
             parts.append(f"<p class='caption'>{html.escape(caption)}</p>{html_table(frame)}")
         for caption, png in section.figures:
             data = base64.b64encode(png).decode("ascii")
             parts.append(f"<figure><img alt='{html.escape(caption)}' src='data:image/png;base64,{data}'>"
                          f"<figcaption class='caption'>{html.escape(caption)}</figcaption></figure>")
+        if section.collapsed:
+            parts.append("</details>")
     parts.append("</body></html>")
     return "\n".join(parts)
 
@@ -122,39 +216,61 @@ def render_html(title: str, sections: list[Section]) -> str:
 # ----------------------------------------------------------------------------- figures
 
 
-def _distribution_figure(per_graph: pl.DataFrame) -> bytes:
+def _panels(plt: Any, count: int, width: float, height: float, columns: int = 3) -> tuple[Any, list[Any]]:
+    """A grid of ``count`` panels, at most ``columns`` a row (five side by side are unreadable on a
+    page), unused cells hidden; returns the figure and the used axes in order."""
+    ncols = max(1, min(columns, count))
+    nrows = math.ceil(count / ncols)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(width * ncols, height * nrows), squeeze=False)
+    flat = [ax for row in axes for ax in row]
+    for ax in flat[count:]:
+        ax.set_visible(False)
+    return fig, flat[:count]
+
+
+def _in_order(present: list[str], order: list[str] | None) -> list[str]:
+    order = order or []
+    return [c for c in order if c in present] + [c for c in present if c not in order]
+
+
+def _distribution_figure(per_graph: pl.DataFrame, order: list[str] | None = None) -> bytes:
+    """Per collection, a histogram of the per-graph OOF scores of each model on one set of bins."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import numpy as np
 
-    collections = per_graph["collection"].unique(maintain_order=True).to_list()
-    fig, axes = plt.subplots(1, len(collections), figsize=(3.4 * len(collections), 3.2), squeeze=False)
-    for ax, name in zip(axes[0], collections):
+    collections = _in_order(per_graph["collection"].unique(maintain_order=True).to_list(), order)
+    fig, axes = _panels(plt, len(collections), 3.8, 3.2)
+    for ax, name in zip(axes, collections):
         part = per_graph.filter(pl.col("collection") == name)
-        models = part["model"].unique(maintain_order=True).to_list()
-        ax.boxplot([part.filter(pl.col("model") == m)["mean"].to_numpy() for m in models], tick_labels=models)
-        ax.set_title(name, fontsize=9)
-        ax.tick_params(axis="x", labelrotation=30, labelsize=8)
+        edges = np.histogram_bin_edges(part["mean"].to_numpy(), bins=12)  # shared by the models of the panel
+        for model in part["model"].unique(maintain_order=True).to_list():
+            values = part.filter(pl.col("model") == model)["mean"].to_numpy()
+            ax.hist(values, bins=edges, histtype="step", linewidth=1.6, label=model)
+        ax.set_title(name, fontsize=10)
+        ax.set_xlabel("per-graph OOF score (seed mean)")
+        ax.set_ylabel("graphs")
         ax.grid(alpha=0.3)
-    axes[0][0].set_ylabel("per-graph OOF score (mean over seeds)")
+        ax.legend(fontsize=8)
     fig.tight_layout()
     return figure_png(fig)
 
 
-def _importance_figure(table: pl.DataFrame) -> bytes:
+def _importance_figure(table: pl.DataFrame, order: list[str] | None = None) -> bytes:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    collections = table["collection"].unique(maintain_order=True).to_list()
-    fig, axes = plt.subplots(1, len(collections), figsize=(3.6 * len(collections), 3.6), squeeze=False)
-    for ax, name in zip(axes[0], collections):
+    collections = _in_order(table["collection"].unique(maintain_order=True).to_list(), order)
+    fig, axes = _panels(plt, len(collections), 5.0, 3.4)
+    for ax, name in zip(axes, collections):
         part = table.filter(pl.col("collection") == name).reverse()
         ax.barh(part["feature"].to_list(), part["mean"].to_numpy(), xerr=part["std"].to_numpy(), capsize=2)
-        ax.set_title(name, fontsize=9)
-        ax.tick_params(axis="y", labelsize=7)
+        ax.set_title(name, fontsize=10)
+        ax.tick_params(axis="y", labelsize=9)
         ax.set_xlabel("share of gain")
     fig.tight_layout()
     return figure_png(fig)
@@ -166,14 +282,14 @@ def _curve_figure(curves: dict[str, tuple[str, pl.DataFrame, float]]) -> bytes:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, len(curves), figsize=(3.4 * len(curves), 3.0), squeeze=False)
-    for ax, (name, (model, curve, chosen)) in zip(axes[0], curves.items()):
+    fig, axes = _panels(plt, len(curves), 3.8, 3.0)
+    for ax, (name, (model, curve, chosen)) in zip(axes, curves.items()):
         ax.plot(curve["weight"].to_numpy(), curve["score"].to_numpy(), marker=".")
         ax.axvline(chosen, color="grey", linestyle="--", linewidth=1)
-        ax.set_title(name, fontsize=9)
+        ax.set_title(name, fontsize=10)
         ax.set_xlabel(f"weight of {model}")
+        ax.set_ylabel("OOF score of the blend")
         ax.grid(alpha=0.3)
-    axes[0][0].set_ylabel("OOF score of the blend")
     fig.tight_layout()
     return figure_png(fig)
 
@@ -188,16 +304,40 @@ def build_report(run: RunOutputs) -> list[Section]:
 
     manifest = run.manifest
     config = manifest.get("config") or {}
-    folds = (config.get("folds") or {}).get("k")
-    seeds = (config.get("run") or {}).get("seeds")
-    combined = ", ".join(f"{m} {_format_cell(v.get('value'))}{'' if v.get('complete') else ' (incomplete)'}"
-                         for m, v in (manifest.get("combined_oof") or {}).items())
+    order = _collection_order(manifest)
+    fold_scores = {(c, model): {f: v for f, v in (out.metrics.get("oof_score_by_fold") or {}).items()}
+                   for c, models in run.trained.items() for model, out in models.items()}
+    combined = (manifest.get("combined_oof") or {}).get("ensemble") or {}
+    headline = f"combined CV score (ensemble, mean of the collections): {_format_cell(combined.get('value'))}"
+    if combined and not combined.get("complete"):
+        headline += " (not all five collections: the mean of those present)"
+    summary = Section("Summary", markup=f"<p class='headline'>{html.escape(headline).replace(': ', ': <b>', 1)}"
+                                        f"</b></p>" + summary_html(summary_table(manifest, fold_scores)),
+                      paragraphs=[])
+    summary.markup += ("<p class='caption'>Out-of-fold CV scores (tile: top-5 slowdown score, layout: Kendall tau-b; "
+                       "higher is better). Each model: mean over seeds, &plusmn; standard deviation over seeds and "
+                       "over folds (fold means averaged over seeds). ensemble: the blend of the seed-averaged "
+                       "predictions with the weights below.</p>")
+    if manifest.get("kind") == "ensemble":
+        sources = config.get("source_runs") or {}
+        described = []
+        for run_id in manifest.get("source_runs") or list(sources):
+            source = sources.get(run_id) or {}
+            described.append(f"{run_id} ({(source.get('folds') or {}).get('k', '?')} folds x seeds "
+                             f"{(source.get('run') or {}).get('seeds', '?')})")
+        setup = (f"re-blend of {len(described)} run(s), training nothing: {'; '.join(described)}; method "
+                 f"{(config.get('ensemble') or {}).get('method', '?')}")
+    else:
+        setup = (f"{(config.get('folds') or {}).get('k', '?')} folds x seeds "
+                 f"{(config.get('run') or {}).get('seeds', '?')}")
+    if manifest.get("kind") == "predict":
+        setup = (f"ranked by the saved fold models and blend weights of run {manifest.get('source_run')}, training "
+                 f"nothing ({setup}); every CV score below is that run's")
     overview = Section("Run", [
         f"run {run.run_id} ({manifest.get('kind', 'run')}), created {manifest.get('created', '?')}, "
         f"wall time {manifest.get('wall_time_s', '?')} s; command: {manifest.get('command', '?')}",
-        f"data root {manifest.get('data_root')}; models {', '.join(manifest.get('models', []))}; "
-        f"{folds} folds x seeds {seeds}; code {(manifest.get('code_version') or {}).get('commit', '?')}",
-        f"combined OOF score (mean of the collections): {combined or '-'}",
+        f"data root {manifest.get('data_root')}; models {', '.join(manifest.get('models', []))}; {setup}; "
+        f"code {(manifest.get('code_version') or {}).get('commit', '?')}",
     ])
     cv = Section("Cross-validation scores per collection",
                  ["oof_mean: mean over seeds of the OOF score (each seed: mean over graphs of the metric, "
@@ -214,28 +354,33 @@ def build_report(run: RunOutputs) -> list[Section]:
                                    .with_columns(pl.lit(collection).alias("collection")))
     per_graph = graph_scores_table(pl.concat(scores, how="vertical_relaxed"))
     distribution = Section("Per-graph score distribution",
-                           ["Each box: the graphs of a collection, each scored out of fold and averaged over seeds."],
-                           figures=[("per-graph OOF scores", _distribution_figure(per_graph))])
+                           ["Histograms of the graphs of each collection, each scored out of fold and averaged "
+                            "over seeds; the models of a panel share its bins."],
+                           figures=[("per-graph OOF scores", _distribution_figure(per_graph, order))])
     worst = Section("Worst graphs", [f"The {WORST_GRAPHS} lowest-scoring graphs per collection and model."],
-                    [("worst graphs", worst_graphs(per_graph))])
-    sections = [overview, cv, distribution, worst]
+                    [("worst graphs", worst_graphs(per_graph))], collapsed=True)
+    sections = [summary, overview, cv, distribution]
+    folded: list[Section] = []
 
     if importances:
         table = importance_table(pl.concat(importances), top=TOP_FEATURES)
         sections.append(Section("Feature importances (GBDT)",
                                 ["Gain of each feature as a share of its fold model's total gain, mean +- std over "
                                  f"fold models; the top {TOP_FEATURES} per collection."],
-                                [("gain importances", table)], [("gain importances", _importance_figure(table))]))
+                                figures=[("gain importances", _importance_figure(table, order))]))
+        folded.append(Section("Feature importance table", [], [("gain importances", table)], collapsed=True))
 
     weights = manifest.get("ensemble_weights") or {}
-    weight_rows = [{"collection": c, **{f"w:{m}": w for m, w in ws.items()}} for c, ws in weights.items()]
+    weight_rows = [{"collection": c, **{f"w:{m}": w for m, w in weights[c].items()}}
+                   for c in _in_order(list(weights), order)]
     ensemble = Section("Ensemble weights",
                        ["Weights fitted on the out-of-fold predictions (seed-averaged, normalised per graph); the "
                         "curve is every weight the ensemble stage tried (two models: the first model's weight; "
                         "dashed: the chosen one)."],
                        [("weights per collection", pl.DataFrame(weight_rows))] if weight_rows else [])
     curves = {}
-    for collection, output in run.ensemble.items():
+    for collection in _in_order(list(run.ensemble), order):
+        output = run.ensemble[collection]
         models = [m for m in manifest.get("models", []) if m in weights.get(collection, {})]
         if len(models) != 2:
             continue
@@ -243,7 +388,7 @@ def build_report(run: RunOutputs) -> list[Section]:
         curves[collection] = (models[0], curve.sort("weight"), weights[collection][models[0]])
     if curves:
         ensemble.figures.append(("OOF score vs. blend weight", _curve_figure(curves)))
-    sections.append(ensemble)
+    sections += [ensemble, worst, *folded]
     return sections
 
 

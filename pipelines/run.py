@@ -163,6 +163,21 @@ def scores_table(runs: Sequence[CollectionRun]) -> pl.DataFrame:
     return pl.DataFrame(rows, schema=SCORES_SCHEMA)
 
 
+def scores_from_manifest(manifest: Mapping[str, Any]) -> pl.DataFrame:
+    """The :func:`scores_table` of a published run, rebuilt from its manifest alone."""
+    rows = []
+    for cname, scores in (manifest.get("cv_scores") or {}).items():
+        blend = scores.get("blend") or {}
+        weights = (manifest.get("ensemble_weights") or {}).get(cname) or {}
+        for name, m in (scores.get("training") or {}).items():
+            rows.append({"collection": cname, "model": name, "oof_score": m.get("oof_score"),
+                         "oof_std": m.get("oof_score_std"), "seeds": len(m.get("oof_score_by_seed") or {}),
+                         "blend_score": blend.get(name), "weight": weights.get(name)})
+        rows.append({"collection": cname, "model": "ensemble", "oof_score": blend.get("ensemble"),
+                     "oof_std": None, "seeds": None, "blend_score": blend.get("ensemble"), "weight": None})
+    return pl.DataFrame(rows, schema=SCORES_SCHEMA)
+
+
 def combined_by_model(table: pl.DataFrame, column: str = "blend_score") -> dict[str, Any]:
     """``{model: CombinedScore}`` of a scores table (mean of the collection means)."""
     from pipelines.metric import combine_collection_scores
@@ -333,7 +348,8 @@ def tidy_submissions(submissions_dir: Path | str) -> list[dict[str, Any]]:
 
 
 def publish_submission(rows: Mapping[str, Sequence[int]], manifest: dict[str, Any], *, data_root: Path,
-                       submissions_dir: Path, log: Log = print) -> tuple[str, Path, dict[str, Any]]:
+                       submissions_dir: Path, log: Log = print,
+                       split: str = "test") -> tuple[str, Path, dict[str, Any]]:
     """Validate ``rows`` against the test split of ``data_root``, then publish them with the manifest.
 
     Returns ``(run_id, submission path, final manifest)``. The CSV and the manifest are written and
@@ -354,7 +370,7 @@ def publish_submission(rows: Mapping[str, Sequence[int]], manifest: dict[str, An
     base = new_run_id({"config": manifest.get("config"), "stages": manifest.get("stages")}, datetime.now(timezone.utc))
     try:
         path = write_submission(staging / SUBMISSION_FILE, rows)
-        count = validate_submission(path, data_root, split="test")
+        count = validate_submission(path, data_root, split=split)
         manifest = {**manifest, "run_id": base,
                     "submission": {"file": SUBMISSION_FILE, "rows": count, "validated_against": str(data_root),
                                    "sha256": hashlib.sha256(text.encode("ascii")).hexdigest()}}
@@ -409,6 +425,22 @@ def _manifest(*, kind: str, config: Any, data_root: Path, work_dir: Path, runs: 
 # ----------------------------------------------------------------------------- run
 
 
+class StageCounter:
+    """Prefixes the engine's "computing" / "cached" line of each stage with ``stage i/N`` (N: every
+    stage of the run, known before it starts), so a log says how far a run is."""
+
+    _START = re.compile(r"\[[\w.:-]+\] (computing|cached) [0-9a-f]+$")
+
+    def __init__(self, total: int, log: Log):
+        self.total, self.log, self.index = total, log, 0
+
+    def __call__(self, message: str) -> None:
+        if self._START.search(message):
+            self.index += 1
+            message = f"stage {self.index}/{self.total}: {message}"
+        self.log(message)
+
+
 def run_pipeline(config: PipelineConfig, data_root: Path | str, *, work_dir: Path | str,
                  models: Sequence[str] | None = None, collections: Sequence[Collection | str] | None = None,
                  submissions_dir: Path | str = paths.SUBMISSIONS_DIR, scheduler: str | None = None,
@@ -433,6 +465,11 @@ def run_pipeline(config: PipelineConfig, data_root: Path | str, *, work_dir: Pat
     check_test_files(data_root)
     check_output_dir(submissions_dir, data_root, "--submissions-dir")
     computed: list[str] = []
+    from pipelines.prepare import STAGES
+    from pipelines.tpugraphs import available_collections
+
+    count = len(collections) if collections is not None else len(available_collections(data_root))
+    log = StageCounter(count * (len(STAGES) + len(names) + 1), log)  # prepare, train per model, ensemble
 
     def track(output: StageOutput) -> StageOutput:
         if not output.cached:
@@ -469,7 +506,22 @@ def _finish(runs: Sequence[CollectionRun], *, kind: str, config: Any, data_root:
                          extra={"stages_computed": list(computed), **(extra or {})})
     run_id, path, manifest = publish_submission(rows, manifest, data_root=data_root,
                                                 submissions_dir=submissions_dir, log=log)
+    write_run_report(run_id, submissions_dir, log)
     return RunResult(run_id, path.parent, path, manifest, table, tuple(computed))
+
+
+def write_run_report(run_id: str, submissions_dir: Path, log: Log = print) -> Path | None:
+    """``report.html`` in the new run folder. The submission is already published and valid, so a
+    report that cannot be drawn is a warning, not a failed run (``report RUN_ID`` retries it)."""
+    from pipelines.report import write_report
+
+    try:
+        path = write_report(run_id, submissions_dir=submissions_dir)
+    except (PipelineError, OSError, ValueError) as exc:
+        log(f"warning: report of run {run_id} not written ({exc}); retry with: report {run_id}")
+        return None
+    log(f"report {path}")
+    return path
 
 
 # ----------------------------------------------------------------------------- re-ensemble

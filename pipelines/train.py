@@ -37,6 +37,9 @@ builds the model from the config, and reports on it::
     describe(ranker) -> (facts dict, importance frame or None)
     job_memory(prepared, graphs, settings) -> bytes   # optional: peak of fitting on graphs, which
                                                       # caps the parallel jobs to fit in memory
+    save_model(ranker, folder, name) -> [file names]  # the fitted fold model, written into folder
+    load_model(folder, files, settings, collection, *, num_threads) -> Ranker   # what save_model wrote
+    checkpoints = True                                # optional: fit(..., checkpoint_dir=) resumes epochs
 
 Entries are zero-argument factories, so a model whose module imports torch can register
 ``lambda: importlib.import_module("pipelines.models.gnn").GNNAdapter()`` and stay lazy. A ranker
@@ -49,9 +52,14 @@ that scores best on the training folds; ``feature:<column>`` fixes the column).
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import importlib
+import json
 import math
 import os
+import shutil
+import tempfile
 import time
 import zlib
 from dataclasses import dataclass
@@ -63,13 +71,20 @@ import polars as pl
 
 from pipelines.collections import Collection
 from pipelines.config import PipelineConfig, config_to_dict, resolve_for_collection
-from pipelines.engine import Code, StageOutput, run_stage
+from pipelines.engine import Code, StageOutput, run_stage, stage_key, write_json_atomic
 from pipelines.errors import ConfigError, PipelineError
 from pipelines.predictions import PREDICTION_SCHEMA, prediction_frame
+from pipelines.progress import format_duration
 
 PREDICTIONS_FILE = "predictions.parquet"
 SCORES_FILE = "scores.parquet"
 IMPORTANCE_FILE = "importance.parquet"
+MODELS_DIR = "models"  # fold models in the stage output: <model>-f<fold>-s<seed>.<ext>
+# Finished fold jobs of a training stage that has not completed yet live in
+# ``<work_dir>/<stage>/.folds-<key>/`` (one folder per fold x seed, renamed into place when complete,
+# GNN epoch checkpoints alongside), so a killed stage resumes at fold (and epoch) granularity.
+PARTIAL_PREFIX = ".folds-"
+FOLD_RESULT = "fold.json"
 # Copies of a fold's training table alive at once (polars frame, float32 matrix, its row-gathered
 # copy, LightGBM's dataset), and the share of available memory the parallel jobs may take together.
 MEMORY_COPIES = 4
@@ -114,6 +129,11 @@ class ModelAdapter(Protocol):
 
     def describe(self, ranker: Any) -> tuple[dict[str, Any], pl.DataFrame | None]: ...
 
+    def save_model(self, ranker: Any, folder: Path, name: str) -> list[str]: ...
+
+    def load_model(self, folder: Path, files: list[str], settings: dict[str, Any], collection: Collection, *,
+                   num_threads: int) -> Ranker: ...
+
 
 # ----------------------------------------------------------------------------- feature-table models
 
@@ -144,6 +164,24 @@ class _FeatureTableAdapter:
     def describe(self, ranker: Any) -> tuple[dict[str, Any], pl.DataFrame | None]:
         return {}, None
 
+    def save_model(self, ranker: Any, folder: Path, name: str) -> list[str]:
+        """The reference rankers' whole state is a few JSON values (seed, column, sign)."""
+        path = folder / f"{name}.json"
+        write_json_atomic(path, {k: v for k, v in vars(ranker).items() if not k.startswith("_")})
+        return [path.name]
+
+    def load_model(self, folder: Path, files: list[str], settings: dict[str, Any], collection: Collection, *,
+                   num_threads: int) -> Ranker:
+        path = folder / files[0]
+        try:
+            state = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            raise PipelineError(f"{path}: cannot read the saved {self.name} model ({exc})") from None
+        ranker = self.make(settings, collection, num_threads=num_threads)
+        for key, value in state.items():
+            setattr(ranker, key, value)
+        return ranker
+
 
 class GBDTAdapter(_FeatureTableAdapter):
     name = "gbdt"
@@ -171,6 +209,15 @@ class GBDTAdapter(_FeatureTableAdapter):
     def describe(self, ranker: Any) -> tuple[dict[str, Any], pl.DataFrame | None]:
         facts = {"best_iteration": ranker.best_iteration_, "train_rows": ranker.n_train_rows_}
         return facts, ranker.feature_importance()
+
+    def save_model(self, ranker: Any, folder: Path, name: str) -> list[str]:
+        return [p.name for p in ranker.save(folder / f"{name}.txt")]  # LightGBM text model + its sidecar
+
+    def load_model(self, folder: Path, files: list[str], settings: dict[str, Any], collection: Collection, *,
+                   num_threads: int) -> Ranker:
+        from pipelines.models.gbdt import GBDTRanker
+
+        return GBDTRanker.load(folder / files[0], num_threads=num_threads)
 
 
 class RandomAdapter(_FeatureTableAdapter):
@@ -350,6 +397,9 @@ class FoldResult:
     importance: pl.DataFrame | None
     facts: dict[str, Any]
     wall_s: float
+    # The fitted model as saved by the adapter (file name -> bytes), carried in memory so the stage
+    # output never depends on the folder of finished fold jobs, which a concurrent run may remove.
+    model_files: dict[str, bytes] = dataclasses.field(default_factory=dict)
 
 
 def _batches(graphs: list[str], size: int):
@@ -388,15 +438,25 @@ def score_graphs(collection: Collection, predicted: list[tuple[str, np.ndarray, 
 
 
 def fit_predict_fold(adapter: ModelAdapter, prepared: Any, collection: Collection, settings: dict[str, Any],
-                     plan: FoldPlan, fold: int, seed: int, num_threads: int) -> FoldResult:
-    """Fit one fold model and predict its held-out, holdout and test graphs (runs in a worker)."""
+                     plan: FoldPlan, fold: int, seed: int, num_threads: int, partial: Path | None = None) -> FoldResult:
+    """Fit one fold model and predict its held-out, holdout and test graphs (runs in a worker).
+
+    With ``partial`` (the stage's folder of finished fold jobs) the result and the fitted model are
+    saved there as ``f<fold>-s<seed>/`` before returning, and a model with epoch checkpoints
+    checkpoints into (and resumes from) ``partial/f<fold>-s<seed>.ckpt/``.
+    """
     started = time.perf_counter()
     fit_seed = seed + int(settings.get("seed", 0))
     held_out = plan.graphs_by_fold[fold]
     ranker = adapter.make(settings, collection, num_threads=num_threads)
     train = adapter.load(prepared, plan.train_graphs(fold), settings=settings, fit=True, seed=fit_seed)
     valid = adapter.load(prepared, held_out, settings=settings, fit=True, seed=fit_seed)
-    ranker = ranker.fit(train, valid, seed=fit_seed)
+    checkpoint_dir = None
+    if partial is not None and getattr(adapter, "checkpoints", False):
+        checkpoint_dir = partial / f"{fold_job_name(fold, seed)}.ckpt"
+        ranker = ranker.fit(train, valid, seed=fit_seed, checkpoint_dir=checkpoint_dir)
+    else:
+        ranker = ranker.fit(train, valid, seed=fit_seed)
     del train, valid
     batch = PREDICT_BATCH_GRAPHS[collection.kind]
     predict = dict(settings=settings, batch=batch, seed=fit_seed)
@@ -419,7 +479,92 @@ def fit_predict_fold(adapter: ModelAdapter, prepared: Any, collection: Collectio
     facts, importance = adapter.describe(ranker)
     if importance is not None:
         importance = importance.with_columns(pl.lit(fold, pl.Int16).alias("fold"), pl.lit(seed, pl.Int32).alias("seed"))
-    return FoldResult(fold, seed, predictions, scores, importance, facts, time.perf_counter() - started)
+    result = FoldResult(fold, seed, predictions, scores, importance, facts, time.perf_counter() - started,
+                        model_bytes(adapter, ranker, f"{adapter.name.replace(':', '.')}-{fold_job_name(fold, seed)}"))
+    if partial is not None:
+        save_fold_result(result, partial)
+        if checkpoint_dir is not None:
+            shutil.rmtree(checkpoint_dir, ignore_errors=True)  # the saved model supersedes its checkpoints
+    return result
+
+
+# ----------------------------------------------------------------------------- finished fold jobs
+
+
+def fold_job_name(fold: int, seed: int) -> str:
+    return f"f{fold}-s{seed}"
+
+
+def partial_dir(work_dir: Path, stage: str, key: str) -> Path:
+    """Where the finished fold jobs of an unfinished training stage are kept (see ``PARTIAL_PREFIX``)."""
+    return Path(work_dir) / stage / f"{PARTIAL_PREFIX}{key}"
+
+
+def model_bytes(adapter: ModelAdapter, ranker: Any, name: str) -> dict[str, bytes]:
+    """The files ``adapter.save_model`` writes for ``ranker``, read back as bytes."""
+    with tempfile.TemporaryDirectory(prefix="tpugraphs-model-") as tmp:
+        files = adapter.save_model(ranker, Path(tmp), name)
+        return {f: (Path(tmp) / f).read_bytes() for f in files}
+
+
+def save_fold_result(result: FoldResult, partial: Path) -> bool:
+    """Write one finished fold job (predictions, scores, importances, the fitted model, facts) into
+    ``partial/f<fold>-s<seed>/``: built in a private folder and renamed into place, ``fold.json`` last,
+    so a folder with that name is always complete. A twin finished by another process is kept.
+
+    Returns False when ``partial`` vanished meanwhile (a concurrent run of the same stage finished
+    and removed it): the result is still returned by the job, it only cannot be resumed from.
+    """
+    name = fold_job_name(result.fold, result.seed)
+    try:
+        partial.mkdir(parents=True, exist_ok=True)
+        work = Path(tempfile.mkdtemp(prefix=f".tmp-{name}-", dir=partial))
+    except FileNotFoundError:
+        return False
+    try:
+        result.predictions.write_parquet(work / PREDICTIONS_FILE)
+        result.scores.write_parquet(work / SCORES_FILE)
+        if result.importance is not None:
+            result.importance.write_parquet(work / IMPORTANCE_FILE)
+        for file, data in result.model_files.items():
+            (work / file).write_bytes(data)
+        write_json_atomic(work / FOLD_RESULT, {"fold": result.fold, "seed": result.seed, "facts": result.facts,
+                                              "wall_s": result.wall_s, "model_files": list(result.model_files)})
+        os.rename(work, partial / name)
+    except FileNotFoundError:
+        shutil.rmtree(work, ignore_errors=True)
+        return False
+    except OSError:
+        shutil.rmtree(work, ignore_errors=True)
+        if not (partial / name / FOLD_RESULT).is_file():
+            raise
+    except BaseException:
+        shutil.rmtree(work, ignore_errors=True)
+        raise
+    return True
+
+
+def load_fold_result(folder: Path) -> FoldResult | None:
+    """A fold job saved by :func:`save_fold_result`, or None when the folder is not a complete one."""
+    try:
+        info = json.loads((folder / FOLD_RESULT).read_text(encoding="utf-8"))
+        predictions = pl.read_parquet(folder / PREDICTIONS_FILE)
+        scores = pl.read_parquet(folder / SCORES_FILE)
+        importance = pl.read_parquet(folder / IMPORTANCE_FILE) if (folder / IMPORTANCE_FILE).exists() else None
+        models = {name: (folder / name).read_bytes() for name in info["model_files"]}
+        return FoldResult(int(info["fold"]), int(info["seed"]), predictions, scores, importance, info["facts"],
+                          float(info["wall_s"]), models)
+    except (OSError, ValueError, KeyError, TypeError, pl.exceptions.PolarsError):
+        return None
+
+
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
 
 
 # ----------------------------------------------------------------------------- summaries (pure)
@@ -489,50 +634,77 @@ def _job_memory(adapter: ModelAdapter, prepared: Any, plan: FoldPlan, settings: 
 
 def train_model(config: PipelineConfig, prepared: Any, *, model: str, work_dir: Path | str, force: bool = False,
                 log: Callable[[str], None] = print) -> StageOutput:
-    """Run (or reuse) the training stage of ``model`` on the collection of ``prepared``."""
+    """Run (or reuse) the training stage of ``model`` on the collection of ``prepared``.
+
+    Fold jobs finished by an earlier, interrupted call with the same key are reused (and a GNN fold
+    resumes from its last epoch checkpoint); ``force`` discards them and trains every fold again.
+    """
     adapter = get_adapter(model)
     collection: Collection = prepared.collection
     settings = adapter.settings(config, collection)
     seeds = [int(s) for s in config.run.seeds]
     stage_config = {"collection": collection.name, "model": model, "settings": settings, "seeds": seeds}
+    stage, inputs = stage_name(model), adapter.inputs(prepared)
+    code = Code(("pipelines.train", *adapter_modules(model)))
+    partial = partial_dir(Path(work_dir), stage, stage_key(stage, stage_config, inputs, code))
+    if force:
+        shutil.rmtree(partial, ignore_errors=True)
 
     def compute(folder: Path) -> dict[str, Any]:
         return _run_folds(adapter, prepared, collection, settings, seeds, n_jobs=config.run.n_jobs,
-                          folder=folder, log=log)
+                          folder=folder, partial=partial, log=log)
 
-    return run_stage(work_dir=Path(work_dir), stage=stage_name(model), config=stage_config,
-                     code=Code(("pipelines.train", *adapter_modules(model))),
-                     inputs=adapter.inputs(prepared), compute=compute,
-                     seeds={f"run_{i}": s for i, s in enumerate(seeds)}, force=force, log=log)
+    output = run_stage(work_dir=Path(work_dir), stage=stage, config=stage_config, code=code,
+                       inputs=inputs, compute=compute, seeds={f"run_{i}": s for i, s in enumerate(seeds)},
+                       force=force, log=log)
+    shutil.rmtree(partial, ignore_errors=True)  # the stage output holds everything now
+    return output
 
 
 def _run_folds(adapter: ModelAdapter, prepared: Any, collection: Collection, settings: dict[str, Any],
-               seeds: list[int], *, n_jobs: int, folder: Path, log: Callable[[str], None]) -> dict[str, Any]:
+               seeds: list[int], *, n_jobs: int, folder: Path, partial: Path | None = None,
+               log: Callable[[str], None]) -> dict[str, Any]:
     plan = fold_plan(prepared.folds(), list(prepared.graphs("test")))
     tasks = [(fold, seed) for seed in seeds for fold in plan.folds]
-    jobs = max(1, min(n_jobs, len(tasks)))
+    finished: dict[tuple[int, int], FoldResult] = {}
+    if partial is not None and partial.is_dir():
+        for fold, seed in tasks:
+            saved = load_fold_result(partial / fold_job_name(fold, seed))
+            if saved is not None:
+                finished[(fold, seed)] = saved
+    todo = [task for task in tasks if task not in finished]
+    jobs = max(1, min(n_jobs, len(todo)))
     per_job = _job_memory(adapter, prepared, plan, settings)
     budget = available_memory()
     if per_job and budget and jobs > 1:
         jobs = max(1, min(jobs, int(budget * MEMORY_SHARE // per_job)))
     threads = max(1, available_cores() // jobs)
-    log(f"[{collection.name}] {adapter.name}: {len(plan.folds)} folds x {len(seeds)} seeds, "
+    tag = f"[{collection.name}] {adapter.name}"
+    log(f"{tag}: {len(plan.folds)} folds x {len(seeds)} seeds = {len(tasks)} fold jobs, "
         f"{jobs} job(s) x {threads} thread(s), ~{(per_job or 0) / 2**30:.2f} GiB per job")
-    args = [(adapter, prepared, collection, settings, plan, fold, seed, threads) for fold, seed in tasks]
+    if finished:
+        log(f"{tag}: resuming: {len(finished)} of {len(tasks)} fold jobs already done "
+            f"({', '.join(fold_job_name(f, s) for f, s in sorted(finished))}), training {len(todo)}")
+    args = [(adapter, prepared, collection, settings, plan, fold, seed, threads, partial) for fold, seed in todo]
     if jobs == 1:
         results_iter = (fit_predict_fold(*a) for a in args)
     else:
         from joblib import Parallel, delayed
 
+        _quiet_loky()
         # No explicit backend: loky processes unless the caller chose one with joblib.parallel_config
         # (``run --scheduler ADDRESS`` sends the jobs to a Dask cluster).
         results_iter = Parallel(n_jobs=jobs, return_as="generator_unordered")(
             delayed(fit_predict_fold)(*a) for a in args)
-    results: list[FoldResult] = []
-    for result in results_iter:
+    results: list[FoldResult] = list(finished.values())
+    started = time.perf_counter()
+    for count, result in enumerate(results_iter, start=1):
         oof = result.scores.filter((pl.col("split") == "oof") & pl.col("score").is_not_nan())["score"]
-        log(f"[{collection.name}] {adapter.name} fold {result.fold} seed {result.seed}: "
-            f"held-out score {oof.mean() if len(oof) else float('nan'):.4f} ({result.wall_s:.1f}s)")
+        elapsed = time.perf_counter() - started
+        left = len(todo) - count
+        eta = f", ETA {format_duration(elapsed / count * left)}" if left else ""
+        log(f"{tag} fold job {len(finished) + count}/{len(tasks)} done (fold {result.fold} seed {result.seed}): "
+            f"held-out score {oof.mean() if len(oof) else float('nan'):.4f} ({result.wall_s:.1f}s){eta}")
         results.append(result)
     results.sort(key=lambda r: (r.seed, r.fold))
 
@@ -542,6 +714,15 @@ def _run_folds(adapter: ModelAdapter, prepared: Any, collection: Collection, set
     importances = [r.importance for r in results if r.importance is not None]
     if importances:
         _write_parquet(pl.concat(importances), folder / IMPORTANCE_FILE)
+    saved_models = {}
+    for r in results:
+        (folder / MODELS_DIR).mkdir(exist_ok=True)
+        for name, data in r.model_files.items():
+            (folder / MODELS_DIR / name).write_bytes(data)  # the stage folder is private until published
+        saved_models[(r.fold, r.seed)] = {
+            "files": [f"{MODELS_DIR}/{name}" for name in r.model_files],
+            "sha256": {f"{MODELS_DIR}/{name}": hashlib.sha256(data).hexdigest()
+                       for name, data in r.model_files.items()}}
     metrics = summarize_scores(scores)
     metrics |= {
         "collection": collection.name,
@@ -552,9 +733,22 @@ def _run_folds(adapter: ModelAdapter, prepared: Any, collection: Collection, set
         "test_graphs": len(plan.test),
         "jobs": jobs,
         "threads_per_job": threads,
-        "models": [{"fold": r.fold, "seed": r.seed, "wall_s": round(r.wall_s, 3), **r.facts} for r in results],
+        "resumed_fold_jobs": len(finished),
+        "models": [{"fold": r.fold, "seed": r.seed, "wall_s": round(r.wall_s, 3), **r.facts,
+                    **saved_models.get((r.fold, r.seed), {})} for r in results],
     }
     return metrics
+
+
+def _quiet_loky() -> None:
+    """Keep loky's routine notices out of the log: it replaces a worker that its memory-leak check
+    retired between two fold jobs (the jobs are resubmitted, nothing is lost) and, without ``lscpu``,
+    warns that it counts logical cores, which is what ``available_cores`` gives it anyway."""
+    import warnings
+
+    os.environ.setdefault("LOKY_MAX_CPU_COUNT", str(available_cores()))
+    warnings.filterwarnings("ignore", message="A worker stopped while some jobs were given to the executor",
+                            category=UserWarning)
 
 
 def _write_parquet(frame: pl.DataFrame, path: Path) -> None:

@@ -145,7 +145,7 @@ def test_the_command_line_reports_a_bad_file_by_name(data_copy, tmp_path, capsys
     code = main(["prepare", "--data-root", str(data_copy), "--work-dir", str(tmp_path / "work"), "--config", "quick",
                  "--collections", "tile:xla"])
     err = capsys.readouterr().err
-    assert code == 2
+    assert code == 1
     assert err.startswith(f"error: {bad}: corrupt or truncated archive") and "Traceback" not in err
 
 
@@ -255,7 +255,7 @@ def test_a_read_only_work_dir_is_a_clear_error_and_nothing_is_written(tiny_world
     monkeypatch.setattr(Path, "mkdir", read_only_mkdir)
     code = main(["prepare", "--data-root", str(tiny_world), "--work-dir", str(work), "--config", "quick"])
     err = capsys.readouterr().err
-    assert code == 2
+    assert code == 1
     assert err.startswith("error: ") and "Read-only file system" in err and str(work) in err
     assert not work.exists()
 
@@ -271,7 +271,7 @@ def test_a_full_submissions_disk_is_a_clear_error_and_leaves_no_run_folder(tiny_
     submissions = tmp_path / "submissions"
     code = main(run_args(tiny_world, tmp_path / "work", submissions))
     err = capsys.readouterr().err
-    assert code == 2 and "No space left on device" in err and "Traceback" not in err
+    assert code == 1 and "No space left on device" in err and "Traceback" not in err
     assert list(submissions.iterdir()) == []  # the new run folder was removed again
 
 
@@ -317,7 +317,7 @@ def _prepare_cli(data_root: Path, work: Path) -> subprocess.CompletedProcess:
 def test_a_real_read_only_mount_is_a_clear_error(tiny_world, tmp_path, mounts):
     work = mounts("read-only", tmp_path / "ro")
     done = _prepare_cli(tiny_world, work)
-    assert done.returncode == 2, done.stderr
+    assert done.returncode == 1, done.stderr
     assert done.stderr.startswith("error: ") and "Read-only file system" in done.stderr
     assert list(work.iterdir()) == []
 
@@ -325,7 +325,7 @@ def test_a_real_read_only_mount_is_a_clear_error(tiny_world, tmp_path, mounts):
 def test_a_real_full_disk_is_a_clear_error_and_leaves_no_partial_output(tiny_world, tmp_path, mounts):
     work = mounts("full", tmp_path / "full")
     done = _prepare_cli(tiny_world, work)
-    assert done.returncode == 2, done.stderr
+    assert done.returncode == 1, done.stderr
     assert done.stderr.startswith("error: ") and "No space left on device" in done.stderr, done.stderr
     assert "Traceback" not in done.stderr
     # stages that fitted were published whole; the one that hit the full disk left nothing behind

@@ -133,7 +133,7 @@ def serve(zip_source: Path):
 def test_missing_credentials_for_both_commands(no_credentials, tmp_path, capsys):
     kaggle_was_loaded = "kaggle" in sys.modules
     root = tmp_path / "data"
-    assert main(["download", "--data-root", str(root)]) == 2
+    assert main(["download", "--data-root", str(root)]) == 1
     err = capsys.readouterr().err
     for needed in ("no Kaggle credentials found", "KAGGLE_USERNAME and KAGGLE_KEY are not set", "kaggle.json",
                    "chmod 600 ~/.kaggle/kaggle.json", "https://www.kaggle.com/settings", RULES_URL):
@@ -142,7 +142,7 @@ def test_missing_credentials_for_both_commands(no_credentials, tmp_path, capsys)
 
     submission = tmp_path / "submission.csv"
     submission.write_text("ID,TopConfigs\n")
-    assert main(["submit", str(submission), "-m", "first try"]) == 2
+    assert main(["submit", str(submission), "-m", "first try"]) == 1
     assert "no Kaggle credentials found" in capsys.readouterr().err
     if not kaggle_was_loaded:
         assert "kaggle" not in sys.modules  # the package is only imported once credentials exist
@@ -243,7 +243,7 @@ def test_network_error_leaves_nothing_half_extracted_and_resumes(fake, tmp_path,
         raise error
 
     fake.on_download = interrupted
-    assert main(["download", "--data-root", str(root)]) == 2
+    assert main(["download", "--data-root", str(root)]) == 1
     err = capsys.readouterr().err
     assert "could not reach Kaggle while downloading" in err and "resumed on the next run" in err
     assert "Traceback" not in err
@@ -275,7 +275,7 @@ def test_http_errors_are_explained(fake, tmp_path, capsys, status, expected):
         raise http_error(status)
 
     fake.on_download = refuse
-    assert main(["download", "--data-root", str(root)]) == 2
+    assert main(["download", "--data-root", str(root)]) == 1
     assert expected in capsys.readouterr().err
     assert snapshot(root) == before
 
@@ -286,7 +286,7 @@ def test_corrupt_zip_leaves_the_root_unchanged(fake, tmp_path, capsys):
     garbage = tmp_path / "garbage.zip"
     garbage.write_bytes(b"PK\x03\x04 this is not really a zip archive")
     fake.on_download = serve(garbage)
-    assert main(["download", "--data-root", str(root)]) == 2
+    assert main(["download", "--data-root", str(root)]) == 1
     err = capsys.readouterr().err
     assert f"{COMPETITION}.zip: not a valid zip archive" in err
     assert snapshot(root) == before  # the bad archive is deleted too, so the next run downloads afresh
@@ -305,7 +305,7 @@ def test_bad_member_crc_keeps_the_previous_install(fake, tmp_path, capsys):
     assert content.count(target) == 1
     damaged.write_bytes(content.replace(target, target.upper()))  # same length: only the CRC check can tell
     fake.on_download = serve(damaged)
-    assert main(["download", "--data-root", str(root), "--force"]) == 2
+    assert main(["download", "--data-root", str(root), "--force"]) == 1
     assert "Bad CRC-32" in capsys.readouterr().err
     assert snapshot(root) == installed  # v1 and its marker still in place
 
@@ -316,7 +316,7 @@ def test_path_traversal_is_refused(fake, tmp_path, capsys, member):
     root = tmp_path / "data"
     before = user_files(root)
     fake.on_download = serve(build_zip(tmp_path / "evil.zip", extra={member: b"gotcha"}))
-    assert main(["download", "--data-root", str(root)]) == 2
+    assert main(["download", "--data-root", str(root)]) == 1
     assert "refusing to extract: unsafe member name" in capsys.readouterr().err
     assert snapshot(root) == before
     assert not (tmp_path / "escape.txt").exists() and not (root.parent.parent / "escape.txt").exists()
@@ -338,7 +338,7 @@ def test_archive_without_the_expected_structure(fake, tmp_path, capsys):
         archive.writestr("sample_submission.csv", "ID,TopConfigs\n")
         archive.writestr("npz_all/npz/tile/xla/train/a.npz", b"x")
     fake.on_download = serve(partial)
-    assert main(["download", "--data-root", str(root)]) == 2
+    assert main(["download", "--data-root", str(root)]) == 1
     assert "is not the predict-ai-model-runtime data: npz_all/npz/tile/xla/valid is missing" in capsys.readouterr().err
     assert snapshot(root) == before
 
@@ -357,12 +357,12 @@ def test_submit_uploads_and_reports(fake, tmp_path, capsys):
         raise requests.exceptions.ConnectionError("Failed to resolve 'api.kaggle.com'")
 
     fake.on_submit = offline
-    assert main(["submit", str(submission), "-m", "again"]) == 2
+    assert main(["submit", str(submission), "-m", "again"]) == 1
     err = capsys.readouterr().err
     assert f"could not reach Kaggle while submitting {submission}" in err and "resumed" not in err
 
     fake.on_submit = lambda: types.SimpleNamespace(message="Could not submit to competition")
-    assert main(["submit", str(submission), "-m", "again"]) == 2
+    assert main(["submit", str(submission), "-m", "again"]) == 1
     assert "did not accept the upload" in capsys.readouterr().err
 
     assert main(["submit", str(tmp_path / "missing.csv"), "-m", "x"]) == 2
@@ -390,7 +390,7 @@ def test_submit_validates_before_uploading(fake, tmp_path, capsys, monkeypatch):
 
     monkeypatch.setattr(pipelines.submission, "validate_submission", reject)
     uploads = len([c for c in fake.calls if c[0] == "submit"])
-    assert main(["submit", str(submission), "-m", "bad", "--data-root", str(tmp_path / "data")]) == 2
+    assert main(["submit", str(submission), "-m", "bad", "--data-root", str(tmp_path / "data")]) == 1
     assert "row 3: unknown ID" in capsys.readouterr().err
     assert len([c for c in fake.calls if c[0] == "submit"]) == uploads  # nothing uploaded
 
@@ -418,14 +418,14 @@ def test_real_package_without_credentials_or_network(tmp_path):
     home.mkdir()
     root = tmp_path / "data"
     done = run_isolated(["-m", "pipelines", "download", "--data-root", str(root)], home, {})
-    assert done.returncode == 2 and "no Kaggle credentials found" in done.stderr
+    assert done.returncode == 1 and "no Kaggle credentials found" in done.stderr
     assert "Traceback" not in done.stderr and not root.exists()
 
     # Credentials present (fake): the real package is imported and authenticates offline; the
     # request then fails on the unreachable network and our message comes out, not a traceback.
     done = run_isolated(["-m", "pipelines", "download", "--data-root", str(root)], home,
                         {"KAGGLE_USERNAME": "nobody", "KAGGLE_KEY": "0" * 32})
-    assert done.returncode == 2, done.stderr
+    assert done.returncode == 1, done.stderr
     assert "could not reach Kaggle while downloading" in done.stderr and "Traceback" not in done.stderr
     assert not root.exists()
 

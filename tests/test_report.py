@@ -76,9 +76,49 @@ def test_report_command_writes_a_self_contained_html(demo_run, capsys):
 
 def test_report_names_a_missing_run_and_a_deleted_cache(demo_run, tmp_path):
     root, result = demo_run
-    assert main(["report", "no-such-run", "--submissions-dir", str(root / "submissions")]) == 2
+    assert main(["report", "no-such-run", "--submissions-dir", str(root / "submissions")]) == 1  # a data error
     with pytest.raises(PipelineError, match="stage output it names is gone"):
         from pipelines.report import write_report
 
         write_report(result.run_id, submissions_dir=root / "submissions", work_dir=tmp_path, out=tmp_path / "r.html")
     assert not (tmp_path / "r.html").exists()
+
+
+def test_every_run_writes_its_report_with_the_summary_first(demo_run):
+    root, result = demo_run
+    path = result.run_dir / REPORT_FILE
+    text = path.read_text(encoding="utf-8")  # written by run_pipeline itself, not by the report command
+    assert text.index("<h2>Summary</h2>") < text.index("<h2>Run</h2>") < text.index("<h2>Worst graphs</h2>")
+    combined = result.manifest["combined_oof"]["ensemble"]["value"]
+    assert f"<b>{combined:.4f}</b>" in text
+    assert "&plusmn;" in text and "seeds" in text and "folds" in text  # spread over seeds and folds
+    assert "<details>" in text  # the worst-graphs table is folded away
+
+
+def test_summary_table_has_spread_over_seeds_and_folds():
+    from pipelines.report import summary_table
+
+    manifest = {"cv_scores": {
+        "tile:xla": {"training": {"gbdt": {"oof_score": 0.9, "oof_score_std": 0.01,
+                                           "oof_score_by_seed": {"0": 0.89, "1": 0.91}}},
+                     "blend": {"gbdt": 0.92, "ensemble": 0.92}},
+        "layout:xla:default": {"training": {"gbdt": {"oof_score": 0.5, "oof_score_std": 0.03,
+                                                     "oof_score_by_seed": {"0": 0.47, "1": 0.53}}},
+                               "blend": {"gbdt": 0.51, "ensemble": 0.51}}}}
+    folds = {("tile:xla", "gbdt"): {"0": 0.8, "1": 1.0}}
+    table = summary_table(manifest, folds).rows(named=True)
+    gbdt, ensemble = table
+    assert gbdt["model"] == "gbdt" and gbdt["combined"] == pytest.approx(0.7)
+    assert gbdt["combined:seeds"] == pytest.approx(0.02)  # seed 0: 0.68, seed 1: 0.72
+    assert gbdt["tile:xla:folds"] == pytest.approx(0.1) and gbdt["layout:xla:default:folds"] is None
+    assert ensemble["model"] == "ensemble" and ensemble["combined"] == pytest.approx(0.715)
+
+
+def test_a_reblended_run_reports_its_source_runs(demo_run):
+    from pipelines.run import ensemble_runs
+
+    root, result = demo_run
+    again = ensemble_runs([result.run_id], submissions_dir=root / "submissions", method="rank", log=lambda _: None)
+    text = (again.run_dir / REPORT_FILE).read_text(encoding="utf-8")
+    assert f"re-blend of 1 run(s), training nothing: {result.run_id} (2 folds x seeds [0, 1])" in text
+    assert "None folds" not in text

@@ -104,6 +104,8 @@ def test_second_run_in_the_same_work_dir_reuses_every_stage(runs):
     again = runs["again"]
     assert again.computed == ()
     assert not [line for line in runs["again_log"] if "computing" in line]
+    numbered = [line.split(":", 1)[0] for line in runs["again_log"] if line.startswith("stage ")]
+    assert numbered == [f"stage {i}/35" for i in range(1, 36)]  # 5 collections x (4 prepare + 2 models + ensemble)
     assert again.manifest["stages"] == runs["a"].manifest["stages"]
     assert again.submission.read_bytes() == runs["a"].submission.read_bytes()
     assert again.run_dir != runs["a"].run_dir  # a new folder, the old one untouched
@@ -258,3 +260,46 @@ def test_demo_runs_the_pipeline_on_a_generated_world(runs, tmp_path):
     assert validate_submission(path, runs["root"]) > 0
     assert any("stages reused" in line for line in lines)
     assert lines[-2].splitlines()[-1].startswith("combined OOF score")
+
+
+# ----------------------------------------------------------------------------- CLI papercuts
+
+
+def test_demo_data_root_follows_the_scale(monkeypatch, tmp_path):
+    import pipelines.demo as demo
+
+    seen = {}
+    monkeypatch.setattr(demo, "run_demo", lambda **kwargs: seen.update(kwargs) or 0)
+    assert main(["demo", "--scale", "tiny"]) == 0
+    assert seen["data_root"] == Path("data/synthetic-tiny") and seen["scale"] == "tiny"
+    assert main(["demo", "--scale", "tiny", "--data-root", str(tmp_path / "w")]) == 0
+    assert seen["data_root"] == tmp_path / "w"
+
+
+def test_help_lists_every_model_carries_an_example_and_the_exit_codes(monkeypatch, capsys):
+    import sys
+
+    from pipelines.cli import TRAINABLE_MODELS, build_parser
+
+    assert sorted(TRAINABLE_MODELS) == sorted(train.MODELS)
+    monkeypatch.setattr(sys, "argv", ["/usr/local/bin/tpugraphs", "train", "--help"])
+    parser = build_parser()
+    for command in ("train", "run", "runs", "predict", "submit", "demo", "score"):
+        with pytest.raises(SystemExit) as raised:
+            parser.parse_args([command, "--help"])
+        assert raised.value.code == 0
+        text = capsys.readouterr().out
+        assert "example:\n  tpugraphs " + command in text, command
+        assert "exit codes: 0 success, 1 data or pipeline error, 2 usage error" in text
+        assert "``" not in text and "python -m pipelines" not in text
+        if command == "train":
+            assert all(model in text for model in train.MODELS)
+
+
+def test_exit_codes_tell_usage_errors_from_pipeline_errors(tmp_path, capsys):
+    with pytest.raises(SystemExit) as raised:
+        main(["run", "--no-such-option"])
+    assert raised.value.code == 2
+    assert main(["config", "--set", "folds.k=1"]) == 2  # a bad config value: usage
+    assert main(["runs", "list", "--submissions-dir", str(tmp_path / "missing")]) == 1  # a missing folder: data
+    capsys.readouterr()

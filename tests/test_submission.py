@@ -307,7 +307,7 @@ def test_cli_validate_and_score(world, tmp_path, capsys):
     assert "valid submission with 6 rows" in capsys.readouterr().out
 
     bad = write_text(tmp_path / "bad.csv", format_submission(valid_test_rows()).splitlines()[:-1])
-    assert main(["validate-submission", "--data-root", str(root), str(bad)]) == 2
+    assert main(["validate-submission", "--data-root", str(root), str(bad)]) == 1
     err = capsys.readouterr().err
     assert err.startswith("error: ") and "1 problem(s)" in err and ": missing" in err
 

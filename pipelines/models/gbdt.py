@@ -42,13 +42,18 @@ own log loss over sampled validation pairs.
 
 from __future__ import annotations
 
+import json
+import os
+import tempfile
 import zlib
+from pathlib import Path
 from typing import Callable
 
 import numpy as np
 import polars as pl
 
-from pipelines.errors import ConfigError
+from pipelines.atomic import chmod_like_new_file
+from pipelines.errors import ConfigError, FormatError
 from pipelines.models.gbdt_config import (GRAPH_FEATURE_MODES, LABEL_GAINS, OBJECTIVES, REGRESSION_TARGETS,
                                           GBDTConfig)
 
@@ -61,6 +66,7 @@ STOPPING_PAIRS_PER_GRAPH = 2000
 PAIR_ROWS_PER_BLOCK = 1 << 16
 DIFF_PREFIX = "diff__"  # LightGBM rejects ':' and other JSON characters in feature names
 RANK_PREFIX = "rank__"
+MODEL_FORMAT = 1  # GBDTRanker.save / load
 
 
 # ----------------------------------------------------------------------------- grouping
@@ -477,6 +483,49 @@ class GBDTRanker:
         out[order] = costs
         return out
 
+    # ------------------------------------------------------------------ persistence
+
+    def save(self, path: Path | str) -> list[Path]:
+        """Write the fitted ranker: the booster as a LightGBM text model at ``path`` and the ranker's
+        hyperparameters and learned columns next to it (``<path>.json``). Returns both paths."""
+        if not hasattr(self, "booster_"):
+            raise RuntimeError("GBDTRanker.save called before fit")
+        path = Path(path)
+        sidecar = path.with_name(path.name + ".json")
+        params = {k: v for k, v in vars(self).items() if not k.endswith("_") and not k.startswith("_")}
+        state = {"format": MODEL_FORMAT, "params": params, "columns": self.columns_,
+                 "feature_names": self.feature_names_, "diff_columns": self.diff_columns_.tolist(),
+                 "best_iteration": self.best_iteration_, "seed": self.seed_, "train_rows": self.n_train_rows_}
+        _write_text_atomic(path, self.booster_.model_to_string())
+        _write_text_atomic(sidecar, json.dumps(state, sort_keys=True, indent=1))
+        return [path, sidecar]
+
+    @classmethod
+    def load(cls, path: Path | str, *, num_threads: int | None = None) -> GBDTRanker:
+        """A ranker written by :meth:`save` (``num_threads`` overrides the saved thread count)."""
+        import lightgbm as lgb
+
+        path = Path(path)
+        sidecar = path.with_name(path.name + ".json")
+        try:
+            state = json.loads(sidecar.read_text(encoding="utf-8"))
+            booster = lgb.Booster(model_str=path.read_text(encoding="utf-8"))
+        except (OSError, ValueError, lgb.basic.LightGBMError) as exc:
+            raise FormatError(path, f"cannot read GBDT model ({exc})") from None
+        if not isinstance(state, dict) or state.get("format") != MODEL_FORMAT:
+            raise FormatError(sidecar, "not a GBDT model file of this version")
+        params = dict(state["params"])
+        if num_threads is not None:
+            params["num_threads"] = num_threads
+        objective = params.pop("objective")
+        ranker = cls(objective, **params)
+        ranker.columns_, ranker.feature_names_ = list(state["columns"]), list(state["feature_names"])
+        ranker.diff_columns_ = np.array(state["diff_columns"], dtype=bool)
+        ranker.best_iteration_, ranker.seed_ = int(state["best_iteration"]), int(state["seed"])
+        ranker.n_train_rows_ = int(state["train_rows"])
+        ranker.booster_ = booster
+        return ranker
+
     def feature_importance(self) -> pl.DataFrame:
         """Total gain and split count per model feature (pairwise: ``diff__`` columns are differences)."""
         if not hasattr(self, "booster_"):
@@ -487,3 +536,15 @@ class GBDTRanker:
             "gain": booster.feature_importance("gain", iteration=self.best_iteration_).astype(np.float64),
             "split": booster.feature_importance("split", iteration=self.best_iteration_).astype(np.int64),
         })
+
+
+def _write_text_atomic(path: Path, text: str) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+        chmod_like_new_file(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise

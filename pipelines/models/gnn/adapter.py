@@ -7,6 +7,7 @@ so torch is imported only when the GNN is trained.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -45,8 +46,9 @@ class StageRanker:
 
     ranker: GNNRanker
 
-    def fit(self, train: list[GraphArrays], valid: list[GraphArrays] | None = None, *, seed: int) -> StageRanker:
-        self.ranker.fit(train, valid, seed=seed)
+    def fit(self, train: list[GraphArrays], valid: list[GraphArrays] | None = None, *, seed: int,
+            checkpoint_dir: Path | None = None) -> StageRanker:
+        self.ranker.fit(train, valid, seed=seed, checkpoint_dir=checkpoint_dir)
         return self
 
     def predict(self, data: list[GraphArrays]) -> np.ndarray:
@@ -56,6 +58,7 @@ class StageRanker:
 
 class GNNAdapter:
     name = "gnn"
+    checkpoints = True  # the training stage passes a checkpoint_dir, so a killed fit resumes at its last epoch
 
     def settings(self, config: Any, collection: Collection) -> dict[str, Any]:
         from pipelines.config import config_to_dict, resolve_for_collection
@@ -99,3 +102,12 @@ class GNNAdapter:
         history = fitted.history_
         return {"best_score": fitted.best_score_, "epochs_run": len(history),
                 "train_seconds": float(sum(h["seconds"] for h in history))}, None
+
+    def save_model(self, ranker: StageRanker, folder: Path, name: str) -> list[str]:
+        path = folder / f"{name}.pt"  # config, dims and the torch state dict
+        ranker.ranker.save(path)
+        return [path.name]
+
+    def load_model(self, folder: Path, files: list[str], settings: dict[str, Any], collection: Collection, *,
+                   num_threads: int) -> StageRanker:
+        return StageRanker(GNNRanker.load(folder / files[0]))

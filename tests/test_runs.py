@@ -1,0 +1,128 @@
+"""``runs list`` / ``runs compare`` from run manifests, and ``submit RUN_ID`` (the kaggle package faked)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from pipelines import runs
+from pipelines.cli import main
+from pipelines.config import load_config
+from pipelines.kaggle_io import COMPETITION
+from pipelines.run import run_pipeline
+from tests.test_kaggle_io import fake, no_credentials  # noqa: F401  (fixtures: a fake kaggle package)
+
+
+
+@pytest.fixture(scope="module")
+def one_run(tiny_world: Path, tmp_path_factory: pytest.TempPathFactory):
+    base = tmp_path_factory.mktemp("runs")
+    result = run_pipeline(load_config("smoke"), tiny_world, work_dir=base / "work", models=["random", "feature"],
+                          submissions_dir=base / "subs", log=lambda _: None)
+    return result, base
+
+
+def copy_run(source: Path, subs: Path, run_id: str, edit) -> Path:
+    """A new run folder under ``subs`` holding ``source``'s manifest changed by ``edit(manifest)``."""
+    manifest = json.loads((source / "manifest.json").read_text())
+    edit(manifest)
+    target = subs / run_id
+    target.mkdir(parents=True)
+    (target / "manifest.json").write_text(json.dumps(manifest))
+    return target
+
+
+def set_score(value: float, created: str, wall: float = 10.0, seeds=(0,)):
+    def edit(manifest: dict) -> None:
+        manifest["combined_oof"]["ensemble"]["value"] = value
+        manifest["created"] = created
+        manifest["wall_time_s"] = wall
+        manifest["config"]["run"]["seeds"] = list(seeds)
+        for scores in manifest["cv_scores"].values():
+            scores["blend"]["ensemble"] = value
+    return edit
+
+
+def test_runs_list_shows_each_run_with_its_scores_and_sorts(one_run, tmp_path, capsys):
+    result, _ = one_run
+    subs = tmp_path / "subs"
+    copy_run(result.run_dir, subs, "20260101T000000Z-aaaaaaaa", set_score(0.61, "2026-01-01T00:00:00+00:00", 5))
+    copy_run(result.run_dir, subs, "20260102T000000Z-bbbbbbbb", set_score(0.72, "2026-01-02T00:00:00+00:00", 50,
+                                                                          seeds=(0, 1, 2)))
+    copy_run(result.run_dir, subs, "20260103T000000Z-cccccccc", set_score(0.55, "2026-01-03T00:00:00+00:00", 20))
+    (subs / "not-a-run").mkdir()  # folders without a manifest are not runs
+
+    assert main(["runs", "list", "--submissions-dir", str(subs), "--sort", "score"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split()[:5] == ["RUN", "CREATED", "KIND", "DATA", "ROOT"]
+    assert [line.split()[0] for line in lines[1:4]] == ["20260102T000000Z-bbbbbbbb", "20260101T000000Z-aaaaaaaa",
+                                                        "20260103T000000Z-cccccccc"]
+    best = lines[1]
+    assert "0.7200" in best and "random,feature" in best and "0,1,2" in best and best.rstrip().endswith("no")
+
+    rows = runs.load_runs(subs)
+    assert [r["run_id"] for r in runs.sort_runs(rows, "wall")][0] == "20260101T000000Z-aaaaaaaa"
+    assert [r["run_id"] for r in runs.sort_runs(rows, "date", reverse=True)][0] == "20260103T000000Z-cccccccc"
+    assert main(["runs", "list", "--submissions-dir", str(tmp_path / "none")]) == 1
+
+
+def test_runs_compare_shows_scores_side_by_side_and_the_config_difference(one_run, tmp_path, capsys):
+    result, _ = one_run
+    subs = tmp_path / "subs"
+
+    def changed(manifest: dict) -> None:
+        manifest["config"]["folds"]["k"] = 5
+        manifest["cv_scores"]["tile:xla"]["training"]["random"]["oof_score"] += 0.1
+
+    copy_run(result.run_dir, subs, "a", lambda m: None)
+    copy_run(result.run_dir, subs, "b", changed)
+    assert main(["runs", "compare", "a", "b", "--submissions-dir", str(subs)]) == 0
+    out = capsys.readouterr().out
+    tile = next(line for line in out.splitlines() if line.startswith("tile:xla") and " random " in line)
+    assert tile.split()[-1] == "+0.1000"
+    assert "config differences (1):" in out and "folds.k  A 2  B 5" in out
+    assert main(["runs", "compare", "a", "nope", "--submissions-dir", str(subs)]) == 1
+
+
+def test_submit_a_run_validates_uploads_with_a_default_message_and_records_it(one_run, fake, capsys):  # noqa: F811
+    result, base = one_run
+    subs = base / "subs"
+    assert main(["submit", result.run_id, "--submissions-dir", str(subs)]) == 0
+    score = result.manifest["combined_oof"]["ensemble"]["value"]
+    upload = [c for c in fake.calls if c[0] == "submit"][-1]
+    assert upload == ("submit", str(result.submission), f"{result.run_id} CV {score:.4f}", COMPETITION)
+    record = json.loads((result.run_dir / runs.SUBMITTED_RECORD).read_text())
+    entry = record["submissions"][-1]
+    assert entry["message"] == upload[2] and entry["validated_against"] == result.manifest["data_root"]
+    assert entry["sha256"] == result.manifest["submission"]["sha256"] and "Successfully" in entry["kaggle_response"]
+    capsys.readouterr()
+    assert main(["runs", "list", "--submissions-dir", str(subs), "--submitted"]) == 0
+    listed = capsys.readouterr().out.splitlines()
+    assert listed[1].startswith(result.run_id) and entry["submitted_at"][:10] in listed[1]
+
+
+def test_submit_refuses_a_changed_csv_and_records_nothing_when_the_upload_fails(one_run, fake, tmp_path):  # noqa: F811
+    result, _ = one_run
+    subs = tmp_path / "subs"
+    shutil.copytree(result.run_dir, subs / result.run_id)
+    (subs / result.run_id / runs.SUBMITTED_RECORD).unlink(missing_ok=True)
+    fake.on_submit = lambda: (_ for _ in ()).throw(OSError("network is down"))
+    assert main(["submit", result.run_id, "--submissions-dir", str(subs), "-m", "try"]) == 1
+    assert not (subs / result.run_id / runs.SUBMITTED_RECORD).exists()
+
+    csv = subs / result.run_id / "submission.csv"
+    csv.write_text(csv.read_text().replace("\n", "\r\n", 1))
+    uploads = len([c for c in fake.calls if c[0] == "submit"])
+    assert main(["submit", result.run_id, "--submissions-dir", str(subs)]) == 1
+    assert len([c for c in fake.calls if c[0] == "submit"]) == uploads
+    assert main(["submit", "no-such-run", "--submissions-dir", str(subs)]) == 1
+
+
+def test_submit_takes_a_run_folder_path_too(one_run, fake):  # noqa: F811
+    result, _ = one_run
+    assert main(["submit", str(result.run_dir), "-m", "by path"]) == 0
+    assert [c for c in fake.calls if c[0] == "submit"][-1][1:3] == (str(result.submission), "by path")
+    assert json.loads((result.run_dir / runs.SUBMITTED_RECORD).read_text())["submissions"][-1]["message"] == "by path"
