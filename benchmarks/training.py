@@ -30,7 +30,8 @@ import polars as pl
 from pipelines import prepare as p
 from pipelines.collections import parse_collection
 from pipelines.config import load_config
-from pipelines.train import PREDICT_BATCH_GRAPHS, _predict_graphs, get_adapter
+from pipelines.models.registry import get_adapter
+from pipelines.train import PREDICT_BATCH_GRAPHS, _predict_graphs
 config = load_config(None, {overrides!r})
 collection = parse_collection({collection!r})
 root, work, quiet = {root!r}, Path({work!r}), lambda message: None

@@ -442,8 +442,8 @@ def variant_summary(trained: Sequence[Trained]) -> pl.DataFrame:
 
 
 def registered_models() -> list[str]:
-    """Model names the training stage can train now (``pipelines.train.MODELS``)."""
-    from pipelines.train import MODELS
+    """Model names the training stage can train now (``pipelines.models.registry.MODELS``)."""
+    from pipelines.models.registry import MODELS
 
     return list(MODELS)
 
@@ -456,7 +456,7 @@ def choose_models(settings: NotebookSettings, wanted: Sequence[str], log: Log = 
               and (settings.models is None or m in settings.models)]
     skipped = [m for m in wanted if m not in chosen]
     if skipped:
-        log(f"skipped model(s) {', '.join(skipped)} (not registered in pipelines.train.MODELS, or left out by "
+        log(f"skipped model(s) {', '.join(skipped)} (not registered in pipelines.models.registry.MODELS, or left out by "
             "the settings: TPUGRAPHS_MODELS)")
     if not chosen:
         raise ConfigError(f"none of the models {list(wanted)} can be trained here")

@@ -19,15 +19,13 @@ from typing import Callable
 
 from pipelines import paths
 from pipelines.errors import ConfigError, PipelineError, redact_credentials
+from pipelines.models.registry import MODELS
 
 _DISK_ERRNOS = frozenset({errno.ENOSPC, errno.EROFS, getattr(errno, "EDQUOT", errno.ENOSPC)})
 
 Handler = Callable[[argparse.Namespace], int | None]
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
-# The keys of pipelines.train.MODELS, for help texts (importing train here would load polars on every
-# command; a test keeps the two in step).
-TRAINABLE_MODELS = ("gbdt", "gnn", "random", "feature")
 EXIT_CODES_HELP = ("exit codes: 0 success, 1 data or pipeline error, 2 usage error (bad option, argument or config "
                    "value), 130 interrupted")
 
@@ -187,7 +185,7 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
     p = _parser(sub, "train", "grouped k-fold training of one model per collection (runs prepare first)",
                 "train --model gnn --collection tile:xla --data-root data/synthetic-small --config quick")
     p.add_argument("--model", required=True,
-                   help=f"registered model: {', '.join(TRAINABLE_MODELS)} (feature: the best single f_* "
+                   help=f"registered model: {', '.join(MODELS)} (feature: the best single f_* "
                         "column; feature:<column> fixes it)")
     p.add_argument("--collection", "--collections", dest="collections", action="append", default=[],
                    metavar="NAME", help="collection name(s), repeatable or comma-separated (default: all present)")
@@ -204,7 +202,8 @@ def _run_train(args: argparse.Namespace) -> int:
     from pipelines.collections import parse_collections
     from pipelines.config import load_config
     from pipelines.prepare import prepare
-    from pipelines.train import format_summary, get_adapter, train_model
+    from pipelines.models.registry import get_adapter
+    from pipelines.train import format_summary, train_model
 
     config = load_config(args.config, args.overrides)
     get_adapter(args.model)  # an unknown model fails before any data is prepared

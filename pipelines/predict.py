@@ -23,8 +23,8 @@ import polars as pl
 from pipelines.collections import Collection, parse_collection
 from pipelines.engine import StageOutput, code_version, fingerprint, library_versions, load_stage
 from pipelines.errors import ConfigError, PipelineError
-from pipelines.run import (DEFAULT_SUBMISSIONS_DIR, Log, RunResult, read_run_manifest, scores_from_manifest,
-                           write_run_report)
+from pipelines.paths import SUBMISSIONS_DIR
+from pipelines.run import Log, RunResult, read_run_manifest, scores_from_manifest, write_run_report
 
 PREPARE_FOR_PREDICTION = ("prune", "features", "node_arrays")
 
@@ -48,11 +48,11 @@ def _source_config(manifest: dict[str, Any], model_name: str) -> dict[str, Any]:
 def fold_models(output: StageOutput, *, num_threads: int = 1) -> list[tuple[int, int, Any, Any]]:
     """``(fold, seed, adapter, ranker)`` of every fold model saved in a training stage output, in the
     order the stage wrote its predictions (seed, then fold). Each file is checked against its hash."""
-    from pipelines.train import file_sha256, get_adapter
+    from pipelines.models.registry import get_adapter
+    from pipelines.train import file_sha256, model_file_name
 
     config = output.manifest.get("config") or {}
     adapter = get_adapter(config.get("model", ""))
-    collection = parse_collection(config["collection"])
     entries = output.metrics.get("models") or []
     if not entries or any("files" not in e for e in entries):
         raise PipelineError(f"{output.path}: this training output has no saved fold models (it was written before "
@@ -65,8 +65,8 @@ def fold_models(output: StageOutput, *, num_threads: int = 1) -> list[tuple[int,
                 raise PipelineError(f"{path}: saved model does not match the SHA-256 its stage manifest records "
                                     "(modified or corrupt)")
         folder = output.path / Path(entry["files"][0]).parent
-        ranker = adapter.load_model(folder, [Path(n).name for n in entry["files"]], config["settings"], collection,
-                                    num_threads=num_threads)
+        ranker = adapter.ranker_class.load(folder, model_file_name(adapter.name, entry["fold"], entry["seed"]),
+                                           num_threads=num_threads)
         out.append((int(entry["fold"]), int(entry["seed"]), adapter, ranker))
     return out
 
@@ -136,7 +136,7 @@ def _check_split(source: dict[str, Any], run_id: str, split: str) -> None:
                           "--set folds.holdout_valid=true to keep the valid split out of training")
 
 
-def predict_run(run_id: str, data_root: Path | str, *, submissions_dir: Path | str = DEFAULT_SUBMISSIONS_DIR,
+def predict_run(run_id: str, data_root: Path | str, *, submissions_dir: Path | str = SUBMISSIONS_DIR,
                 work_dir: Path | str | None = None, split: str = "test", num_threads: int = 1,
                 command: str | None = None, log: Log = print) -> RunResult:
     """Rank every ``split`` graph of ``data_root`` with run ``run_id``'s saved models and blend weights, and

@@ -451,7 +451,7 @@ def run_pipeline(config: PipelineConfig, data_root: Path | str, *, work_dir: Pat
     train directory (a submission needs all five). Returns the published run.
     """
     from pipelines.prepare import prepare
-    from pipelines.train import get_adapter
+    from pipelines.models.registry import get_adapter
 
     started = time.perf_counter()
     data_root, work_dir, submissions_dir = Path(data_root), Path(work_dir), Path(submissions_dir)

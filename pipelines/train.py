@@ -21,58 +21,37 @@ collection + seeds + upstream stage keys):
 * ``manifest.json`` metrics -- OOF score (mean over graphs) per seed, its mean and spread over
   seeds, per fold, the holdout score, and per-model facts (best iteration, wall time).
 
-Model registry
---------------
-A model plugs in with one :class:`ModelAdapter` in :data:`MODELS` (``name -> adapter``); the loop
-above never changes. An adapter says which upstream outputs the model reads and how to load them,
-builds the model from the config, and reports on it::
-
-    settings(config, collection) -> dict    # resolved hyperparameters, JSON-able (part of the key)
-    inputs(prepared) -> dict[str, str]      # upstream stage keys the model reads (part of the key)
-    load(prepared, graphs, *, settings, fit, seed) -> data
-                                            # fit=True: for fitting (may subsample configs);
-                                            # fit=False: every config, for prediction
-    index(data) -> (graphs, config_index)   # the rows predict() scores, in its order
-    make(settings, collection, *, num_threads) -> Ranker
-    describe(ranker) -> (facts dict, importance frame or None)
-    job_memory(prepared, graphs, settings) -> bytes   # optional: peak of fitting on graphs, which
-                                                      # caps the parallel jobs to fit in memory
-    save_model(ranker, folder, name) -> [file names]  # the fitted fold model, written into folder
-    load_model(folder, files, settings, collection, *, num_threads) -> Ranker   # what save_model wrote
-    checkpoints = True                                # optional: fit(..., checkpoint_dir=) resumes epochs
-
-Entries are zero-argument factories, so a model whose module imports torch can register
-``lambda: importlib.import_module("pipelines.models.gnn").GNNAdapter()`` and stay lazy. A ranker
-has ``fit(train, valid, *, seed) -> self`` and ``predict(data) -> costs`` (LOWER =
-faster, aligned with ``index(data)``). A model's settings may carry ``seed``: an offset added to
-every run seed (``gbdt.seed``, ``gnn.seed``). Besides ``gbdt`` the registry holds two references
-that every model should beat: ``random`` and ``feature`` (rank by the one ``f_*`` column, and sign,
-that scores best on the training folds; ``feature:<column>`` fixes the column).
+Models
+------
+Every registered model (:mod:`pipelines.models.registry`) follows :mod:`pipelines.models.contract`:
+an adapter says which upstream outputs the model reads and how to load them, builds the ranker from
+the config and reports on it; the loop above never changes. A model's settings may carry ``seed``:
+an offset added to every run seed (``gbdt.seed``, ``gnn.seed``).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import hashlib
-import importlib
 import json
 import math
 import os
 import shutil
 import tempfile
 import time
-import zlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Protocol
+from typing import Any, Callable
 
 import numpy as np
 import polars as pl
 
 from pipelines.collections import Collection
-from pipelines.config import PipelineConfig, config_to_dict, resolve_for_collection
+from pipelines.config import PipelineConfig
 from pipelines.engine import Code, StageOutput, run_stage, stage_key, write_json_atomic
-from pipelines.errors import ConfigError, PipelineError
+from pipelines.errors import PipelineError
+from pipelines.models.contract import ModelAdapter, Ranker
+from pipelines.models.registry import adapter_module, get_adapter
 from pipelines.predictions import PREDICTION_SCHEMA, prediction_frame
 from pipelines.progress import format_duration
 
@@ -85,9 +64,7 @@ MODELS_DIR = "models"  # fold models in the stage output: <model>-f<fold>-s<seed
 # GNN epoch checkpoints alongside), so a killed stage resumes at fold (and epoch) granularity.
 PARTIAL_PREFIX = ".folds-"
 FOLD_RESULT = "fold.json"
-# Copies of a fold's training table alive at once (polars frame, float32 matrix, its row-gathered
-# copy, LightGBM's dataset), and the share of available memory the parallel jobs may take together.
-MEMORY_COPIES = 4
+# The share of available memory the parallel jobs may take together.
 MEMORY_SHARE = 0.6
 # Graphs loaded at once for prediction: tile graphs are small and many, layout graphs large and few.
 PREDICT_BATCH_GRAPHS = {"tile": 512, "layout": 8}
@@ -103,254 +80,14 @@ SCORES_SCHEMA: dict[str, pl.DataType] = {
 }
 
 
-# ----------------------------------------------------------------------------- model protocol
-
-
-class Ranker(Protocol):
-    def fit(self, train: Any, valid: Any | None = None, *, seed: int) -> Ranker: ...
-
-    def predict(self, data: Any) -> np.ndarray: ...
-
-
-class ModelAdapter(Protocol):
-    """How the training stage drives one kind of model (see the module docstring)."""
-
-    name: str
-
-    def settings(self, config: PipelineConfig, collection: Collection) -> dict[str, Any]: ...
-
-    def inputs(self, prepared: Any) -> dict[str, str]: ...
-
-    def load(self, prepared: Any, graphs: list[str], *, settings: dict[str, Any], fit: bool, seed: int) -> Any: ...
-
-    def index(self, data: Any) -> tuple[np.ndarray, np.ndarray]: ...
-
-    def make(self, settings: dict[str, Any], collection: Collection, *, num_threads: int) -> Ranker: ...
-
-    def describe(self, ranker: Any) -> tuple[dict[str, Any], pl.DataFrame | None]: ...
-
-    def save_model(self, ranker: Any, folder: Path, name: str) -> list[str]: ...
-
-    def load_model(self, folder: Path, files: list[str], settings: dict[str, Any], collection: Collection, *,
-                   num_threads: int) -> Ranker: ...
-
-
-# ----------------------------------------------------------------------------- feature-table models
-
-
-class _FeatureTableAdapter:
-    """Shared loading for models that read the GBDT feature tables (one row per graph and config)."""
-
-    name = "feature-table"
-
-    def inputs(self, prepared: Any) -> dict[str, str]:
-        return {"features": prepared.stages["features"].key, "folds": prepared.stages["folds"].key}
-
-    def load(self, prepared: Any, graphs: list[str], *, settings: dict[str, Any], fit: bool,
-             seed: int) -> pl.DataFrame:
-        cap = settings["load_max_configs"] if fit else None
-        return prepared.load_features(graphs, max_configs=cap, seed=seed)
-
-    def index(self, data: pl.DataFrame) -> tuple[np.ndarray, np.ndarray]:
-        return data["graph"].to_numpy(), data["config_index"].to_numpy()
-
-    def job_memory(self, prepared: Any, graphs: list[str], settings: dict[str, Any]) -> int:
-        """Rough peak bytes of fitting on ``graphs``: capped rows x columns x copies in flight."""
-        configs = prepared.graph_table.filter(pl.col("graph").is_in(graphs))["configs_after"].to_numpy()
-        rows = int(np.minimum(configs, settings["load_max_configs"]).sum())
-        columns = prepared.load_features(graphs[:1], max_configs=1).width
-        return rows * columns * 4 * MEMORY_COPIES
-
-    def describe(self, ranker: Any) -> tuple[dict[str, Any], pl.DataFrame | None]:
-        return {}, None
-
-    def save_model(self, ranker: Any, folder: Path, name: str) -> list[str]:
-        """The reference rankers' whole state is a few JSON values (seed, column, sign)."""
-        path = folder / f"{name}.json"
-        write_json_atomic(path, {k: v for k, v in vars(ranker).items() if not k.startswith("_")})
-        return [path.name]
-
-    def load_model(self, folder: Path, files: list[str], settings: dict[str, Any], collection: Collection, *,
-                   num_threads: int) -> Ranker:
-        path = folder / files[0]
-        try:
-            state = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, ValueError) as exc:
-            raise PipelineError(f"{path}: cannot read the saved {self.name} model ({exc})") from None
-        ranker = self.make(settings, collection, num_threads=num_threads)
-        for key, value in state.items():
-            setattr(ranker, key, value)
-        return ranker
-
-
-class GBDTAdapter(_FeatureTableAdapter):
-    name = "gbdt"
-
-    def settings(self, config: PipelineConfig, collection: Collection) -> dict[str, Any]:
-        resolved = config_to_dict(resolve_for_collection(config.gbdt, collection))
-        resolved.pop("collections", None)
-        return resolved
-
-    def make(self, settings: dict[str, Any], collection: Collection, *, num_threads: int) -> Ranker:
-        from pipelines.models.gbdt import GBDTRanker
-        from pipelines.models.gbdt_config import GBDTConfig
-
-        return GBDTRanker.from_config(GBDTConfig(**settings), is_tile=collection.is_tile, num_threads=num_threads)
-
-    def load(self, prepared: Any, graphs: list[str], *, settings: dict[str, Any], fit: bool,
-             seed: int) -> pl.DataFrame:
-        """The feature rows without the ``f_*`` columns that ``exclude_features`` names by prefix."""
-        frame = super().load(prepared, graphs, settings=settings, fit=fit, seed=seed)
-        prefixes = tuple(settings.get("exclude_features") or ())
-        if not prefixes:
-            return frame
-        return frame.drop([c for c in frame.columns if c.startswith("f_") and c.startswith(prefixes)])
-
-    def describe(self, ranker: Any) -> tuple[dict[str, Any], pl.DataFrame | None]:
-        facts = {"best_iteration": ranker.best_iteration_, "train_rows": ranker.n_train_rows_}
-        return facts, ranker.feature_importance()
-
-    def save_model(self, ranker: Any, folder: Path, name: str) -> list[str]:
-        return [p.name for p in ranker.save(folder / f"{name}.txt")]  # LightGBM text model + its sidecar
-
-    def load_model(self, folder: Path, files: list[str], settings: dict[str, Any], collection: Collection, *,
-                   num_threads: int) -> Ranker:
-        from pipelines.models.gbdt import GBDTRanker
-
-        return GBDTRanker.load(folder / files[0], num_threads=num_threads)
-
-
-class RandomAdapter(_FeatureTableAdapter):
-    """Uniformly random costs: the floor every model must clear."""
-
-    name = "random"
-
-    def settings(self, config: PipelineConfig, collection: Collection) -> dict[str, Any]:
-        return {"load_max_configs": 1}  # fitting reads nothing useful; keep the load minimal
-
-    def make(self, settings: dict[str, Any], collection: Collection, *, num_threads: int) -> Ranker:
-        return RandomRanker()
-
-
-@dataclass
-class FeatureAdapter(_FeatureTableAdapter):
-    """One hand-made feature used as the ranking (``column=None``: the best one on the training folds)."""
-
-    column: str | None = None
-    name: str = "feature"
-
-    def settings(self, config: PipelineConfig, collection: Collection) -> dict[str, Any]:
-        return {"column": self.column,
-                "load_max_configs": resolve_for_collection(config.gbdt, collection).load_max_configs}
-
-    def make(self, settings: dict[str, Any], collection: Collection, *, num_threads: int) -> Ranker:
-        return FeatureRanker(settings["column"], metric="top5" if collection.is_tile else "opa")
-
-    def describe(self, ranker: Any) -> tuple[dict[str, Any], pl.DataFrame | None]:
-        return {"column": ranker.column_, "sign": ranker.sign_, "train_score": ranker.train_score_}, None
-
-
-MODELS: dict[str, Callable[[], ModelAdapter]] = {
-    "gbdt": GBDTAdapter,
-    "random": RandomAdapter,
-    "feature": FeatureAdapter,
-    # torch is imported only when the GNN is actually used
-    "gnn": lambda: importlib.import_module("pipelines.models.gnn").GNNAdapter(),
-}
-
-
-# Modules a model runs beyond this one (which holds the registry and the feature-table models): part of
-# the training stage's key, named as strings so the registry stays lazy.
-MODEL_CODE: dict[str, tuple[str, ...]] = {"gnn": ("pipelines.models.gnn",)}
-
-
-def adapter_modules(model: str) -> tuple[str, ...]:
-    return MODEL_CODE.get(model.partition(":")[0], ())
-
-
-def get_adapter(model: str) -> ModelAdapter:
-    """The adapter registered as ``model``; ``feature:<column>`` ranks by that one column."""
-    name, _, argument = model.partition(":")
-    if name not in MODELS:
-        raise ConfigError(f"unknown model {model!r}; registered: {', '.join(MODELS)} (or feature:<column>)")
-    if argument and name != "feature":
-        raise ConfigError(f"model {name!r} takes no argument, got {model!r}")
-    if name == "feature" and argument:
-        if not argument.startswith("f_"):
-            raise ConfigError(f"feature:<column> needs an f_* column, got {argument!r}")
-        return FeatureAdapter(column=argument, name=model)
-    return MODELS[name]()
-
-
 def stage_name(model: str) -> str:
     """Stage folder of a model's training: ``train-gbdt``, ``train-feature.f_padding`` ..."""
     return "train-" + model.replace(":", ".")
 
 
-# ----------------------------------------------------------------------------- reference rankers
-
-
-class RandomRanker:
-    """Costs drawn uniformly per graph from the fit seed and the graph name (independent of batching)."""
-
-    def fit(self, train: Any, valid: Any | None = None, *, seed: int) -> RandomRanker:
-        self.seed_ = int(seed)
-        return self
-
-    def predict(self, frame: pl.DataFrame) -> np.ndarray:
-        if not hasattr(self, "seed_"):
-            raise RuntimeError("RandomRanker.predict called before fit")
-        from pipelines.models.gbdt import group_rows
-
-        order, offsets = group_rows(frame["graph"])
-        graphs = frame["graph"].to_numpy()[order]
-        costs = np.empty(frame.height, dtype=np.float64)
-        for start, stop in zip(offsets[:-1], offsets[1:]):
-            rng = np.random.default_rng([self.seed_, zlib.crc32(str(graphs[start]).encode())])
-            costs[order[start:stop]] = rng.random(stop - start)
-        return costs
-
-
-class FeatureRanker:
-    """Rank by one feature column times a sign. ``fit`` picks the sign (and, when ``column`` is None,
-    the ``f_*`` column) with the best training score: ``top5`` (tile metric) or ``opa`` (pair accuracy
-    on a seeded sample of pairs per graph, the layout proxy)."""
-
-    def __init__(self, column: str | None = None, *, metric: str = "opa", pairs_per_graph: int = 2000):
-        if metric not in ("opa", "top5"):
-            raise ConfigError(f"FeatureRanker metric must be 'opa' or 'top5', got {metric!r}")
-        self.column = column
-        self.metric = metric
-        self.pairs_per_graph = pairs_per_graph
-
-    def fit(self, train: pl.DataFrame, valid: pl.DataFrame | None = None, *, seed: int) -> FeatureRanker:
-        from pipelines.models.gbdt import group_rows, pair_accuracy, sample_pairs, top5_score
-
-        candidates = [self.column] if self.column else [c for c in train.columns if c.startswith("f_")]
-        missing = [c for c in candidates if c not in train.columns]
-        if missing or not candidates:
-            raise ValueError(f"feature frame lacks column(s) {', '.join(missing) or 'f_*'}")
-        order, offsets = group_rows(train["graph"])
-        y = train["target"].to_numpy().astype(np.float64)[order]
-        i, j = sample_pairs(y, offsets, self.pairs_per_graph, np.random.default_rng(seed))
-        best = (-math.inf, candidates[0], 1.0)
-        for column in candidates:
-            values = train[column].to_numpy().astype(np.float64)[order]
-            if not np.all(np.isfinite(values)):
-                continue
-            for sign in (1.0, -1.0):
-                cost = sign * values
-                score = top5_score(cost, y, offsets) if self.metric == "top5" else pair_accuracy(cost, y, i, j)
-                if score > best[0]:
-                    best = (score, column, sign)
-        self.train_score_, self.column_, self.sign_ = best
-        return self
-
-    def predict(self, frame: pl.DataFrame) -> np.ndarray:
-        if not hasattr(self, "column_"):
-            raise RuntimeError("FeatureRanker.predict called before fit")
-        values = frame[self.column_].to_numpy().astype(np.float64)
-        return self.sign_ * np.nan_to_num(values, nan=0.0, posinf=0.0, neginf=0.0)
+def model_file_name(model: str, fold: int, seed: int) -> str:
+    """The name a fold model is saved under (``Ranker.save(folder, name)``): ``gbdt-f0-s1`` ..."""
+    return f"{model.replace(':', '.')}-{fold_job_name(fold, seed)}"
 
 
 # ----------------------------------------------------------------------------- fold plan (pure)
@@ -480,7 +217,7 @@ def fit_predict_fold(adapter: ModelAdapter, prepared: Any, collection: Collectio
     if importance is not None:
         importance = importance.with_columns(pl.lit(fold, pl.Int16).alias("fold"), pl.lit(seed, pl.Int32).alias("seed"))
     result = FoldResult(fold, seed, predictions, scores, importance, facts, time.perf_counter() - started,
-                        model_bytes(adapter, ranker, f"{adapter.name.replace(':', '.')}-{fold_job_name(fold, seed)}"))
+                        model_bytes(ranker, model_file_name(adapter.name, fold, seed)))
     if partial is not None:
         save_fold_result(result, partial)
         if checkpoint_dir is not None:
@@ -500,10 +237,10 @@ def partial_dir(work_dir: Path, stage: str, key: str) -> Path:
     return Path(work_dir) / stage / f"{PARTIAL_PREFIX}{key}"
 
 
-def model_bytes(adapter: ModelAdapter, ranker: Any, name: str) -> dict[str, bytes]:
-    """The files ``adapter.save_model`` writes for ``ranker``, read back as bytes."""
+def model_bytes(ranker: Ranker, name: str) -> dict[str, bytes]:
+    """The files ``ranker.save`` writes, read back as bytes."""
     with tempfile.TemporaryDirectory(prefix="tpugraphs-model-") as tmp:
-        files = adapter.save_model(ranker, Path(tmp), name)
+        files = ranker.save(Path(tmp), name)
         return {f: (Path(tmp) / f).read_bytes() for f in files}
 
 
@@ -645,7 +382,7 @@ def train_model(config: PipelineConfig, prepared: Any, *, model: str, work_dir: 
     seeds = [int(s) for s in config.run.seeds]
     stage_config = {"collection": collection.name, "model": model, "settings": settings, "seeds": seeds}
     stage, inputs = stage_name(model), adapter.inputs(prepared)
-    code = Code(("pipelines.train", *adapter_modules(model)))
+    code = Code(("pipelines.train", adapter_module(model)))
     partial = partial_dir(Path(work_dir), stage, stage_key(stage, stage_config, inputs, code))
     if force:
         shutil.rmtree(partial, ignore_errors=True)

@@ -28,6 +28,11 @@ FAST = dict(n_estimators=40, early_stopping_rounds=10, num_leaves=7, min_child_s
             pairs_per_graph=300, pairwise_references=16)
 
 
+def gbdt(objective: str, collection: str = "layout:xla:random", **overrides) -> GBDTRanker:
+    """A ranker built the way the training stage builds it: from its config section, for a collection."""
+    return GBDTRanker(GBDTConfig(objective=objective, **{**FAST, **overrides}), collection=collection)
+
+
 def make_frame(n_graphs: int, n_configs: int, seed: int, prefix: str = "g") -> pl.DataFrame:
     """Runtime = graph scale * exp(f_signal + noise); f_noise is irrelevant; g_scale is graph-constant."""
     rng = np.random.default_rng(seed)
@@ -150,23 +155,23 @@ def test_pair_accuracy_counts_cost_ties_half():
 @pytest.mark.parametrize("objective", OBJECTIVES)
 def test_contract_and_learns_an_easy_signal(objective, frames):
     train, valid, test = frames
-    model = GBDTRanker(objective, **FAST)
-    with pytest.raises(RuntimeError, match="before fit"):
+    model = gbdt(objective)
+    with pytest.raises(RuntimeError, match="before"):
         model.predict(test)
     assert model.fit(train, valid, seed=3) is model
     costs = model.predict(test)
     assert costs.shape == (test.height,) and np.all(np.isfinite(costs))
     assert mean_tau(test, costs) > 0.5  # f_signal alone bounds tau near 0.8
-    again = GBDTRanker(objective, **FAST).fit(train, valid, seed=3).predict(test)
+    again = gbdt(objective).fit(train, valid, seed=3).predict(test)
     assert np.array_equal(costs, again)
-    other = GBDTRanker(objective, **FAST).fit(train, valid, seed=4).predict(test)
+    other = gbdt(objective).fit(train, valid, seed=4).predict(test)
     assert not np.array_equal(costs, other)  # bagging and feature sampling follow the seed
     assert 1 <= model.best_iteration_ <= FAST["n_estimators"]
 
 
 def test_predictions_do_not_depend_on_row_order_or_batching(frames):
     train, valid, test = frames
-    model = GBDTRanker("pairwise", **FAST).fit(train, valid, seed=0)
+    model = gbdt("pairwise").fit(train, valid, seed=0)
     costs = model.predict(test)
     shuffled = np.random.default_rng(0).permutation(test.height)
     assert np.allclose(model.predict(test[shuffled]), costs[shuffled])
@@ -176,42 +181,47 @@ def test_predictions_do_not_depend_on_row_order_or_batching(frames):
 
 def test_graph_features_switch_and_importance(frames):
     train, valid, _ = frames
-    without = GBDTRanker("regression", **FAST).fit(train, valid, seed=0)
+    without = gbdt("regression").fit(train, valid, seed=0)
     assert without.feature_names_ == ["f_signal", "f_noise"]
-    with_g = GBDTRanker("regression", graph_features=True, **FAST).fit(train, valid, seed=0)
+    with_g = gbdt("regression", graph_features="always").fit(train, valid, seed=0)
     assert with_g.feature_names_ == ["f_signal", "f_noise", "g_scale"]
     importance = without.feature_importance()
     assert importance.columns == ["feature", "gain", "split"]
     gains = dict(zip(importance["feature"], importance["gain"]))
     assert gains["f_signal"] > gains["f_noise"]
-    pairwise = GBDTRanker("pairwise", graph_features=True, **FAST).fit(train, valid, seed=0)
+    pairwise = gbdt("pairwise", graph_features="always").fit(train, valid, seed=0)
     assert pairwise.feature_importance()["feature"].to_list() == [
         "f_signal", "f_noise", "g_scale", "diff__f_signal", "diff__f_noise"]
 
 
 def test_training_subsample_caps_configs_per_graph(frames):
     train, _, _ = frames
-    model = GBDTRanker("lambdarank", max_configs_per_graph=10, **FAST).fit(train, seed=0)
+    model = gbdt("lambdarank", max_configs_per_graph=10).fit(train, seed=0)
     assert model.n_train_rows_ == 16 * 10
     assert model.best_iteration_ == FAST["n_estimators"]  # no validation frame: no early stopping
 
 
 def test_bad_hyperparameters_raise_config_errors():
     with pytest.raises(ConfigError, match="objective"):
-        GBDTRanker("listnet")
-    with pytest.raises(ConfigError, match="max_configs_per_graph"):
-        GBDTRanker("lambdarank", max_configs_per_graph=20_000)
+        gbdt("listnet")
+    with pytest.raises(ConfigError, match="max_configs_per_graph"):  # a cross-field rule of the config
+        gbdt("lambdarank", max_configs_per_graph=20_000)
     with pytest.raises(ConfigError, match="learning_rate"):
-        GBDTRanker("regression", learning_rate=0.0)
+        gbdt("regression", learning_rate=0.0)
+    with pytest.raises(ConfigError, match="finite"):
+        GBDTRanker({"learning_rate": float("nan")}, collection="tile:xla")
 
 
-def test_from_config_resolves_auto_choices_per_collection_kind():
-    config = GBDTConfig(objective="xendcg", num_threads=0)
-    tile = GBDTRanker.from_config(config, is_tile=True, num_threads=2)
-    layout = GBDTRanker.from_config(config, is_tile=False, num_threads=1)
-    assert (tile.graph_features, tile.stopping_metric, tile.num_threads) == (True, "top5", 2)
-    assert (layout.graph_features, layout.stopping_metric, layout.num_threads) == (False, "opa", 1)
-    fixed = GBDTRanker.from_config(GBDTConfig(graph_features="never", num_threads=3), is_tile=True, num_threads=2)
+def test_the_collection_resolves_what_the_config_leaves_to_it():
+    config = GBDTConfig(objective="xendcg", num_threads=0,
+                        collections={"tile:xla": {"num_leaves": 9}, "layout:nlp:default": {"num_leaves": 5}})
+    tile = GBDTRanker(config, collection="tile:xla", num_threads=2)
+    layout = GBDTRanker(config, collection="layout:xla:default", num_threads=1)
+    assert (tile.graph_features, tile.stopping_metric, tile.num_threads, tile.config.num_leaves) == (True, "top5", 2, 9)
+    assert (layout.graph_features, layout.stopping_metric, layout.num_threads, layout.config.num_leaves) == \
+        (False, "opa", 1, 31)
+    assert tile.config.collections == {}  # resolved: no other collection's overrides left
+    fixed = GBDTRanker(GBDTConfig(graph_features="never", num_threads=3), collection="tile:xla", num_threads=2)
     assert (fixed.graph_features, fixed.num_threads) == (False, 3)
 
 
@@ -229,7 +239,7 @@ def test_within_graph_ranks_by_hand():
 
 def test_graph_rank_features_are_added_and_batch_independent(frames):
     train, valid, test = frames
-    model = GBDTRanker("regression", graph_rank_features=True, **FAST).fit(train, valid, seed=0)
+    model = gbdt("regression", graph_rank_features=True).fit(train, valid, seed=0)
     assert model.feature_names_ == ["f_signal", "f_noise", "rank__f_signal", "rank__f_noise"]
     costs = model.predict(test)
     one_graph = (test["graph"] == "test2").to_numpy()

@@ -135,7 +135,7 @@ def test_gbdt_exclude_features_drops_f_columns_by_prefix_only():
     """The switch the feature ablation uses: gbdt.exclude_features removes f_* columns by prefix."""
     from pipelines.collections import parse_collection
     from pipelines.config import load_config
-    from pipelines.train import GBDTAdapter
+    from pipelines.models.gbdt import GBDTAdapter
 
     frame = pl.DataFrame({"graph": ["g"], "config_index": [0], "target": [1.0], "f_pad_waste": [1.0],
                           "f_pad_ratio_sum": [2.0], "f_violation_ratio": [0.5], "g_pad_x": [3.0]})

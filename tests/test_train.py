@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -16,16 +17,15 @@ from pipelines.collections import LAYOUT_XLA_RANDOM, TILE_XLA, Collection
 from pipelines.config import PipelineConfig, load_config
 from pipelines.errors import ConfigError, PipelineError
 from pipelines.metric import score_predictions
+from pipelines.models.reference import FeatureRanker, RandomRanker
+from pipelines.models.registry import get_adapter
 from pipelines.predictions import read_predictions
 from pipelines.tpugraphs import LayoutGraph, save_graph
 from pipelines.train import (
     IMPORTANCE_FILE,
     PREDICTIONS_FILE,
     SCORES_FILE,
-    FeatureRanker,
-    RandomRanker,
     fold_plan,
-    get_adapter,
     stage_name,
     summarize_scores,
     train_model,
@@ -132,20 +132,22 @@ def test_summarize_scores_by_hand():
 
 def test_random_ranker_is_seeded_and_batch_independent():
     frame = feature_frame(["a", "b"], 20, 0)
-    costs = RandomRanker().fit(None, seed=5).predict(frame)
-    assert np.array_equal(costs[20:], RandomRanker().fit(None, seed=5).predict(frame[20:]))
-    assert not np.array_equal(costs, RandomRanker().fit(None, seed=6).predict(frame))
-    with pytest.raises(RuntimeError, match="before fit"):
-        RandomRanker().predict(frame)
+    ranker = partial(RandomRanker, collection="layout:xla:random")
+    costs = ranker().fit(None, seed=5).predict(frame)
+    assert np.array_equal(costs[20:], ranker().fit(None, seed=5).predict(frame[20:]))
+    assert not np.array_equal(costs, ranker().fit(None, seed=6).predict(frame))
+    with pytest.raises(RuntimeError, match="before predict"):
+        ranker().predict(frame)
 
 
 def test_feature_ranker_picks_column_and_sign_on_training_data():
     frame = feature_frame(["a", "b", "c"], 40, 0).with_columns((-pl.col("f_signal")).alias("f_negated"))
     frame = frame.drop("f_signal")
-    ranker = FeatureRanker(metric="opa").fit(frame, seed=0)
+    ranker = FeatureRanker(collection="layout:xla:random").fit(frame, seed=0)
     assert (ranker.column_, ranker.sign_) == ("f_negated", -1.0)  # faster when f_negated is larger
     assert np.array_equal(ranker.predict(frame), frame["f_negated"].to_numpy() * -1.0)
-    fixed = FeatureRanker("f_noise", metric="top5").fit(frame, seed=0)
+    fixed = FeatureRanker({"column": "f_noise"}, collection="tile:xla").fit(frame, seed=0)
+    assert fixed.metric == "top5"
     assert fixed.column_ == "f_noise"
 
 

@@ -43,25 +43,20 @@ own log loss over sampled validation pairs.
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 import zlib
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable, Mapping
 
 import numpy as np
 import polars as pl
 
-from pipelines.atomic import chmod_like_new_file
-from pipelines.errors import ConfigError, FormatError
-from pipelines.models.gbdt_config import (GRAPH_FEATURE_MODES, LABEL_GAINS, OBJECTIVES, REGRESSION_TARGETS,
-                                          GBDTConfig)
+from pipelines.atomic import write_text_atomic
+from pipelines.collections import Collection, parse_collection
+from pipelines.config import config_from_dict, config_to_dict, resolve_for_collection
+from pipelines.errors import FormatError
+from pipelines.models.feature_table import FeatureTableAdapter
+from pipelines.models.gbdt_config import GBDTConfig
 
-STOPPING_METRICS = ("opa", "top5")
-# LightGBM refuses ranking queries with this many rows or more.
-LIGHTGBM_MAX_QUERY_ROWS = 10_000
-# Validation pairs per graph for the OPA stopping metric (fixed once per fit).
-STOPPING_PAIRS_PER_GRAPH = 2000
 # Pair-feature rows built at once when scoring pairwise (bounds memory on graphs with 10k configs).
 PAIR_ROWS_PER_BLOCK = 1 << 16
 DIFF_PREFIX = "diff__"  # LightGBM rejects ':' and other JSON characters in feature names
@@ -238,101 +233,26 @@ def pair_accuracy(cost: np.ndarray, y: np.ndarray, i: np.ndarray, j: np.ndarray)
 
 
 class GBDTRanker:
-    """LightGBM ranker with sklearn conventions: hyperparameters here, data in :meth:`fit`, learned
-    state in attributes ending in ``_``. See the module docstring for the objectives."""
+    """LightGBM ranker in the shape every model shares (:mod:`pipelines.models.contract`): built from its
+    config section for one collection, data in :meth:`fit`, learned state in attributes ending in
+    ``_``, :meth:`save`/:meth:`load`. See the module docstring for the objectives.
 
-    def __init__(
-        self,
-        objective: str = "lambdarank",
-        *,
-        num_leaves: int = 31,
-        learning_rate: float = 0.05,
-        n_estimators: int = 600,
-        early_stopping_rounds: int = 50,
-        min_child_samples: int = 20,
-        feature_fraction: float = 0.8,
-        bagging_fraction: float = 0.8,
-        bagging_freq: int = 1,
-        lambda_l2: float = 1.0,
-        num_threads: int = 1,
-        graph_features: bool = False,
-        graph_rank_features: bool = False,
-        max_configs_per_graph: int = 1000,
-        relevance_bins: int = 31,
-        label_gain: str = "exponential",
-        truncation_level: int = 30,
-        regression_target: str = "log_centered",
-        pairs_per_graph: int = 4000,
-        pairwise_references: int = 64,
-        stopping_metric: str = "opa",
-    ):
-        self.objective = objective
-        self.num_leaves = num_leaves
-        self.learning_rate = learning_rate
-        self.n_estimators = n_estimators
-        self.early_stopping_rounds = early_stopping_rounds
-        self.min_child_samples = min_child_samples
-        self.feature_fraction = feature_fraction
-        self.bagging_fraction = bagging_fraction
-        self.bagging_freq = bagging_freq
-        self.lambda_l2 = lambda_l2
-        self.num_threads = num_threads
-        self.graph_features = graph_features
-        self.graph_rank_features = graph_rank_features
-        self.max_configs_per_graph = max_configs_per_graph
-        self.relevance_bins = relevance_bins
-        self.label_gain = label_gain
-        self.truncation_level = truncation_level
-        self.regression_target = regression_target
-        self.pairs_per_graph = pairs_per_graph
-        self.pairwise_references = pairwise_references
-        self.stopping_metric = stopping_metric
-        self._check()
+    The collection decides what the config leaves to it: ``graph_features="auto"`` keeps the g_*
+    columns for tile only, and early stopping watches the tile metric (tile) or pair accuracy (layout).
+    ``gbdt.num_threads = 0`` takes ``num_threads`` (the training stage's share of the cores).
+    """
 
-    @classmethod
-    def from_config(cls, config: GBDTConfig, *, is_tile: bool, num_threads: int) -> GBDTRanker:
-        """Build from a (collection-resolved) :class:`GBDTConfig`. For tile, ``graph_features="auto"``
-        keeps the g_* columns and early stopping watches the tile metric; for layout, pair accuracy."""
-        if config.graph_features not in GRAPH_FEATURE_MODES:
-            raise ConfigError(f"gbdt.graph_features must be one of {GRAPH_FEATURE_MODES}, "
-                              f"got {config.graph_features!r}")
-        graph_features = {"auto": is_tile, "always": True, "never": False}[config.graph_features]
-        stopping = "top5" if is_tile else "opa"
-        threads = config.num_threads if config.num_threads > 0 else num_threads
-        return cls(
-            config.objective, num_leaves=config.num_leaves, learning_rate=config.learning_rate,
-            n_estimators=config.n_estimators, early_stopping_rounds=config.early_stopping_rounds,
-            min_child_samples=config.min_child_samples, feature_fraction=config.feature_fraction,
-            bagging_fraction=config.bagging_fraction, bagging_freq=config.bagging_freq,
-            lambda_l2=config.lambda_l2, num_threads=threads, graph_features=graph_features,
-            graph_rank_features=config.graph_rank_features,
-            max_configs_per_graph=config.max_configs_per_graph, relevance_bins=config.relevance_bins,
-            label_gain=config.label_gain, truncation_level=config.truncation_level,
-            regression_target=config.regression_target, pairs_per_graph=config.pairs_per_graph,
-            pairwise_references=config.pairwise_references, stopping_metric=stopping,
-        )
-
-    def _check(self) -> None:
-        def bad(name: str, allowed: str) -> ConfigError:
-            return ConfigError(f"gbdt.{name} must be {allowed}, got {getattr(self, name)!r}")
-
-        for name, allowed in (("objective", OBJECTIVES), ("label_gain", LABEL_GAINS),
-                              ("regression_target", REGRESSION_TARGETS),
-                              ("stopping_metric", STOPPING_METRICS)):
-            if getattr(self, name) not in allowed:
-                raise bad(name, f"one of {allowed}")
-        for name in ("num_leaves", "n_estimators", "early_stopping_rounds", "min_child_samples",
-                     "num_threads", "relevance_bins", "truncation_level", "pairs_per_graph",
-                     "pairwise_references", "max_configs_per_graph"):
-            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
-                raise bad(name, "a positive integer")
-        if self.relevance_bins < 2:
-            raise bad("relevance_bins", "at least 2")
-        for name in ("learning_rate", "feature_fraction", "bagging_fraction"):
-            if not 0 < getattr(self, name) <= 1:
-                raise bad(name, "in (0, 1]")
-        if self.objective in ("lambdarank", "xendcg") and self.max_configs_per_graph >= LIGHTGBM_MAX_QUERY_ROWS:
-            raise bad("max_configs_per_graph", f"below {LIGHTGBM_MAX_QUERY_ROWS} for ranking objectives")
+    def __init__(self, config: GBDTConfig | Mapping[str, Any] | None = None, *, collection: Collection | str,
+                 num_threads: int = 1):
+        self.collection = parse_collection(collection) if isinstance(collection, str) else collection
+        # checked like a loaded config (also when built by hand or from settings), then resolved for the collection
+        plain = config if isinstance(config, Mapping) else config_to_dict(config or GBDTConfig())
+        checked = config_from_dict(GBDTConfig, plain, "gbdt")
+        self.config = resolve_for_collection(checked, self.collection)
+        is_tile = self.collection.is_tile
+        self.graph_features = {"auto": is_tile, "always": True, "never": False}[self.config.graph_features]
+        self.stopping_metric = "top5" if is_tile else "opa"
+        self.num_threads = self.config.num_threads if self.config.num_threads > 0 else int(num_threads)
 
     # ------------------------------------------------------------------ data preparation
 
@@ -353,7 +273,7 @@ class GBDTRanker:
         """float32 model inputs of the rows ``order`` (grouped by ``offsets``): the input columns, then
         the within-graph ranks of the f_* columns when ``graph_rank_features``."""
         x = frame.select(self.columns_).to_numpy().astype(np.float32, copy=False)[order]
-        if self.graph_rank_features:
+        if self.config.graph_rank_features:
             per_config = np.array([c.startswith("f_") for c in self.columns_])
             x = np.hstack([x, within_graph_ranks(x[:, per_config], offsets)])
         return x
@@ -366,7 +286,7 @@ class GBDTRanker:
         if not np.all(np.isfinite(y)):
             raise ValueError("training frame has non-finite targets")
         if subsample:
-            keep = stratified_subsample(y, offsets, self.max_configs_per_graph, np.random.default_rng([seed, 1]))
+            keep = stratified_subsample(y, offsets, self.config.max_configs_per_graph, np.random.default_rng([seed, 1]))
             offsets = np.searchsorted(keep, offsets).astype(np.int64)  # keep is sorted
             order, y = order[keep], y[keep]
         return self._matrix(frame, order, offsets), y, offsets
@@ -375,44 +295,44 @@ class GBDTRanker:
         import lightgbm as lgb
 
         names = list(self.feature_names_)
-        if self.objective == "pairwise":
-            i, j = sample_pairs(y, offsets, self.pairs_per_graph, np.random.default_rng([seed, 2]))
+        if self.config.objective == "pairwise":
+            i, j = sample_pairs(y, offsets, self.config.pairs_per_graph, np.random.default_rng([seed, 2]))
             if len(i) == 0:
                 raise ValueError("pairwise objective: no untied pairs of configs to train on")
             data = lgb.Dataset(pair_features(x, i, j, self.diff_columns_), label=(y[i] < y[j]).astype(np.float32),
                                feature_name=names + [DIFF_PREFIX + n for n, d in zip(names, self.diff_columns_) if d],
                                reference=reference, free_raw_data=True)
             return data
-        if self.objective == "regression":
-            label = regression_targets(y, offsets, self.regression_target)
+        if self.config.objective == "regression":
+            label = regression_targets(y, offsets, self.config.regression_target)
             return lgb.Dataset(x, label=label, feature_name=names, reference=reference, free_raw_data=True)
-        label = relevance_labels(y, offsets, self.relevance_bins)
+        label = relevance_labels(y, offsets, self.config.relevance_bins)
         return lgb.Dataset(x, label=label, group=np.diff(offsets), feature_name=names, reference=reference,
                            free_raw_data=True)
 
     def _params(self, seed: int) -> dict:
         params = {
-            "learning_rate": self.learning_rate,
-            "num_leaves": self.num_leaves,
-            "min_data_in_leaf": self.min_child_samples,
-            "feature_fraction": self.feature_fraction,
-            "bagging_fraction": self.bagging_fraction,
-            "bagging_freq": self.bagging_freq if self.bagging_fraction < 1 else 0,
-            "lambda_l2": self.lambda_l2,
+            "learning_rate": self.config.learning_rate,
+            "num_leaves": self.config.num_leaves,
+            "min_data_in_leaf": self.config.min_child_samples,
+            "feature_fraction": self.config.feature_fraction,
+            "bagging_fraction": self.config.bagging_fraction,
+            "bagging_freq": self.config.bagging_freq if self.config.bagging_fraction < 1 else 0,
+            "lambda_l2": self.config.lambda_l2,
             "num_threads": self.num_threads,
             "seed": seed,
             "deterministic": True,
             "force_col_wise": True,
             "verbosity": -1,
         }
-        if self.objective == "lambdarank":
-            gains = np.arange(self.relevance_bins, dtype=np.float64)
-            gains = 2.0 ** gains - 1 if self.label_gain == "exponential" else gains
+        if self.config.objective == "lambdarank":
+            gains = np.arange(self.config.relevance_bins, dtype=np.float64)
+            gains = 2.0 ** gains - 1 if self.config.label_gain == "exponential" else gains
             params |= {"objective": "lambdarank", "label_gain": gains.tolist(),
-                       "lambdarank_truncation_level": self.truncation_level, "metric": "None"}
-        elif self.objective == "xendcg":
+                       "lambdarank_truncation_level": self.config.truncation_level, "metric": "None"}
+        elif self.config.objective == "xendcg":
             params |= {"objective": "rank_xendcg", "metric": "None"}
-        elif self.objective == "regression":
+        elif self.config.objective == "regression":
             params |= {"objective": "regression", "metric": "None"}
         else:
             params |= {"objective": "binary", "metric": "binary_logloss"}
@@ -425,7 +345,7 @@ class GBDTRanker:
         import lightgbm as lgb
 
         self.columns_ = self._columns(train)
-        ranked = [RANK_PREFIX + c for c in self.columns_ if c.startswith("f_")] if self.graph_rank_features else []
+        ranked = [RANK_PREFIX + c for c in self.columns_ if c.startswith("f_")] if self.config.graph_rank_features else []
         self.feature_names_ = self.columns_ + ranked
         # per-config inputs (f_* and their ranks) get a difference column in pairwise mode
         self.diff_columns_ = np.array([not c.startswith("g_") for c in self.feature_names_])
@@ -435,9 +355,9 @@ class GBDTRanker:
         if valid is not None and valid.height:
             vx, vy, voffsets = self._grouped(valid, seed, subsample=True)
             valid_sets = [self._dataset(vx, vy, voffsets, seed + 1, reference=train_set)]
-            feval = None if self.objective == "pairwise" else self._stopping_eval(vy, voffsets, seed)
-            callbacks = [lgb.early_stopping(self.early_stopping_rounds, verbose=False)]
-        booster = lgb.train(self._params(seed), train_set, num_boost_round=self.n_estimators,
+            feval = None if self.config.objective == "pairwise" else self._stopping_eval(vy, voffsets, seed)
+            callbacks = [lgb.early_stopping(self.config.early_stopping_rounds, verbose=False)]
+        booster = lgb.train(self._params(seed), train_set, num_boost_round=self.config.n_estimators,
                             valid_sets=valid_sets, feval=feval, callbacks=callbacks)
         self.best_iteration_ = int(booster.best_iteration or booster.current_iteration())
         self.booster_ = booster
@@ -446,12 +366,12 @@ class GBDTRanker:
         return self
 
     def _stopping_eval(self, y: np.ndarray, offsets: np.ndarray, seed: int):
-        sign = -1.0 if self.objective in ("lambdarank", "xendcg") else 1.0  # relevance -> cost
+        sign = -1.0 if self.config.objective in ("lambdarank", "xendcg") else 1.0  # relevance -> cost
         if self.stopping_metric == "top5":
             def evaluate(preds, _data):
                 return "top5", top5_score(sign * preds, y, offsets), True
         else:
-            i, j = sample_pairs(y, offsets, STOPPING_PAIRS_PER_GRAPH, np.random.default_rng([seed, 3]))
+            i, j = sample_pairs(y, offsets, self.config.stopping_pairs_per_graph, np.random.default_rng([seed, 3]))
 
             def evaluate(preds, _data):
                 return "opa", pair_accuracy(sign * preds, y, i, j), True
@@ -469,14 +389,14 @@ class GBDTRanker:
         order, offsets = group_rows(frame["graph"], within=frame["config_index"].to_numpy())
         x = self._matrix(frame, order, offsets)
         iteration = self.best_iteration_
-        if self.objective != "pairwise":
+        if self.config.objective != "pairwise":
             raw = np.asarray(self.booster_.predict(x, num_iteration=iteration, num_threads=self.num_threads),
                              dtype=np.float64)
-            costs = -raw if self.objective in ("lambdarank", "xendcg") else raw
+            costs = -raw if self.config.objective in ("lambdarank", "xendcg") else raw
         else:
             graphs = frame["graph"].to_numpy()[order][offsets[:-1]]
             rngs = [np.random.default_rng([self.seed_, zlib.crc32(str(g).encode())]) for g in graphs]
-            costs = pairwise_costs(x, offsets, self.diff_columns_, self.pairwise_references, rngs,
+            costs = pairwise_costs(x, offsets, self.diff_columns_, self.config.pairwise_references, rngs,
                                    lambda pairs: self.booster_.predict(pairs, num_iteration=iteration,
                                                                        num_threads=self.num_threads))
         out = np.empty_like(costs)
@@ -485,27 +405,28 @@ class GBDTRanker:
 
     # ------------------------------------------------------------------ persistence
 
-    def save(self, path: Path | str) -> list[Path]:
-        """Write the fitted ranker: the booster as a LightGBM text model at ``path`` and the ranker's
-        hyperparameters and learned columns next to it (``<path>.json``). Returns both paths."""
+    def save(self, folder: Path | str, name: str) -> list[str]:
+        """Write the fitted ranker into ``folder``: the booster as a LightGBM text model ``<name>.txt``
+        and the config, collection and learned columns beside it (``<name>.txt.json``). Returns the
+        file names."""
         if not hasattr(self, "booster_"):
             raise RuntimeError("GBDTRanker.save called before fit")
-        path = Path(path)
+        path = Path(folder) / f"{name}.txt"
         sidecar = path.with_name(path.name + ".json")
-        params = {k: v for k, v in vars(self).items() if not k.endswith("_") and not k.startswith("_")}
-        state = {"format": MODEL_FORMAT, "params": params, "columns": self.columns_,
-                 "feature_names": self.feature_names_, "diff_columns": self.diff_columns_.tolist(),
-                 "best_iteration": self.best_iteration_, "seed": self.seed_, "train_rows": self.n_train_rows_}
-        _write_text_atomic(path, self.booster_.model_to_string())
-        _write_text_atomic(sidecar, json.dumps(state, sort_keys=True, indent=1))
-        return [path, sidecar]
+        state = {"format": MODEL_FORMAT, "config": config_to_dict(self.config), "collection": self.collection.name,
+                 "num_threads": self.num_threads, "columns": self.columns_, "feature_names": self.feature_names_,
+                 "diff_columns": self.diff_columns_.tolist(), "best_iteration": self.best_iteration_,
+                 "seed": self.seed_, "train_rows": self.n_train_rows_}
+        write_text_atomic(path, self.booster_.model_to_string())
+        write_text_atomic(sidecar, json.dumps(state, sort_keys=True, indent=1))
+        return [path.name, sidecar.name]
 
     @classmethod
-    def load(cls, path: Path | str, *, num_threads: int | None = None) -> GBDTRanker:
+    def load(cls, folder: Path | str, name: str, *, num_threads: int | None = None) -> GBDTRanker:
         """A ranker written by :meth:`save` (``num_threads`` overrides the saved thread count)."""
         import lightgbm as lgb
 
-        path = Path(path)
+        path = Path(folder) / f"{name}.txt"
         sidecar = path.with_name(path.name + ".json")
         try:
             state = json.loads(sidecar.read_text(encoding="utf-8"))
@@ -514,11 +435,10 @@ class GBDTRanker:
             raise FormatError(path, f"cannot read GBDT model ({exc})") from None
         if not isinstance(state, dict) or state.get("format") != MODEL_FORMAT:
             raise FormatError(sidecar, "not a GBDT model file of this version")
-        params = dict(state["params"])
+        ranker = cls(config_from_dict(GBDTConfig, state["config"], str(sidecar)), collection=state["collection"],
+                     num_threads=state["num_threads"])
         if num_threads is not None:
-            params["num_threads"] = num_threads
-        objective = params.pop("objective")
-        ranker = cls(objective, **params)
+            ranker.num_threads = int(num_threads)
         ranker.columns_, ranker.feature_names_ = list(state["columns"]), list(state["feature_names"])
         ranker.diff_columns_ = np.array(state["diff_columns"], dtype=bool)
         ranker.best_iteration_, ranker.seed_ = int(state["best_iteration"]), int(state["seed"])
@@ -538,13 +458,29 @@ class GBDTRanker:
         })
 
 
-def _write_text_atomic(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-        chmod_like_new_file(tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+# ----------------------------------------------------------------------------- the adapter
+
+
+class GBDTAdapter(FeatureTableAdapter):
+    """Drives :class:`GBDTRanker` in the training stage (see :mod:`pipelines.models.contract`)."""
+
+    name = "gbdt"
+    ranker_class = GBDTRanker
+
+    def settings(self, config: Any, collection: Collection) -> dict[str, Any]:
+        resolved = config_to_dict(resolve_for_collection(config.gbdt, collection))
+        resolved.pop("collections", None)
+        return resolved
+
+    def load(self, prepared: Any, graphs: list[str], *, settings: dict[str, Any], fit: bool,
+             seed: int) -> pl.DataFrame:
+        """The feature rows without the ``f_*`` columns that ``exclude_features`` names by prefix."""
+        frame = super().load(prepared, graphs, settings=settings, fit=fit, seed=seed)
+        prefixes = tuple(settings.get("exclude_features") or ())
+        if not prefixes:
+            return frame
+        return frame.drop([c for c in frame.columns if c.startswith("f_") and c.startswith(prefixes)])
+
+    def describe(self, ranker: GBDTRanker) -> tuple[dict[str, Any], pl.DataFrame | None]:
+        facts = {"best_iteration": ranker.best_iteration_, "train_rows": ranker.n_train_rows_}
+        return facts, ranker.feature_importance()

@@ -10,12 +10,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from pipelines.errors import ConfigError
 from pipelines.models.fields import bounded, choice
 
 OBJECTIVES = ("lambdarank", "xendcg", "regression", "pairwise")
 GRAPH_FEATURE_MODES = ("auto", "always", "never")
 LABEL_GAINS = ("exponential", "linear")
 REGRESSION_TARGETS = ("log_centered", "rank_pct")
+# LightGBM refuses ranking queries with this many rows or more.
+LIGHTGBM_MAX_QUERY_ROWS = 10_000
 
 
 @dataclass
@@ -65,6 +68,14 @@ class GBDTConfig:
     pairs_per_graph: int = bounded(4000, 1)
     # pairwise: configs of the same graph each config is compared with when scoring.
     pairwise_references: int = bounded(64, 1)
+    # Validation pairs per graph for the OPA early-stopping metric (layout; fixed once per fit).
+    stopping_pairs_per_graph: int = bounded(2000, 1)
     # Evidence (small world, 5 folds x 3 seeds): pairwise is best on every layout collection,
     # regression on tile (pairwise there is slow for little gain). See base.toml.
     collections: dict[str, dict] = field(default_factory=lambda: {"tile:xla": {"objective": "regression"}})
+
+    def __post_init__(self) -> None:
+        """Rules that relate two fields (single-field bounds are metadata, checked on load)."""
+        if self.objective in ("lambdarank", "xendcg") and self.max_configs_per_graph >= LIGHTGBM_MAX_QUERY_ROWS:
+            raise ConfigError(f"max_configs_per_graph must be below {LIGHTGBM_MAX_QUERY_ROWS} for ranking "
+                              f"objectives (LightGBM's query limit), got {self.max_configs_per_graph}")
