@@ -23,8 +23,8 @@ import polars as pl
 from pipelines.collections import Collection, parse_collection
 from pipelines.engine import StageOutput, code_version, fingerprint, library_versions, load_stage
 from pipelines.errors import ConfigError, PipelineError
-from pipelines.run import (DEFAULT_SUBMISSIONS_DIR, Log, RunResult, read_run_manifest, scores_from_manifest,
-                           write_run_report)
+from pipelines.paths import SUBMISSIONS_DIR
+from pipelines.run import Log, RunResult, read_run_manifest, scores_from_manifest, write_run_report
 
 PREPARE_FOR_PREDICTION = ("prune", "features", "node_arrays")
 
@@ -136,7 +136,7 @@ def _check_split(source: dict[str, Any], run_id: str, split: str) -> None:
                           "--set folds.holdout_valid=true to keep the valid split out of training")
 
 
-def predict_run(run_id: str, data_root: Path | str, *, submissions_dir: Path | str = DEFAULT_SUBMISSIONS_DIR,
+def predict_run(run_id: str, data_root: Path | str, *, submissions_dir: Path | str = SUBMISSIONS_DIR,
                 work_dir: Path | str | None = None, split: str = "test", num_threads: int = 1,
                 command: str | None = None, log: Log = print) -> RunResult:
     """Rank every ``split`` graph of ``data_root`` with run ``run_id``'s saved models and blend weights, and
