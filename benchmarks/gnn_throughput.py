@@ -26,7 +26,7 @@ _BODY = """
 import time
 import numpy as np
 import torch
-from pipelines.config import load_config
+from pipelines.config import load_config, resolve_for_collection
 from pipelines.models.gnn.batch import prepare_graph
 from pipelines.models.gnn.losses import make_loss
 from pipelines.models.gnn.model import GNNModel
@@ -46,7 +46,7 @@ def union(graph, copies):
         runtime=graph.runtime, config_index=graph.config_index)
 
 torch.set_num_threads(2)
-cfg = load_config(None, []).gnn.for_collection({collection!r})
+cfg = resolve_for_collection(load_config(None, []).gnn, {collection!r})
 graph = union(load_graph_arrays({path!r}), {copies})
 prepared = prepare_graph(graph, cfg.config_layers)
 torch.manual_seed(0)

@@ -28,7 +28,7 @@ import numpy as np
 import polars as pl
 
 from pipelines import analysis
-from pipelines.run import ENSEMBLE_CURVE
+from pipelines.ensemble import ENSEMBLE_CURVE
 from pipelines.train import load_predictions
 
 settings = analysis.notebook_settings()

@@ -37,19 +37,13 @@ from typing import Any
 import numpy as np
 import polars as pl
 
+from pipelines import paths
 from pipelines.engine import StageOutput, load_stage
 from pipelines.errors import ConfigError, PipelineError
 
 Log = Callable[[str], None]
 
 SMOKE_ENV = "TPUGRAPHS_SMOKE"
-# Faster than the quick config: for the smoke switch (tests) only, never for findings.
-SMOKE_OVERRIDES = (
-    "run.n_jobs=1", "gbdt.n_estimators=15", "gbdt.early_stopping_rounds=5", "gbdt.num_leaves=7",
-    "gbdt.min_child_samples=5", "gbdt.max_configs_per_graph=40", "gbdt.num_threads=1",
-    "gnn.epochs=1", "gnn.hidden=16", "gnn.opcode_dim=8", "gnn.configs_per_graph=8", "gnn.eval_max_configs=40",
-    "gnn.pretrain_epochs=1", "gnn.num_threads=1", "gnn.progress=false",
-)
 # One collection per kind: where the tile and the layout ablations differ.
 SMOKE_COLLECTIONS = ("tile:xla", "layout:xla:default")
 SMOKE_MODELS = ("gbdt", "feature", "random")
@@ -111,8 +105,8 @@ def notebook_settings(environ: Mapping[str, str] | None = None) -> NotebookSetti
     """Settings from the environment (``os.environ`` by default).
 
     ``TPUGRAPHS_SMOKE=1``: the ``tiny`` world in a temporary folder, 2 folds, 2 seeds, two collections
-    and tiny models, without the GNN (whose fits take tens of seconds even there); this is what the test
-    suite runs. Otherwise the ``small`` world at
+    and the tiny models of the ``smoke`` config, without the GNN (whose fits take tens of seconds even
+    there); this is what the test suite runs. Otherwise the ``small`` world at
     ``data/synthetic-small`` with the ``quick`` config, 5 folds and 3 seeds over every collection.
     Each can be changed: ``TPUGRAPHS_DATA_ROOT``, ``TPUGRAPHS_WORK_DIR``, ``TPUGRAPHS_SUBMISSIONS``,
     ``TPUGRAPHS_CONFIG``, ``TPUGRAPHS_FOLDS``, ``TPUGRAPHS_SEEDS`` ("0,1"), ``TPUGRAPHS_COLLECTIONS``
@@ -125,11 +119,11 @@ def notebook_settings(environ: Mapping[str, str] | None = None) -> NotebookSetti
         scratch = Path(env.get("TPUGRAPHS_SCRATCH") or tempfile.mkdtemp(prefix="tpugraphs-smoke-"))
         defaults = dict(data_root=scratch / "tiny-world", work_dir=scratch / "work",
                         submissions_dir=scratch / "submissions", scale="tiny", folds=2, seeds=(0, 1),
-                        collections=SMOKE_COLLECTIONS, overrides=SMOKE_OVERRIDES, models=SMOKE_MODELS)
+                        collections=SMOKE_COLLECTIONS, config="smoke", models=SMOKE_MODELS)
     else:
-        defaults = dict(data_root=Path("data/synthetic-small"), work_dir=Path("data/work"),
-                        submissions_dir=Path("submissions"), scale="small", folds=5, seeds=(0, 1, 2),
-                        collections=ALL_COLLECTION_NAMES, overrides=(), models=None)
+        defaults = dict(data_root=paths.DEMO_DATA_ROOT, work_dir=paths.WORK_DIR,
+                        submissions_dir=paths.SUBMISSIONS_DIR, scale="small", folds=5, seeds=(0, 1, 2),
+                        collections=ALL_COLLECTION_NAMES, config="quick", models=None)
     collections = defaults["collections"]
     if env.get("TPUGRAPHS_COLLECTIONS"):
         from pipelines.collections import parse_collection
@@ -148,9 +142,9 @@ def notebook_settings(environ: Mapping[str, str] | None = None) -> NotebookSetti
         work_dir=Path(env.get("TPUGRAPHS_WORK_DIR") or defaults["work_dir"]),
         submissions_dir=Path(env.get("TPUGRAPHS_SUBMISSIONS") or defaults["submissions_dir"]),
         scale=defaults["scale"],
-        config=env.get("TPUGRAPHS_CONFIG") or "quick",
+        config=env.get("TPUGRAPHS_CONFIG") or defaults["config"],
         folds=folds, seeds=seeds, collections=collections,
-        overrides=(*defaults["overrides"], *extra), models=models,
+        overrides=extra, models=models,
     )
 
 
@@ -228,7 +222,7 @@ def blend_by_seed(predictions: Mapping[str, pl.DataFrame], truths: Mapping[str, 
     optimistic estimate (the weight grid is coarse, so only slightly).
     """
     from pipelines.ensemble import blend, fit_blend_weights, prepare_model_scores
-    from pipelines.run import common_oof
+    from pipelines.ensemble import common_oof
 
     models = list(predictions)
     oof = pl.concat([frame.filter((pl.col("split") == "oof") & (pl.col("collection") == collection))
@@ -493,7 +487,8 @@ class RunOutputs:
 def run_outputs(submissions_dir: Path | str, run_id: str, work_dir: Path | str | None = None) -> RunOutputs:
     """Load the training, ensemble and prune outputs of a run from its ``manifest.json``
     (``work_dir`` overrides the work dir the run recorded, e.g. after moving the cache)."""
-    from pipelines.run import ENSEMBLE_STAGE, read_run_manifest
+    from pipelines.ensemble import ENSEMBLE_STAGE
+    from pipelines.run import read_run_manifest
 
     manifest = read_run_manifest(submissions_dir, run_id)
     root = Path(work_dir) if work_dir is not None else Path(manifest["work_dir"])

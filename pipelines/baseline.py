@@ -21,9 +21,9 @@ import numpy as np
 from pipelines.collections import ALL_COLLECTIONS
 from pipelines.features import output_node
 from pipelines.submission import submission_row
-from pipelines.tpugraphs import Graph, LayoutGraph, TileGraph, iter_graphs, list_graphs
+from pipelines.tpugraphs import Graph, LayoutGraph, NodeFeat, TileGraph, iter_graphs, list_graphs
 
-SHAPE_COLS = slice(21, 27)  # node_feat: output shape dims 0-5 (0 = unused)
+SHAPE_COLS = NodeFeat.SHAPE_DIMS
 TILE_OUTPUT_BOUNDS = slice(8, 14)  # config_feat: output tile bounds per dim
 BLOCK_WIDTH = 6  # node_config_feat: output, input, kernel blocks of 6 minor_to_major slots
 DEFAULT_BLOCK_WEIGHT = 0.1

@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 from typing import Callable
 
+from pipelines import paths
 from pipelines.errors import PipelineError, redact_credentials
 
 _DISK_ERRNOS = frozenset({errno.ENOSPC, errno.EROFS, getattr(errno, "EDQUOT", errno.ENOSPC)})
@@ -84,11 +85,11 @@ def _run_score(args: argparse.Namespace) -> int:
 
 def _add_demo(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("demo", help="the README's main job on the embedded synthetic world")
-    p.add_argument("--data-root", type=Path, default=Path("data/synthetic-small"))
+    p.add_argument("--data-root", type=Path, default=paths.DEMO_DATA_ROOT)
     p.add_argument("--scale", choices=("tiny", "small", "full"), default="small")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--work-dir", type=Path, default=Path("data/work"))
-    p.add_argument("--submissions-dir", type=Path, default=Path("submissions"))
+    p.add_argument("--work-dir", type=Path, default=paths.WORK_DIR)
+    p.add_argument("--submissions-dir", type=Path, default=paths.SUBMISSIONS_DIR)
     p.add_argument("--config", default=None, help="config name (e.g. quick) or TOML file (default: base)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
                    help="override one config value (repeatable)")
@@ -108,7 +109,7 @@ def _run_demo(args: argparse.Namespace) -> int:
 def _add_prepare(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("prepare", help="prune graphs, build feature tables, GNN arrays and folds (cached stages)")
     p.add_argument("--data-root", type=Path, required=True)
-    p.add_argument("--work-dir", type=Path, default=Path("data/work"))
+    p.add_argument("--work-dir", type=Path, default=paths.WORK_DIR)
     p.add_argument("--config", default=None, help="config name (e.g. quick) or TOML file (default: base)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
                    help="override one config value (repeatable)")
@@ -142,7 +143,7 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--collection", "--collections", dest="collections", action="append", default=[],
                    metavar="NAME", help="collection name(s), repeatable or comma-separated (default: all present)")
     p.add_argument("--data-root", type=Path, required=True)
-    p.add_argument("--work-dir", type=Path, default=Path("data/work"))
+    p.add_argument("--work-dir", type=Path, default=paths.WORK_DIR)
     p.add_argument("--config", default=None, help="config name (e.g. quick) or TOML file (default: base)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
                    help="override one config value (repeatable)")
@@ -172,9 +173,9 @@ def _run_train(args: argparse.Namespace) -> int:
 
 def _add_status(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("status", help="list cached stage outputs (complete, incomplete, running, interrupted)")
-    p.add_argument("--work-dir", type=Path, default=Path("data/work"))
+    p.add_argument("--work-dir", type=Path, default=paths.WORK_DIR)
     p.add_argument("--stage", action="append", default=[], help="show only this stage (repeatable)")
-    p.add_argument("--submissions-dir", type=Path, default=Path("submissions"),
+    p.add_argument("--submissions-dir", type=Path, default=paths.SUBMISSIONS_DIR,
                    help="also clean interrupted publishes here and list incomplete run folders")
     p.set_defaults(handler=_run_status)
 
@@ -253,13 +254,13 @@ def _add_run(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("run", help="every stage, every model, the ensemble and a validated submission "
                                    "(cached stages are reused); prints the submission path last")
     p.add_argument("--data-root", type=Path, required=True, help="any data root in the Kaggle layout")
-    p.add_argument("--work-dir", type=Path, default=Path("data/work"))
+    p.add_argument("--work-dir", type=Path, default=paths.WORK_DIR)
     p.add_argument("--config", default=None, help="config name (e.g. quick) or TOML file (default: base)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
                    help="override one config value (repeatable)")
     p.add_argument("--models", default=None,
                    help="comma-separated models to train and blend (default: the config's ensemble.models)")
-    p.add_argument("--submissions-dir", type=Path, default=Path("submissions"))
+    p.add_argument("--submissions-dir", type=Path, default=paths.SUBMISSIONS_DIR)
     p.add_argument("--scheduler", default=None, metavar="ADDRESS",
                    help="Dask scheduler address for the training jobs (workers must share this filesystem); "
                         "default: run.scheduler of the config ('local': local processes)")
@@ -289,7 +290,7 @@ def _add_ensemble(sub: argparse._SubParsersAction) -> None:
                    help="comma-separated models to keep (gbdt keeps gbdt@<run-id> of every run)")
     p.add_argument("--work-dir", type=Path, default=None, help="where the runs' stages are (default: as recorded)")
     p.add_argument("--data-root", type=Path, default=None, help="data root to validate against (default: as recorded)")
-    p.add_argument("--submissions-dir", type=Path, default=Path("submissions"))
+    p.add_argument("--submissions-dir", type=Path, default=paths.SUBMISSIONS_DIR)
     p.set_defaults(handler=_run_ensemble)
 
 
@@ -310,7 +311,7 @@ def _add_report(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("report", help="write a self-contained HTML report of a run (scores, worst graphs, "
                                       "importances, ensemble weights)")
     p.add_argument("run_id", metavar="RUN_ID", help="a run-id under --submissions-dir")
-    p.add_argument("--submissions-dir", type=Path, default=Path("submissions"))
+    p.add_argument("--submissions-dir", type=Path, default=paths.SUBMISSIONS_DIR)
     p.add_argument("--work-dir", type=Path, default=None, help="where the run's stage outputs are "
                                                                "(default: the work dir its manifest records)")
     p.add_argument("--out", type=Path, default=None, help="output file (default: SUBMISSIONS/RUN_ID/report.html)")

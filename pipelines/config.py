@@ -4,8 +4,10 @@
 (a config name, or a path relative to the extending file) and sets only what differs; command-line
 ``--set section.key=value`` overrides come last. Every file and override is checked against the
 dataclasses below before any work starts: unknown sections or keys, wrong types (a bool is not an
-int; an int is accepted for a float), values outside ``metadata={"choices": ...}`` or below
-``metadata={"min": ...}`` raise a :class:`ConfigError` naming the file or override and the key.
+int; an int is accepted for a float), non-finite floats, values outside ``metadata={"choices": ...}``
+or the bounds ``metadata={"min"/"max"/"below": ...}`` (see :mod:`pipelines.models.fields`) raise a
+:class:`ConfigError` naming the file or override and the key. Cross-field rules live in a section's
+``__post_init__``; their errors are reported the same way.
 
 The checker is generic over dataclass fields (nested dataclasses, ``list[...]``, ``tuple[...]``,
 ``dict[str, ...]``, ``X | None``, ``Literal[...]``), so model configs can grow freely. A section
@@ -397,11 +399,11 @@ def _check_value(tp: Any, value: Any, meta: Mapping[str, Any], where: str, path:
             if item not in meta["choices"]:
                 allowed = ", ".join(repr(c) for c in meta["choices"])
                 raise ConfigError(f"{where}: {path}: {item!r} is not one of {allowed}")
-    for bound, bad in (("min", lambda x, b: x < b), ("max", lambda x, b: x > b)):
+    for bound, relation, bad in (("min", ">=", lambda x, b: x < b), ("max", "<=", lambda x, b: x > b),
+                                 ("below", "<", lambda x, b: x >= b)):
         if bound in meta:
             for item in items:
                 if isinstance(item, (int, float)) and bad(item, meta[bound]):
-                    relation = ">=" if bound == "min" else "<="
                     raise ConfigError(f"{where}: {path}: must be {relation} {meta[bound]}, got {item!r}")
     if "min_items" in meta and len(value) < meta["min_items"]:
         raise ConfigError(f"{where}: {path}: needs at least {meta['min_items']} item(s), got {len(value)}")
@@ -440,7 +442,7 @@ def _coerce(tp: Any, value: Any, where: str, path: str) -> Any:
             return value
     elif tp is float:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
-            if not math.isfinite(value):
+            if not math.isfinite(value):  # nan and inf pass every bound check: reject them here
                 raise ConfigError(f"{where}: {path}: must be a finite number, got {value!r}")
             return float(value)
     elif tp is str:

@@ -14,13 +14,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from pipelines.run import DEFAULT_SUBMISSIONS_DIR, Log
+from pipelines.paths import SUBMISSIONS_DIR, WORK_DIR
+from pipelines.run import Log
 
-DEFAULT_WORK_DIR = Path("data/work")
 
 
 def run_demo(data_root: Path | str, scale: str = "small", seed: int = 0, *,
-             submissions_dir: Path | str = DEFAULT_SUBMISSIONS_DIR, work_dir: Path | str = DEFAULT_WORK_DIR,
+             submissions_dir: Path | str = SUBMISSIONS_DIR, work_dir: Path | str = WORK_DIR,
              config: str | Path | None = None, overrides: Sequence[str] = (), log: Log = print) -> int:
     """Generate (or reuse) the synthetic world and run the whole pipeline on it; prints the path last."""
     from pipelines.config import load_config

@@ -1,8 +1,17 @@
 """The stage engine: content-keyed, atomically published, provenance-recording stage outputs.
 
-A stage output lives in ``<work_dir>/<stage>/<key>/`` where ``key`` fingerprints the stage name, the
-stage version, the resolved config and the keys of the stage's inputs, so changing any of them gives
-a new folder and a stale result is never reused. A folder counts as complete only when its
+A stage output lives in ``<work_dir>/<stage>/<key>/`` where ``key`` fingerprints everything that
+shapes the result: the stage name, the resolved config, the keys of the stage's inputs, the source
+code the stage runs (:func:`code_fingerprint`) and the versions of the libraries that shape results
+(:data:`LIBRARIES`), so changing any of them gives a new folder and a stale result is never reused.
+
+Code granularity: a stage names its *code roots*, the modules whose functions it runs. Each root and
+every ``pipelines`` module it imports, transitively (static imports, lazy ones inside functions too),
+is fingerprinted by its syntax tree with docstrings removed: an edit that changes what the code does
+(a constant, a line of logic) changes the key, while a comment, docstring or formatting edit does not,
+nor does an edit to a module the stage never imports. Orchestration modules that import every stage
+(``shallow`` roots: ``pipelines.prepare``) are hashed themselves without following their imports, so
+an edit to one stage's module recomputes that stage and its consumers only. A folder counts as complete only when its
 ``manifest.json`` names the same stage and key and every output file it lists is present with the
 recorded size; the manifest is the last thing written, before the folder is renamed into place.
 
@@ -19,6 +28,8 @@ from __future__ import annotations
 import dataclasses
 import enum
 import errno
+import ast
+import functools
 import hashlib
 import importlib.metadata
 import json
@@ -115,6 +126,74 @@ def fingerprint(obj: Any) -> str:
     return hashlib.sha256(canonical_json(obj).encode("utf-8")).hexdigest()[:16]
 
 
+def code_fingerprint(roots: Iterable[str], shallow: Iterable[str] = ()) -> str:
+    """Fingerprint of the source the stage with these code roots runs (see the module docstring).
+
+    ``roots`` are dotted module names followed through their ``pipelines`` imports; ``shallow`` ones
+    are hashed without following theirs. Computed once per process for each set of roots.
+    """
+    return _code_fingerprint(tuple(sorted(set(roots))), tuple(sorted(set(shallow))))
+
+
+@functools.lru_cache(maxsize=None)
+def _code_fingerprint(roots: tuple[str, ...], shallow: tuple[str, ...]) -> str:
+    digests: dict[str, str] = {}
+    pending = list(roots) + list(shallow)
+    while pending:
+        name = pending.pop()
+        if name in digests:
+            continue
+        digest, imported = _module_source(name)
+        digests[name] = digest
+        if name not in shallow:
+            pending.extend(m for m in imported if m not in digests)
+    return fingerprint(digests)
+
+
+@functools.lru_cache(maxsize=None)
+def _module_source(name: str) -> tuple[str, tuple[str, ...]]:
+    """(digest of the module's docstring-free syntax tree, the ``pipelines`` modules it imports)."""
+    path = _module_file(name)
+    if path is None:
+        raise PipelineError(f"cannot fingerprint the code of {name!r}: no such module in {_PACKAGE_DIR}")
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    imported: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            body = node.body
+            if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) \
+                    and isinstance(body[0].value.value, str):
+                body[0] = ast.Pass()  # a docstring does not shape results
+        if isinstance(node, ast.Import):
+            imported.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parent = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
+                base = f"{parent}.{base}" if base else parent
+            imported.add(base)
+            imported.update(f"{base}.{alias.name}" for alias in node.names)  # ``from pkg import module``
+    own = tuple(sorted(m for m in imported if _module_file(m) is not None))
+    return hashlib.sha256(ast.dump(tree).encode("utf-8")).hexdigest(), own
+
+
+# The folder of the ``pipelines`` package: modules are located by path, never imported, to fingerprint.
+_PACKAGE_DIR = Path(__file__).resolve().parent
+
+
+def _module_file(name: str) -> Path | None:
+    """The source file of ``pipelines`` module ``name`` (a package's ``__init__.py``), else None."""
+    parts = name.split(".")
+    if parts[0] != _PACKAGE_DIR.name or not all(p.isidentifier() for p in parts):
+        return None
+    base = _PACKAGE_DIR.joinpath(*parts[1:])
+    for candidate in (base.with_suffix(".py") if len(parts) > 1 else None, base / "__init__.py"):
+        if candidate is not None and candidate.is_file():
+            return candidate
+    return None
+
+
 def data_fingerprint(paths: Iterable[Path], root: Path) -> str:
     """Cheap key of raw input files: their paths relative to ``root``, sizes and modification times.
 
@@ -160,6 +239,11 @@ def code_version() -> dict:
 
 def library_versions() -> dict:
     """Installed versions of the libraries that shape results (None where absent), and Python's."""
+    return dict(_library_versions())
+
+
+@functools.lru_cache(maxsize=None)
+def _library_versions() -> dict:
     versions: dict[str, str | None] = {}
     for name, dist in LIBRARIES.items():
         try:
@@ -199,24 +283,35 @@ class StageOutput:
         return dict(self.manifest.get("metrics") or {})
 
 
-def stage_key(stage: str, version: int, config: Any, inputs: Mapping[str, str]) -> str:
-    """The cache key of a stage run: fingerprint of stage name, version, resolved config, input keys."""
+@dataclass(frozen=True)
+class Code:
+    """The code a stage runs, for its key: see :func:`code_fingerprint` for ``roots`` and ``shallow``."""
+
+    roots: tuple[str, ...]
+    shallow: tuple[str, ...] = ()
+
+    def fingerprint(self) -> str:
+        return code_fingerprint(self.roots, self.shallow)
+
+
+def stage_key(stage: str, config: Any, inputs: Mapping[str, str], code: Code) -> str:
+    """The cache key of a stage run: fingerprint of stage name, resolved config, input keys, the source
+    of the code it runs and the versions of the libraries that shape results."""
     _check_stage_name(stage)
-    if isinstance(version, bool) or not isinstance(version, int):
-        raise TypeError(f"stage version must be an int, got {version!r}")
     for name, key in inputs.items():
         if not isinstance(name, str) or not isinstance(key, str):
             raise TypeError(f"inputs must map names to key strings, got {name!r}: {key!r}")
-    return fingerprint({"stage": stage, "version": version, "config": config, "inputs": dict(inputs)})
+    return fingerprint({"stage": stage, "config": config, "inputs": dict(inputs), "code": code.fingerprint(),
+                        "libraries": library_versions()})
 
 
 def run_stage(
     *,
     work_dir: Path,
     stage: str,
-    version: int,
     config: Any,
     inputs: Mapping[str, str],
+    code: Code,
     compute: Callable[[Path], Mapping[str, Any] | None],
     seeds: Mapping[str, int] | None = None,
     force: bool = False,
@@ -228,7 +323,7 @@ def run_stage(
     ``seeds`` are recorded in the manifest, not keyed: whatever changes results belongs in ``config``
     or ``inputs``. A cached output recorded with different seeds is therefore a caller bug and raises.
     """
-    key = stage_key(stage, version, config, inputs)
+    key = stage_key(stage, config, inputs, code)
     stage_dir = Path(work_dir) / stage
     final = stage_dir / key
     seeds = dict(seeds) if seeds is not None else None
@@ -257,8 +352,8 @@ def run_stage(
         manifest = {
             "manifest_format": MANIFEST_FORMAT,
             "stage": stage,
-            "version": version,
             "key": key,
+            "code": {"roots": list(code.roots), "shallow": list(code.shallow), "fingerprint": code.fingerprint()},
             "config": to_jsonable(config),
             "inputs": dict(inputs),
             "seeds": to_jsonable(seeds or {}),

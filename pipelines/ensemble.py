@@ -13,6 +13,13 @@ Every frame follows ``pipelines.predictions`` (score LOWER = predicted FASTER). 
 4. :func:`blend` applies the weights, giving a frame in the same schema with ``model="ensemble"``.
 
 :func:`ensemble_collection` chains them for one collection and any number of models.
+
+The ``ensemble`` stage (:func:`ensemble_stage`, ``<work_dir>/ensemble/<key>/``, key = collection,
+method, grid, model names and the keys of the prune stage and of every training stage) writes
+``predictions.parquet`` (blended ``oof`` and ``test`` rows, ``model="ensemble"``, averaged over folds
+and seeds; read back with :func:`load_blended_test`) and ``curve.parquet`` (every weight vector tried
+and its OOF score); its manifest holds the weights and the OOF score of each model alone and of the
+blend. With one model the blend is the identity (weight 1.0).
 """
 
 from __future__ import annotations
@@ -20,13 +27,15 @@ from __future__ import annotations
 import itertools
 import math
 from dataclasses import dataclass
-from typing import Callable, Literal, Mapping, NamedTuple, Sequence
+from pathlib import Path
+from typing import Any, Callable, Literal, Mapping, NamedTuple, Sequence
 
 import numpy as np
 import polars as pl
 
-from pipelines.collections import parse_collection
-from pipelines.errors import ConfigError, FormatError
+from pipelines.collections import Collection, parse_collection
+from pipelines.engine import Code, StageOutput, run_stage
+from pipelines.errors import ConfigError, FormatError, PipelineError
 from pipelines.metric import layout_kendall_tau, order_from_scores, tile_score, tile_top_k
 from pipelines.predictions import validate_predictions
 
@@ -42,6 +51,12 @@ DEFAULT_GRID_STEP = 0.05
 # coordinate ascent is used instead.
 MAX_MODELS_FULL_GRID = 3
 _TIE_TOLERANCE = 1e-12
+Log = Callable[[str], None]
+
+ENSEMBLE_STAGE = "ensemble"
+ENSEMBLE_CODE = Code(("pipelines.ensemble",))
+ENSEMBLE_PREDICTIONS = "predictions.parquet"
+ENSEMBLE_CURVE = "curve.parquet"
 
 # One prediction per (group, config): a graph's scores from one model, seed and fold model.
 _RUN_KEYS = ["model", "seed", "fold", "split", "collection", "graph"]
@@ -366,3 +381,67 @@ def ensemble_collection(
     scores = {**fit.single_scores, ENSEMBLE_MODEL: fit.score}
     return EnsembleResult(blend(oof, fit.weights), blend(test, fit.weights), fit.weights, fit.curve, scores)
 
+
+def common_oof(frame: pl.DataFrame, models: Sequence[str]) -> pl.DataFrame:
+    """The OOF rows of the configs every model predicted: models may subsample a graph's labelled
+    configs differently (feature tables cap them, the GNN may not), and weights compare like with like."""
+    keys = ["collection", "graph", "config_index"]
+    covered = (frame.select(*keys, "model").unique().group_by(keys).agg(pl.col("model").n_unique().alias("_n"))
+               .filter(pl.col("_n") == len(models)).select(keys))
+    return frame.join(covered, on=keys, how="semi")
+
+
+# ----------------------------------------------------------------------------- the stage (I/O shell) and its reader
+
+
+def ensemble_stage(collection: Collection, prune: StageOutput, trained: Mapping[str, StageOutput], *,
+                   method: str, grid: float | None = None, work_dir: Path, force: bool = False,
+                   log: Log = print) -> StageOutput:
+    """Run (or reuse) the blend of ``trained`` (model name -> training output) for one collection."""
+    grid = DEFAULT_GRID_STEP if grid is None else grid
+    names = list(trained)
+    if not names:
+        raise ConfigError(f"{collection.name}: nothing to ensemble (no model)")
+    config = {"collection": collection.name, "method": method, "grid": grid,
+              "models": {name: trained[name].stage for name in names}}
+    inputs = {"prune": prune.key, **{f"model:{name}": trained[name].key for name in names}}
+
+    def compute(folder: Path) -> dict[str, Any]:
+        from pipelines.prepare import Prepared
+        from pipelines.train import load_predictions
+
+        frames = []
+        for name in names:
+            frame = load_predictions(trained[name]).with_columns(pl.lit(name).alias("model"))
+            others = sorted(set(frame["collection"].unique().to_list()) - {collection.name})
+            if others:
+                raise PipelineError(f"{trained[name].path}: predictions of {', '.join(others)}, "
+                                    f"expected {collection.name} only")
+            frames.append(frame)
+        table = pl.concat(frames)
+        oof_all = table.filter(pl.col("split") == "oof")
+        oof = common_oof(oof_all, names)
+        if oof.height < oof_all.height:
+            log(f"[{collection.name}] ensemble: weights fitted on the {oof.select('graph', 'config_index').n_unique()}"
+                f" OOF configs every model predicted")
+        source = Prepared(collection, {"prune": prune})  # only true runtimes are read
+        truths = {(collection.name, g): source.runtimes(g) for g in sorted(oof["graph"].unique().to_list())}
+        result = ensemble_collection(oof, table.filter(pl.col("split") == "test"), truths, names, method, grid)
+        pl.concat([result.blended_oof, result.blended_test]).write_parquet(folder / ENSEMBLE_PREDICTIONS)
+        result.curve.write_parquet(folder / ENSEMBLE_CURVE)
+        best = max(names, key=lambda n: -math.inf if math.isnan(result.scores[n]) else result.scores[n])
+        log(f"[{collection.name}] ensemble weights "
+            + ", ".join(f"{n} {w:.2f}" for n, w in result.weights.items())
+            + f": OOF {result.scores['ensemble']:.4f} (best single: {best} {result.scores[best]:.4f})")
+        return {"collection": collection.name, "method": method, "weights": result.weights,
+                "oof_scores": result.scores, "best_single_model": best, "oof_rows_used": oof.height,
+                "oof_rows_dropped": oof_all.height - oof.height}
+
+    return run_stage(work_dir=Path(work_dir), stage=ENSEMBLE_STAGE, code=ENSEMBLE_CODE, config=config,
+                     inputs=inputs, compute=compute, force=force, log=log)
+
+
+def load_blended_test(output: StageOutput) -> pl.DataFrame:
+    from pipelines.predictions import read_predictions
+
+    return read_predictions(output.file(ENSEMBLE_PREDICTIONS)).filter(pl.col("split") == "test")

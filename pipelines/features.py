@@ -22,6 +22,7 @@ import numpy as np
 import polars as pl
 
 from pipelines.prune import PrunedGraph
+from pipelines.tpugraphs import NodeFeat
 
 CONV, DOT, RESHAPE = 26, 34, 75
 LAYOUT_OPS = {"conv": CONV, "dot": DOT, "reshape": RESHAPE}
@@ -33,10 +34,10 @@ HISTOGRAM_OPCODES = {
 }
 # Bits per element of node_feat's one-hot element types (columns 2-20, in order).
 ELEMENT_BITS = np.array([0, 8, 8, 16, 32, 64, 8, 16, 32, 64, 16, 32, 64, 16, 64, 128, 0, 0, 0], dtype=np.float64)
-DIMS = slice(21, 27)
-DIM_PRODUCT = 28
-WINDOW_PRODUCT = 44
-DEFAULT_LAYOUT = slice(134, 140)
+DIMS = NodeFeat.SHAPE_DIMS
+DIM_PRODUCT = NodeFeat.SHAPE_PRODUCT
+WINDOW_PRODUCT = NodeFeat.WINDOW_SIZE_PRODUCT
+DEFAULT_LAYOUT = NodeFeat.LAYOUT
 TILE_MINOR, TILE_SECOND = 128, 8  # the TPU's (8, 128) tile over the two minor-most dims
 BLOCKS = ("out", "in", "kernel")  # node_config_feat columns 0-5, 6-11, 12-17
 LAYOUT_VALUES = range(6)
@@ -362,8 +363,8 @@ def output_node(node_feat: np.ndarray) -> int:
     A root is often a tuple (no dims) of the real outputs, which come just before it in
     topological order; then the last node with a shape stands in. Last node if none has a shape.
     """
-    shaped = (node_feat[:, 21:27] > 0).any(axis=1)
-    for candidates in (np.flatnonzero((node_feat[:, 0] > 0.5) & shaped), np.flatnonzero(shaped)):
+    shaped = (node_feat[:, DIMS] > 0).any(axis=1)
+    for candidates in (np.flatnonzero((node_feat[:, NodeFeat.IS_ROOT] > 0.5) & shaped), np.flatnonzero(shaped)):
         if candidates.size:
             return int(candidates[-1])
     return node_feat.shape[0] - 1

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from pipelines.errors import FormatError
+from pipelines.tpugraphs import NodeFeat
 
 if TYPE_CHECKING:  # the prune module is only needed for type hints here
     from pipelines.prune import PrunedGraph
@@ -65,11 +66,14 @@ def load_graph_arrays(path: Path | str) -> GraphArrays:
 # ----------------------------------------------------------------------------- computing the arrays
 
 # node_feat columns kept as they are: flags, one-hot types, dim indices, small counts, layouts.
-RAW_COLUMNS = (0, *range(2, 21), *range(31, 37), *range(85, 107), 133, *range(134, 140))
+RAW_COLUMNS = (NodeFeat.IS_ROOT, *NodeFeat.columns(NodeFeat.ELEMENT_TYPE), *NodeFeat.columns(NodeFeat.DIMENSIONS),
+               *range(NodeFeat.WINDOW_REVERSAL.start, NodeFeat.CONVOLUTION_DIMS.stop), NodeFeat.IS_STABLE,
+               *NodeFeat.columns(NodeFeat.LAYOUT))
 # Sizes, sums and products (up to ~3e9, some possibly negative paddings): signed log1p.
-LOG_COLUMNS = (*range(27, 31), *range(37, 85), *range(107, 133))
+LOG_COLUMNS = (NodeFeat.SHAPE_SUM, NodeFeat.SHAPE_PRODUCT, NodeFeat.TUPLE_SIZE, NodeFeat.PARAMETER_NUMBER,
+               *NodeFeat.columns(NodeFeat.WINDOW), *range(NodeFeat.GROUP_COUNTS.start, NodeFeat.PAD.stop))
 # Shape dims: signed log1p plus the TPU-tile view x % 128 (scaled to [0, 1)) and log1p(x // 128).
-DIM_COLUMNS = tuple(range(21, 27))
+DIM_COLUMNS = NodeFeat.columns(NodeFeat.SHAPE_DIMS)
 NODE_FEATURE_DIM = len(RAW_COLUMNS) + len(LOG_COLUMNS) + 3 * len(DIM_COLUMNS)  # 151; column 1 is always 0
 
 
@@ -94,7 +98,7 @@ def transform_node_feat(node_feat: np.ndarray) -> np.ndarray:
     ], axis=1).astype(np.float32)
 
 
-LAYOUT_COLUMNS = tuple(range(134, 140))  # minor_to_major of the node's own (default) layout
+LAYOUT_COLUMNS = NodeFeat.columns(NodeFeat.LAYOUT)  # minor_to_major of the node's own (default) layout
 
 
 def shape_and_layout(transformed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

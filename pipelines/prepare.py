@@ -35,7 +35,7 @@ import polars as pl
 
 from pipelines.collections import SPLITS, Collection, parse_collection, split_submission_id
 from pipelines.config import PipelineConfig
-from pipelines.engine import StageOutput, data_fingerprint, fingerprint, load_stage, run_stage, stage_key
+from pipelines.engine import Code, StageOutput, data_fingerprint, fingerprint, load_stage, run_stage, stage_key
 from pipelines.errors import ConfigError, FormatError, PipelineError
 from pipelines.features import config_feature_table, graph_aggregates, graph_feature_table
 from pipelines.folds import assign_folds
@@ -65,10 +65,11 @@ from pipelines.tpugraphs import (
 Log = Callable[[str], None]
 Ran = tuple[StageOutput, bool]  # a stage output and whether it was reused from the cache
 
-PRUNE_VERSION = 1
-FEATURES_VERSION = 2  # 2: tile output shape taken behind tuple roots
-NODE_ARRAYS_VERSION = 1
-FOLDS_VERSION = 1
+# The code each stage runs (part of its key): its own module, and this one, which holds its I/O shell.
+PRUNE_CODE = Code(("pipelines.prune",), shallow=("pipelines.prepare",))
+FEATURES_CODE = Code(("pipelines.prune", "pipelines.features"), shallow=("pipelines.prepare",))
+NODE_ARRAYS_CODE = Code(("pipelines.prune", "pipelines.node_arrays"), shallow=("pipelines.prepare",))
+FOLDS_CODE = Code(("pipelines.folds",), shallow=("pipelines.prepare",))
 STAGES = ("prune", "features", "node_arrays", "folds")
 LABELLED = ("train", "valid")
 GRAPHS_TABLE = "graphs.parquet"
@@ -259,7 +260,7 @@ def run_prune(config: PipelineConfig, collection: Collection, work_dir: Path, re
             "skipped_files": skipped,
         }
 
-    return _run(work_dir, "prune", PRUNE_VERSION, prune_config(config, collection), {"data": data_key},
+    return _run(work_dir, "prune", PRUNE_CODE, prune_config(config, collection), {"data": data_key},
                 compute, force, log)
 
 
@@ -309,7 +310,7 @@ def run_features(config: PipelineConfig, collection: Collection, work_dir: Path,
             graph_feature_table(aggregates, [ref.stem for ref in items]).write_parquet(folder / split / GRAPH_FEATURES)
         return {"rows": rows, "config_features": len(columns)}
 
-    return _run(work_dir, "features", FEATURES_VERSION, stage_config,
+    return _run(work_dir, "features", FEATURES_CODE, stage_config,
                 {"prune": prune.key, "data": data_key}, compute, force, log,
                 seeds={"features": config.features.seed})
 
@@ -327,7 +328,7 @@ def run_node_arrays(collection: Collection, work_dir: Path, graphs: pl.DataFrame
             save_graph_arrays(folder / split / f"{stem}.npz", make_graph_arrays(pruned, collection.name, split))
         return {"graphs": graphs.height}
 
-    return _run(work_dir, "node_arrays", NODE_ARRAYS_VERSION, {"collection": collection.name},
+    return _run(work_dir, "node_arrays", NODE_ARRAYS_CODE, {"collection": collection.name},
                 {"prune": prune.key}, compute, force, log)
 
 
@@ -346,7 +347,7 @@ def run_folds(config: PipelineConfig, collection: Collection, work_dir: Path, re
         return {"families": table["family"].n_unique(),
                 "graphs_per_fold": {str(f): int(n) for f, n in counts.iter_rows()}}
 
-    return _run(work_dir, "folds", FOLDS_VERSION, {"collection": collection.name, **asdict(config.folds)},
+    return _run(work_dir, "folds", FOLDS_CODE, {"collection": collection.name, **asdict(config.folds)},
                 {"graphs": fingerprint(labelled)}, compute, force, log, seeds={"folds": config.folds.seed})
 
 
@@ -476,12 +477,12 @@ def prepare_collection(config: PipelineConfig, collection: Collection, data_root
 # ----------------------------------------------------------------------------- internals
 
 
-def _run(work_dir: Path, stage: str, version: int, config: dict[str, Any], inputs: dict[str, str],
+def _run(work_dir: Path, stage: str, code: Code, config: dict[str, Any], inputs: dict[str, str],
          compute: Callable[[Path], dict[str, Any]], force: bool, log: Log,
          seeds: dict[str, int] | None = None) -> Ran:
     """``run_stage`` plus whether it reused a complete output (known from the key beforehand)."""
-    cached = not force and _is_complete(work_dir, stage, stage_key(stage, version, config, inputs))
-    output = run_stage(work_dir=work_dir, stage=stage, version=version, config=config, inputs=inputs,
+    cached = not force and _is_complete(work_dir, stage, stage_key(stage, config, inputs, code))
+    output = run_stage(work_dir=work_dir, stage=stage, config=config, inputs=inputs, code=code,
                        compute=compute, seeds=seeds, force=force, log=log)
     return output, cached
 

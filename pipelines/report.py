@@ -23,6 +23,7 @@ from typing import Any
 
 import polars as pl
 
+from pipelines import paths
 from pipelines.analysis import RunOutputs, figure_png, importance_table, run_outputs
 from pipelines.atomic import write_text_atomic
 from pipelines.errors import PipelineError
@@ -182,7 +183,7 @@ def _curve_figure(curves: dict[str, tuple[str, pl.DataFrame, float]]) -> bytes:
 
 def build_report(run: RunOutputs) -> list[Section]:
     """The report's sections from a run's stage outputs (reads their files, writes nothing)."""
-    from pipelines.run import ENSEMBLE_CURVE
+    from pipelines.ensemble import ENSEMBLE_CURVE
     from pipelines.train import IMPORTANCE_FILE, SCORES_FILE
 
     manifest = run.manifest
@@ -246,7 +247,7 @@ def build_report(run: RunOutputs) -> list[Section]:
     return sections
 
 
-def write_report(run_id: str, *, submissions_dir: Path | str = "submissions", out: Path | str | None = None,
+def write_report(run_id: str, *, submissions_dir: Path | str = paths.SUBMISSIONS_DIR, out: Path | str | None = None,
                  work_dir: Path | str | None = None) -> Path:
     """Render the report of ``run_id`` to ``out`` (default ``<submissions_dir>/<run_id>/report.html``)."""
     target = Path(out) if out is not None else Path(submissions_dir) / run_id / REPORT_FILE

@@ -6,12 +6,7 @@ layout (ours or the real one): the four preparation stages, one training stage p
 alone and applies the weights to the test predictions. Every stage goes through
 :func:`pipelines.engine.run_stage`, so a second run with the same config reuses all of them.
 
-The ``ensemble`` stage (``<work_dir>/ensemble/<key>/``, key = collection, method, grid, model names
-and the keys of the prune stage and of every training stage) writes ``predictions.parquet`` (blended
-``oof`` and ``test`` rows, ``model="ensemble"``, averaged over folds and seeds) and ``curve.parquet``
-(every weight vector tried and its OOF score); its manifest holds the weights and the OOF score of
-each model alone and of the blend. With one model the blend is the identity (weight 1.0): the
-submitted order is the model's test scores, normalised per fold model and averaged.
+The ``ensemble`` stage lives in :mod:`pipelines.ensemble` (its pure functions, I/O shell and reader).
 
 The submission goes to ``<submissions_dir>/<run-id>/`` (created exclusively, never reused):
 ``submission.csv``, validated against the data root before it is published, and ``manifest.json``
@@ -49,6 +44,7 @@ from typing import Any
 import numpy as np
 import polars as pl
 
+from pipelines import paths
 from pipelines.collections import Collection, parse_collection
 from pipelines.config import PipelineConfig, config_to_dict
 from pipelines.engine import (
@@ -57,20 +53,15 @@ from pipelines.engine import (
     fingerprint,
     library_versions,
     load_stage,
-    run_stage,
     write_json_atomic,
 )
+from pipelines.ensemble import ENSEMBLE_STAGE, ensemble_stage, load_blended_test
 from pipelines.errors import ConfigError, FormatError, PipelineError, redact_credentials
 
 Log = Callable[[str], None]
 
-ENSEMBLE_STAGE = "ensemble"
-ENSEMBLE_VERSION = 1
-ENSEMBLE_PREDICTIONS = "predictions.parquet"
-ENSEMBLE_CURVE = "curve.parquet"
 SUBMISSION_FILE = "submission.csv"
 RUN_MANIFEST = "manifest.json"
-DEFAULT_SUBMISSIONS_DIR = Path("submissions")
 LOCAL_SCHEDULER = "local"
 DASK_CONNECT_TIMEOUT = "10s"
 RUN_ID_ATTEMPTS = 100  # suffixes tried when two runs of one config start in the same second
@@ -124,15 +115,6 @@ def resolve_models(config: PipelineConfig, models: Sequence[str] | None) -> list
         raise ConfigError(f"ensemble.models names {', '.join(missing)}, which run.models does not train "
                           f"(run.models = {config.run.models})")
     return list(config.ensemble.models)
-
-
-def common_oof(frame: pl.DataFrame, models: Sequence[str]) -> pl.DataFrame:
-    """The OOF rows of the configs every model predicted: models may subsample a graph's labelled
-    configs differently (feature tables cap them, the GNN may not), and weights compare like with like."""
-    keys = ["collection", "graph", "config_index"]
-    covered = (frame.select(*keys, "model").unique().group_by(keys).agg(pl.col("model").n_unique().alias("_n"))
-               .filter(pl.col("_n") == len(models)).select(keys))
-    return frame.join(covered, on=keys, how="semi")
 
 
 def submission_rows(test: pl.DataFrame) -> dict[str, list[int]]:
@@ -218,65 +200,6 @@ def format_scores(table: pl.DataFrame) -> str:
 def new_run_id(payload: Any, now: datetime) -> str:
     """``<UTC time>-<8 hex of the payload's fingerprint>`` (config and stage keys of the run)."""
     return f"{now.astimezone(timezone.utc):%Y%m%dT%H%M%SZ}-{fingerprint(payload)[:8]}"
-
-
-# ----------------------------------------------------------------------------- ensemble stage
-
-
-def ensemble_stage(collection: Collection, prune: StageOutput, trained: Mapping[str, StageOutput], *,
-                   method: str, grid: float | None = None, work_dir: Path, force: bool = False,
-                   log: Log = print) -> StageOutput:
-    """Run (or reuse) the blend of ``trained`` (model name -> training output) for one collection."""
-    from pipelines.ensemble import DEFAULT_GRID_STEP
-
-    grid = DEFAULT_GRID_STEP if grid is None else grid
-    names = list(trained)
-    if not names:
-        raise ConfigError(f"{collection.name}: nothing to ensemble (no model)")
-    config = {"collection": collection.name, "method": method, "grid": grid,
-              "models": {name: trained[name].stage for name in names}}
-    inputs = {"prune": prune.key, **{f"model:{name}": trained[name].key for name in names}}
-
-    def compute(folder: Path) -> dict[str, Any]:
-        from pipelines.ensemble import ensemble_collection
-        from pipelines.prepare import Prepared
-        from pipelines.train import load_predictions
-
-        frames = []
-        for name in names:
-            frame = load_predictions(trained[name]).with_columns(pl.lit(name).alias("model"))
-            others = sorted(set(frame["collection"].unique().to_list()) - {collection.name})
-            if others:
-                raise PipelineError(f"{trained[name].path}: predictions of {', '.join(others)}, "
-                                    f"expected {collection.name} only")
-            frames.append(frame)
-        table = pl.concat(frames)
-        oof_all = table.filter(pl.col("split") == "oof")
-        oof = common_oof(oof_all, names)
-        if oof.height < oof_all.height:
-            log(f"[{collection.name}] ensemble: weights fitted on the {oof.select('graph', 'config_index').n_unique()}"
-                f" OOF configs every model predicted")
-        source = Prepared(collection, {"prune": prune})  # only true runtimes are read
-        truths = {(collection.name, g): source.runtimes(g) for g in sorted(oof["graph"].unique().to_list())}
-        result = ensemble_collection(oof, table.filter(pl.col("split") == "test"), truths, names, method, grid)
-        pl.concat([result.blended_oof, result.blended_test]).write_parquet(folder / ENSEMBLE_PREDICTIONS)
-        result.curve.write_parquet(folder / ENSEMBLE_CURVE)
-        best = max(names, key=lambda n: -math.inf if math.isnan(result.scores[n]) else result.scores[n])
-        log(f"[{collection.name}] ensemble weights "
-            + ", ".join(f"{n} {w:.2f}" for n, w in result.weights.items())
-            + f": OOF {result.scores['ensemble']:.4f} (best single: {best} {result.scores[best]:.4f})")
-        return {"collection": collection.name, "method": method, "weights": result.weights,
-                "oof_scores": result.scores, "best_single_model": best, "oof_rows_used": oof.height,
-                "oof_rows_dropped": oof_all.height - oof.height}
-
-    return run_stage(work_dir=Path(work_dir), stage=ENSEMBLE_STAGE, version=ENSEMBLE_VERSION, config=config,
-                     inputs=inputs, compute=compute, force=force, log=log)
-
-
-def load_blended_test(output: StageOutput) -> pl.DataFrame:
-    from pipelines.predictions import read_predictions
-
-    return read_predictions(output.file(ENSEMBLE_PREDICTIONS)).filter(pl.col("split") == "test")
 
 
 # ----------------------------------------------------------------------------- fan-out backend
@@ -488,7 +411,7 @@ def _manifest(*, kind: str, config: Any, data_root: Path, work_dir: Path, runs: 
 
 def run_pipeline(config: PipelineConfig, data_root: Path | str, *, work_dir: Path | str,
                  models: Sequence[str] | None = None, collections: Sequence[Collection | str] | None = None,
-                 submissions_dir: Path | str = DEFAULT_SUBMISSIONS_DIR, scheduler: str | None = None,
+                 submissions_dir: Path | str = paths.SUBMISSIONS_DIR, scheduler: str | None = None,
                  force: bool = False, command: str | None = None, log: Log = print) -> RunResult:
     """Prepare, train ``models`` (default: the config's), ensemble and submit; see the module docstring.
 
@@ -574,7 +497,7 @@ def _model_matches(name: str, wanted: Sequence[str]) -> bool:
     return name in wanted or name.split("@", 1)[0] in wanted
 
 
-def ensemble_runs(run_ids: Sequence[str], *, submissions_dir: Path | str = DEFAULT_SUBMISSIONS_DIR,
+def ensemble_runs(run_ids: Sequence[str], *, submissions_dir: Path | str = paths.SUBMISSIONS_DIR,
                   work_dir: Path | str | None = None, data_root: Path | str | None = None,
                   method: str | None = None, models: Sequence[str] | None = None, force: bool = False,
                   command: str | None = None, log: Log = print) -> RunResult:

@@ -29,6 +29,33 @@ from pipelines.collections import ALL_COLLECTIONS, SPLITS, Collection
 from pipelines.errors import FormatError
 
 NODE_FEAT_DIM = 140
+
+
+class NodeFeat:
+    """What the 140 ``node_feat`` columns mean (shared/TPUGRAPHS_FORMAT.md): the one place that knows."""
+
+    IS_ROOT = 0
+    ELEMENT_TYPE = slice(2, 21)  # one-hot: invalid, pred, s8, s16, s32, s64, u8 ... tuple, opaque, token
+    SHAPE_DIMS = slice(21, 27)  # output shape dims 0-5 (0 = unused)
+    SHAPE_SUM, SHAPE_PRODUCT = 27, 28
+    TUPLE_SIZE, PARAMETER_NUMBER = 29, 30
+    DIMENSIONS = slice(31, 37)  # the `dimensions` attribute
+    WINDOW = slice(37, 85)  # size, stride, padding low/high, dilation, base dilation: 6 dims + sum + product
+    WINDOW_SIZE_PRODUCT = 44
+    WINDOW_REVERSAL = slice(85, 93)
+    CONVOLUTION_DIMS = slice(93, 107)
+    GROUP_COUNTS = slice(107, 109)  # feature_group_count, batch_group_count
+    SLICE = slice(109, 121)
+    DYNAMIC_SLICE = slice(121, 125)
+    PAD = slice(125, 133)
+    IS_STABLE = 133
+    LAYOUT = slice(134, 140)  # minor_to_major of the node's default layout (0-padded: 0 is ambiguous)
+
+    @staticmethod
+    def columns(part: slice) -> tuple[int, ...]:
+        return tuple(range(part.start, part.stop))
+
+
 TILE_CONFIG_DIM = 24
 LAYOUT_CONFIG_DIM = 18
 LAYOUT_VALUE_MIN, LAYOUT_VALUE_MAX = -1, 5

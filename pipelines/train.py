@@ -63,11 +63,10 @@ import polars as pl
 
 from pipelines.collections import Collection
 from pipelines.config import PipelineConfig, config_to_dict, resolve_for_collection
-from pipelines.engine import StageOutput, run_stage
+from pipelines.engine import Code, StageOutput, run_stage
 from pipelines.errors import ConfigError, PipelineError
 from pipelines.predictions import PREDICTION_SCHEMA, prediction_frame
 
-STAGE_VERSION = 1
 PREDICTIONS_FILE = "predictions.parquet"
 SCORES_FILE = "scores.parquet"
 IMPORTANCE_FILE = "importance.parquet"
@@ -211,6 +210,15 @@ MODELS: dict[str, Callable[[], ModelAdapter]] = {
     # torch is imported only when the GNN is actually used
     "gnn": lambda: importlib.import_module("pipelines.models.gnn").GNNAdapter(),
 }
+
+
+# Modules a model runs beyond this one (which holds the registry and the feature-table models): part of
+# the training stage's key, named as strings so the registry stays lazy.
+MODEL_CODE: dict[str, tuple[str, ...]] = {"gnn": ("pipelines.models.gnn",)}
+
+
+def adapter_modules(model: str) -> tuple[str, ...]:
+    return MODEL_CODE.get(model.partition(":")[0], ())
 
 
 def get_adapter(model: str) -> ModelAdapter:
@@ -492,7 +500,8 @@ def train_model(config: PipelineConfig, prepared: Any, *, model: str, work_dir: 
         return _run_folds(adapter, prepared, collection, settings, seeds, n_jobs=config.run.n_jobs,
                           folder=folder, log=log)
 
-    return run_stage(work_dir=Path(work_dir), stage=stage_name(model), version=STAGE_VERSION, config=stage_config,
+    return run_stage(work_dir=Path(work_dir), stage=stage_name(model), config=stage_config,
+                     code=Code(("pipelines.train", *adapter_modules(model))),
                      inputs=adapter.inputs(prepared), compute=compute,
                      seeds={f"run_{i}": s for i, s in enumerate(seeds)}, force=force, log=log)
 

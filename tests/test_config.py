@@ -189,7 +189,7 @@ def test_per_collection_overrides_from_file_and_resolution(tmp_path):
         ('[gbdt.collections."tile:xla"]\nnum_leafs = 3\n', r'unknown key \'gbdt\.collections\."tile:xla"\.num_leafs\''),
         ('[gbdt.collections."tile:xla"]\nnum_leaves = "3"\n', r'gbdt\.collections\."tile:xla"\.num_leaves: expected int'),
         ('[gbdt.collections."tile:nlp"]\nnum_leaves = 3\n', r"unknown collection 'tile:nlp'"),
-        ('[gnn.collections."tile:xla"]\nconv = "gcn"\n', r'gnn\.collections\."tile:xla": GNN config: conv'),
+        ('[gnn.collections."tile:xla"]\nconv = "gcn"\n', r'gnn\.collections\."tile:xla"\.conv: .gcn. is not one of'),
         ('[gbdt.collections."tile:xla".collections]\n', r"cannot contain 'collections'"),
         ('[gbdt]\ncollections = 3\n', r"gbdt\.collections: expected a table"),
     ],

@@ -17,8 +17,7 @@ from pipelines.train import PREDICTIONS_FILE
 
 distributed = pytest.importorskip("distributed")
 
-FAST = ["folds.k=2", "run.n_jobs=2", "gbdt.n_estimators=20", "gbdt.early_stopping_rounds=5", "gbdt.num_leaves=7",
-        "gbdt.min_child_samples=5", "gbdt.max_configs_per_graph=40", "gbdt.num_threads=1"]
+FAST = ["run.n_jobs=2"]  # on top of the smoke config: two local jobs, as the cluster has two workers
 
 
 def quiet(_: str) -> None:
@@ -26,7 +25,7 @@ def quiet(_: str) -> None:
 
 
 def test_training_through_a_dask_cluster_matches_local_processes(tiny_world: Path, tmp_path: Path):
-    config = load_config("quick", FAST)
+    config = load_config("smoke", FAST)
     prepared = prepare(config, tiny_world, tmp_path / "work", [TILE_XLA], log=quiet)
     models = ["gbdt", "random"]
     local = train_models(config, prepared, models, work_dir=tmp_path / "local", log=quiet)
@@ -64,7 +63,7 @@ def test_an_unreachable_scheduler_is_a_pipeline_error(tiny_world: Path, tmp_path
     with pytest.raises(PipelineError, match="cannot reach the Dask scheduler"):
         with fan_out(address, quiet):
             pass
-    config = load_config("quick", [*FAST, f"run.scheduler={address}"])
+    config = load_config("smoke", [*FAST, f"run.scheduler={address}"])
     with pytest.raises(PipelineError, match=address):
         run_pipeline(config, tiny_world, work_dir=tmp_path / "work", models=["random"],
                      submissions_dir=tmp_path / "subs", log=quiet)

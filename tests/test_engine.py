@@ -17,6 +17,7 @@ import pytest
 
 from pipelines import engine
 from pipelines.engine import (
+    Code,
     StageOutput,
     canonical_json,
     data_fingerprint,
@@ -30,6 +31,7 @@ from pipelines.engine import (
 from pipelines.errors import PipelineError
 
 REPO = Path(__file__).resolve().parents[1]
+CODE = Code(("pipelines.errors",))  # the code the toy stages below claim to run
 
 
 @dataclass
@@ -55,7 +57,7 @@ class Counter:
 
 
 def run(work: Path, compute=None, **kw) -> StageOutput:
-    args = dict(work_dir=work, stage="feat", version=1, config={"k": 5}, inputs={"raw": "abc"}, log=lambda m: None)
+    args = dict(work_dir=work, stage="feat", code=CODE, config={"k": 5}, inputs={"raw": "abc"}, log=lambda m: None)
     args.update(kw)
     return run_stage(compute=compute or Counter(), **args)
 
@@ -107,22 +109,22 @@ def test_data_fingerprint_tracks_size_and_mtime_not_order_or_root(tmp_path):
 
 
 def test_stage_key_changes_with_every_ingredient():
-    base = stage_key("feat", 1, {"k": 5, "m": [1]}, {"raw": "abc"})
-    assert base == stage_key("feat", 1, {"m": [1], "k": 5}, {"raw": "abc"})
+    base = stage_key("feat", {"k": 5, "m": [1]}, {"raw": "abc"}, CODE)
+    assert base == stage_key("feat", {"m": [1], "k": 5}, {"raw": "abc"}, CODE)
     variants = [
-        stage_key("feat2", 1, {"k": 5, "m": [1]}, {"raw": "abc"}),
-        stage_key("feat", 2, {"k": 5, "m": [1]}, {"raw": "abc"}),
-        stage_key("feat", 1, {"k": 6, "m": [1]}, {"raw": "abc"}),
-        stage_key("feat", 1, {"k": 5, "m": [1, 2]}, {"raw": "abc"}),
-        stage_key("feat", 1, {"k": 5, "m": [1]}, {"raw": "abd"}),
-        stage_key("feat", 1, {"k": 5, "m": [1]}, {"raw2": "abc"}),
-        stage_key("feat", 1, {"k": 5, "m": [1]}, {}),
+        stage_key("feat2", {"k": 5, "m": [1]}, {"raw": "abc"}, CODE),
+        stage_key("feat", {"k": 5, "m": [1]}, {"raw": "abc"}, Code(("pipelines.atomic",))),
+        stage_key("feat", {"k": 6, "m": [1]}, {"raw": "abc"}, CODE),
+        stage_key("feat", {"k": 5, "m": [1, 2]}, {"raw": "abc"}, CODE),
+        stage_key("feat", {"k": 5, "m": [1]}, {"raw": "abd"}, CODE),
+        stage_key("feat", {"k": 5, "m": [1]}, {"raw2": "abc"}, CODE),
+        stage_key("feat", {"k": 5, "m": [1]}, {}, CODE),
     ]
     assert len({base, *variants}) == len(variants) + 1
     with pytest.raises(ValueError):
-        stage_key("../evil", 1, {}, {})
+        stage_key("../evil", {}, {}, CODE)
     with pytest.raises(TypeError):
-        stage_key("feat", True, {}, {})
+        stage_key("feat", {}, {"raw": 1}, CODE)
 
 
 # ----------------------------------------------------------------------------- caching
@@ -142,7 +144,7 @@ def test_same_config_is_a_cache_hit(tmp_path):
 
 @pytest.mark.parametrize(
     "change",
-    [{"config": {"k": 6}}, {"version": 2}, {"inputs": {"raw": "abd"}}, {"stage": "other"}],
+    [{"config": {"k": 6}}, {"code": Code(("pipelines.atomic",))}, {"inputs": {"raw": "abd"}}, {"stage": "other"}],
 )
 def test_any_change_gives_a_new_key_and_recomputes(tmp_path, change):
     compute = Counter()
@@ -166,10 +168,11 @@ def test_force_recomputes_and_replaces(tmp_path):
 
 def test_manifest_contents(tmp_path):
     config = Toy(a=3)
-    out = run(tmp_path, config=config, seeds={"fold": 7}, version=4)
+    out = run(tmp_path, config=config, seeds={"fold": 7})
     m = json.loads((out.path / "manifest.json").read_text())
     assert m == out.manifest
-    assert m["stage"] == "feat" and m["key"] == out.key and m["version"] == 4
+    assert m["stage"] == "feat" and m["key"] == out.key
+    assert m["code"] == {"roots": ["pipelines.errors"], "shallow": [], "fingerprint": CODE.fingerprint()}
     assert m["config"] == {"a": 3, "path": "x/y", "pair": [1, 2]}
     assert m["inputs"] == {"raw": "abc"}
     assert m["seeds"] == {"fold": 7}
@@ -178,7 +181,7 @@ def test_manifest_contents(tmp_path):
     assert set(m["code_version"]) == {"commit", "dirty"}
     assert m["library_versions"]["python"].count(".") == 2 and "numpy" in m["library_versions"]
     assert m["started"] <= m["finished"] and m["wall_time_s"] >= 0
-    assert out.key == stage_key("feat", 4, config, {"raw": "abc"})
+    assert out.key == stage_key("feat", config, {"raw": "abc"}, CODE)
     # written with sorted keys, so diffs of manifests are stable
     text = (out.path / "manifest.json").read_text()
     assert text == json.dumps(m, sort_keys=True, indent=2, ensure_ascii=False) + "\n"
@@ -200,7 +203,7 @@ def test_exception_in_compute_leaves_nothing_complete_looking(tmp_path):
     with pytest.raises(RuntimeError, match="boom"):
         run(tmp_path, boom)
     assert entries(tmp_path / "feat") == []
-    key = stage_key("feat", 1, {"k": 5}, {"raw": "abc"})
+    key = stage_key("feat", {"k": 5}, {"raw": "abc"}, CODE)
     with pytest.raises(PipelineError, match="no complete output"):
         load_stage(tmp_path, "feat", key)
     assert run(tmp_path).key == key  # and a later run works
@@ -241,8 +244,9 @@ WORKER = textwrap.dedent(
     """
     import os, sys, time
     from pathlib import Path
-    from pipelines.engine import run_stage
+    from pipelines.engine import Code, run_stage
 
+    CODE = Code(("pipelines.errors",))
     work, markers, mode = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3]
 
     def compute(folder):
@@ -255,7 +259,7 @@ WORKER = textwrap.dedent(
             time.sleep(0.01)
         return {"pid": os.getpid()}
 
-    out = run_stage(work_dir=work, stage="slow", version=1, config={"a": 1}, inputs={},
+    out = run_stage(work_dir=work, stage="slow", code=CODE, config={"a": 1}, inputs={},
                     compute=compute, log=lambda m: None)
     print(out.manifest["metrics"]["pid"], out.key)
     """
@@ -287,14 +291,14 @@ def test_killed_run_is_never_mistaken_for_complete(tmp_path):
     finally:
         proc.kill()  # SIGKILL: no cleanup code runs
         proc.wait()
-    key = stage_key("slow", 1, {"a": 1}, {})
+    key = stage_key("slow", {"a": 1}, {}, CODE)
     (leftover,) = entries(work / "slow")
     assert leftover.startswith(f".tmp-{key}-")
     with pytest.raises(PipelineError):
         load_stage(work, "slow", key)
     assert [(r["key"], r["state"]) for r in list_stages(work)] == [(key, "interrupted")]
 
-    out = run_stage(work_dir=work, stage="slow", version=1, config={"a": 1}, inputs={},
+    out = run_stage(work_dir=work, stage="slow", code=CODE, config={"a": 1}, inputs={},
                     compute=Counter(), log=lambda m: None)
     assert out.key == key and out.file("data.bin").read_bytes() == b"hello"
     assert entries(work / "slow") == [key]  # the abandoned folder was cleaned up

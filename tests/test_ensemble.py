@@ -3,6 +3,7 @@ import polars as pl
 import pytest
 
 from pipelines.ensemble import (
+    common_oof,
     AVERAGED, average_over_seeds_and_folds, blend, ensemble_collection, fit_blend_weights, normalise_scores,
     prepare_model_scores,
 )
@@ -235,3 +236,14 @@ def test_ensemble_collection_end_to_end():
     assert result.curve.height == 21
     with pytest.raises(FormatError, match="no test rows for model"):
         ensemble_collection(oof, test.filter(pl.col("model") == "A"), truths, ["A", "B"])
+
+
+def test_common_oof_keeps_the_configs_every_model_predicted():
+    def oof(model: str, index: list[int]) -> pl.DataFrame:
+        return prediction_frame(collection="tile:xla", graph="g", split="oof", fold=0, seed=0, model=model,
+                                scores=np.arange(len(index), dtype=float), config_index=np.array(index))
+
+    frame = pl.concat([oof("a", [0, 1, 2, 3]), oof("b", [1, 3, 4])])
+    kept = common_oof(frame, ["a", "b"])
+    assert sorted(kept.filter(pl.col("model") == "a")["config_index"].to_list()) == [1, 3]
+    assert sorted(kept.filter(pl.col("model") == "b")["config_index"].to_list()) == [1, 3]

@@ -37,9 +37,6 @@ from pipelines.prepare import FOLDS_TABLE, GRAPHS_TABLE, prepare
 from pipelines.tpugraphs import list_graphs
 
 ROOT = Path(__file__).resolve().parent.parent
-# The quick config made quicker (as in test_run.py): 2 folds, small trees, one thread, one job.
-FAST = ["folds.k=2", "run.n_jobs=1", "gbdt.n_estimators=20", "gbdt.early_stopping_rounds=5", "gbdt.num_leaves=7",
-        "gbdt.min_child_samples=5", "gbdt.max_configs_per_graph=40", "gbdt.num_threads=1"]
 RUN_TIMEOUT_S = 300
 
 
@@ -48,14 +45,12 @@ def quiet(_: str) -> None:
 
 
 def fast_config(*extra: str):
-    return load_config("quick", [*FAST, *extra])
+    return load_config("smoke", extra)
 
 
 def run_args(data_root: Path, work: Path, submissions: Path) -> list[str]:
     args = ["run", "--data-root", str(data_root), "--work-dir", str(work), "--submissions-dir", str(submissions),
-            "--config", "quick", "--models", "gbdt"]
-    for item in FAST:
-        args += ["--set", item]
+            "--config", "smoke", "--models", "gbdt"]
     return args
 
 

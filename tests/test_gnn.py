@@ -12,6 +12,7 @@ import pytest
 import torch
 from scipy.stats import kendalltau
 
+from pipelines.config import config_from_dict, resolve_for_collection
 from pipelines.errors import ConfigError, FormatError
 from pipelines.models.gnn import GNNRanker
 from pipelines.models.gnn.batch import collate, distinct_blocks, gather_configs, layout_physics, prepare_graph
@@ -111,15 +112,21 @@ def test_config_import_does_not_import_torch():
 
 def test_config_validation_and_overrides():
     with pytest.raises(ConfigError, match="conv"):
-        GNNConfig(conv="gcn")
+        config_from_dict(GNNConfig, {"conv": "gcn"})
+    with pytest.raises(ConfigError, match="dropout"):
+        GNNRanker(dropout=1.0)
+    with pytest.raises(ConfigError, match="finite"):
+        GNNRanker(lr=float("nan"))
+    with pytest.raises(ConfigError, match="gat_heads"):  # a cross-field rule
+        GNNConfig(hidden=10, gat_heads=4)
     with pytest.raises(ConfigError, match="unknown_field"):
         GNNRanker(unknown_field=1)
     cfg = GNNConfig(collections={"layout:xla:default": {"cross_config_attention": True, "loss": "listmle"}})
-    resolved = cfg.for_collection("layout:xla:default")
+    resolved = resolve_for_collection(cfg, "layout:xla:default")
     assert resolved.cross_config_attention and resolved.loss == "listmle" and resolved.collections == {}
-    assert cfg.for_collection("tile:xla").loss == "hinge"
+    assert resolve_for_collection(cfg, "tile:xla").loss == "hinge"
     with pytest.raises(ConfigError, match="bogus"):
-        GNNConfig(collections={"tile:xla": {"bogus": 1}}).for_collection("tile:xla")
+        config_from_dict(GNNConfig, {"collections": {"tile:xla": {"bogus": 1}}})
 
 
 # ----------------------------------------------------------------------------- shapes

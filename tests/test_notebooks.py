@@ -29,6 +29,7 @@ def test_notebooks_are_numbered_in_order():
 def test_settings_smoke_switch_and_overrides(tmp_path):
     smoke = analysis.notebook_settings({"TPUGRAPHS_SMOKE": "1", "TPUGRAPHS_SCRATCH": str(tmp_path)})
     assert smoke.smoke and smoke.scale == "tiny" and smoke.folds == 2 and smoke.seeds == (0, 1)
+    assert smoke.config == "smoke" and smoke.overrides == ()
     assert smoke.data_root == tmp_path / "tiny-world" and smoke.work_dir == tmp_path / "work"
     assert smoke.config_overrides("prune.hops=2")[:2] == ["folds.k=2", "run.seeds=[0, 1]"]
     assert smoke.config_overrides("prune.hops=2")[-1] == "prune.hops=2"

@@ -14,8 +14,7 @@ from pipelines.config import load_config
 from pipelines.errors import PipelineError
 from pipelines.report import REPORT_FILE, Section, cv_table, graph_scores_table, render_html, worst_graphs
 
-FAST = ["folds.k=2", "run.n_jobs=1", "run.seeds=[0, 1]", "gbdt.n_estimators=10", "gbdt.early_stopping_rounds=5",
-        "gbdt.num_leaves=7", "gbdt.min_child_samples=5", "gbdt.max_configs_per_graph=40", "gbdt.num_threads=1"]
+FAST = ["run.seeds=[0, 1]", "gbdt.n_estimators=10"]  # on top of the smoke config
 
 
 def test_cv_table_lists_each_model_then_the_blend():
@@ -51,7 +50,7 @@ def demo_run(tiny_world, tmp_path_factory):
     from pipelines.run import run_pipeline
 
     root = tmp_path_factory.mktemp("report")
-    result = run_pipeline(load_config("quick", FAST), tiny_world, work_dir=root / "work", models=["gbdt", "feature"],
+    result = run_pipeline(load_config("smoke", FAST), tiny_world, work_dir=root / "work", models=["gbdt", "feature"],
                           submissions_dir=root / "submissions", log=lambda _: None)
     return root, result
 

@@ -20,7 +20,6 @@ from pipelines.errors import ConfigError, FormatError, PipelineError, Submission
 from pipelines.predictions import prediction_frame, read_predictions
 from pipelines.run import (
     SUBMISSION_FILE,
-    common_oof,
     ensemble_runs,
     new_run_id,
     publish_submission,
@@ -30,13 +29,9 @@ from pipelines.run import (
 )
 from pipelines.submission import read_submission, validate_submission
 
-# The quick config made quicker: 2 folds, small trees, one thread (the machine is shared).
-FAST = ["folds.k=2", "run.n_jobs=1", "gbdt.n_estimators=20", "gbdt.early_stopping_rounds=5", "gbdt.num_leaves=7",
-        "gbdt.min_child_samples=5", "gbdt.max_configs_per_graph=40", "gbdt.num_threads=1"]
-
 
 def fast_config(*extra: str):
-    return load_config("quick", [*FAST, *extra])
+    return load_config("smoke", extra)
 
 
 def quiet(_: str) -> None:
@@ -56,17 +51,6 @@ def test_submission_rows_take_top5_for_tile_and_full_order_for_layout_with_ties_
 
     with pytest.raises(FormatError, match="0..c-1"):
         submission_rows(tile.filter(pl.col("config_index") != 2))
-
-
-def test_common_oof_keeps_the_configs_every_model_predicted():
-    def oof(model: str, index: list[int]) -> pl.DataFrame:
-        return prediction_frame(collection="tile:xla", graph="g", split="oof", fold=0, seed=0, model=model,
-                                scores=np.arange(len(index), dtype=float), config_index=np.array(index))
-
-    frame = pl.concat([oof("a", [0, 1, 2, 3]), oof("b", [1, 3, 4])])
-    kept = common_oof(frame, ["a", "b"])
-    assert sorted(kept.filter(pl.col("model") == "a")["config_index"].to_list()) == [1, 3]
-    assert sorted(kept.filter(pl.col("model") == "b")["config_index"].to_list()) == [1, 3]
 
 
 def test_resolve_models_prefers_the_argument_and_checks_the_config():
@@ -252,8 +236,8 @@ def test_lightgbm_predictions_do_not_depend_on_the_thread_count(tiny_world, tmp_
 
 
 def test_run_command_prints_the_table_and_the_submission_path_last(runs, tmp_path, capsys):
-    code = main(["run", "--data-root", str(runs["root"]), "--work-dir", str(runs["work"]), "--config", "quick",
-                 *[a for s in FAST for a in ("--set", s)], "--models", "gbdt,random",
+    code = main(["run", "--data-root", str(runs["root"]), "--work-dir", str(runs["work"]), "--config", "smoke",
+                 "--models", "gbdt,random",
                  "--submissions-dir", str(tmp_path / "subs")])
     out = capsys.readouterr().out.strip().splitlines()
     assert code == 0 and Path(out[-1]).read_bytes() == runs["a"].submission.read_bytes()
@@ -267,7 +251,7 @@ def test_demo_runs_the_pipeline_on_a_generated_world(runs, tmp_path):
 
     lines: list[str] = []
     code = run_demo(runs["root"], "tiny", 0, submissions_dir=tmp_path / "subs", work_dir=runs["work"],
-                    config="quick", overrides=[*FAST, "run.models=['gbdt']", "ensemble.models=['gbdt']"],
+                    config="smoke", overrides=["run.models=['gbdt']", "ensemble.models=['gbdt']"],
                     log=lambda line: lines.append(str(line)))
     assert code == 0
     path = Path(lines[-1])

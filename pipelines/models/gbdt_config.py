@@ -10,67 +10,61 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from pipelines.models.fields import bounded, choice
+
 OBJECTIVES = ("lambdarank", "xendcg", "regression", "pairwise")
 GRAPH_FEATURE_MODES = ("auto", "always", "never")
 LABEL_GAINS = ("exponential", "linear")
 REGRESSION_TARGETS = ("log_centered", "rank_pct")
 
 
-def _choice(default: str, choices: tuple[str, ...]):
-    return field(default=default, metadata={"choices": choices})
-
-
-def _at_least(default: int | float, low: int | float, high: float | None = None):
-    return field(default=default, metadata={"min": low} if high is None else {"min": low, "max": high})
-
-
 @dataclass
 class GBDTConfig:
     # lambdarank | xendcg: one LightGBM query per graph, graded relevance from the runtime rank;
     # regression: pointwise on a per-graph normalised target; pairwise: "which of two is faster".
-    objective: str = _choice("pairwise", OBJECTIVES)
+    objective: str = choice("pairwise", OBJECTIVES)
     # Added to every run seed, to draw a different family of models without new run seeds.
     seed: int = 0
     # --- LightGBM trees
-    num_leaves: int = _at_least(31, 2)
-    learning_rate: float = _at_least(0.05, 1e-6, 1.0)
+    num_leaves: int = bounded(31, 2)
+    learning_rate: float = bounded(0.05, 1e-6, 1.0)
     # Upper bound on boosting rounds; early stopping on the held-out fold picks the number.
-    n_estimators: int = _at_least(600, 1)
-    early_stopping_rounds: int = _at_least(50, 1)
-    min_child_samples: int = _at_least(20, 1)
-    feature_fraction: float = _at_least(0.8, 1e-6, 1.0)
+    n_estimators: int = bounded(600, 1)
+    early_stopping_rounds: int = bounded(50, 1)
+    min_child_samples: int = bounded(20, 1)
+    feature_fraction: float = bounded(0.8, 1e-6, 1.0)
     # Below 1 (with bagging_freq > 0) rows are resampled per round, so seeds give different models.
-    bagging_fraction: float = _at_least(0.8, 1e-6, 1.0)
-    bagging_freq: int = _at_least(1, 0)
-    lambda_l2: float = _at_least(1.0, 0.0)
+    bagging_fraction: float = bounded(0.8, 1e-6, 1.0)
+    bagging_freq: int = bounded(1, 0)
+    lambda_l2: float = bounded(1.0, 0.0)
     # LightGBM threads per model; 0: the cores available divided by the stage's parallel jobs.
-    num_threads: int = _at_least(0, 0)
+    num_threads: int = bounded(0, 0)
     # --- data fed to the trees
     # g_* (graph-constant) columns: auto = tile only (they cannot order configs within one graph,
     # but let tile trees interact graph shape with tile sizes) | always | never.
-    graph_features: str = _choice("auto", GRAPH_FEATURE_MODES)
+    graph_features: str = choice("auto", GRAPH_FEATURE_MODES)
     # Add each f_* column's rank within its graph (in [0, 1]): thresholds that transfer across graphs.
     graph_rank_features: bool = False
     # f_* columns left out of the model: a column is dropped when its name starts with any of these
     # prefixes (feature ablations, e.g. ["f_pad_", "f_tile_waste"]); g_* columns are not affected.
     exclude_features: list[str] = field(default_factory=list)
     # Training configs per graph, subsampled by runtime-rank strata (see pipelines.models.gbdt).
-    max_configs_per_graph: int = _at_least(1000, 1)
+    max_configs_per_graph: int = bounded(1000, 1)
     # Configs per graph read from the feature cache for fitting (bounds memory; test never capped).
-    load_max_configs: int = _at_least(5000, 1)
+    load_max_configs: int = bounded(5000, 1)
     # --- objective details
     # lambdarank/xendcg labels 0..bins-1 from the runtime rank within the graph, fastest highest.
-    relevance_bins: int = _at_least(31, 2)
+    relevance_bins: int = bounded(31, 2)
     # lambdarank gain of label l: exponential 2^l - 1 (rewards the top) | linear l (the whole order).
-    label_gain: str = _choice("exponential", LABEL_GAINS)
+    label_gain: str = choice("exponential", LABEL_GAINS)
     # lambdarank: pairs are formed with the top this-many configs of each query.
-    truncation_level: int = _at_least(30, 1)
+    truncation_level: int = bounded(30, 1)
     # regression target: log_centered = log y - mean over the graph | rank_pct = rank in [0, 1].
-    regression_target: str = _choice("log_centered", REGRESSION_TARGETS)
+    regression_target: str = choice("log_centered", REGRESSION_TARGETS)
     # pairwise: training pairs drawn per graph (tied pairs dropped).
-    pairs_per_graph: int = _at_least(4000, 1)
+    pairs_per_graph: int = bounded(4000, 1)
     # pairwise: configs of the same graph each config is compared with when scoring.
-    pairwise_references: int = _at_least(64, 1)
+    pairwise_references: int = bounded(64, 1)
     # Evidence (small world, 5 folds x 3 seeds): pairwise is best on every layout collection,
     # regression on tile (pairwise there is slow for little gain). See base.toml.
     collections: dict[str, dict] = field(default_factory=lambda: {"tile:xla": {"objective": "regression"}})

@@ -12,6 +12,7 @@ from typing import Callable, Iterator
 import numpy as np
 import torch
 
+from pipelines.config import config_from_dict, config_to_dict, resolve_for_collection
 from pipelines.errors import ConfigError, FormatError
 from pipelines.models.gnn.batch import PreparedGraph, graph_kind, prepare_graph
 from pipelines.models.gnn.model import GNNModel
@@ -54,13 +55,10 @@ class GNNRanker:
     """
 
     def __init__(self, **hparams):
-        try:
-            self.config = GNNConfig(**hparams)
-        except TypeError as exc:
-            raise ConfigError(f"GNN config: {exc}") from None
+        self.config = config_from_dict(GNNConfig, hparams, "GNN config")
 
     def get_params(self) -> dict:
-        return self.config.to_dict()
+        return config_to_dict(self.config)
 
     # ------------------------------------------------------------------ fit
 
@@ -90,7 +88,7 @@ class GNNRanker:
         for g in train + valid:
             if not np.any(g.runtime > 0):
                 raise FormatError(f"{g.collection}:{g.stem}", "training/validation graph has no runtimes")
-        cfg = self.config.for_collection(collection)
+        cfg = resolve_for_collection(self.config, collection)
         prepared_train = [prepare_graph(g, cfg.config_layers) for g in train]
         prepared_valid = [prepare_graph(g, cfg.config_layers) for g in valid]
         fingerprint = _fingerprint(cfg, seed, train, valid, unlabeled)
@@ -143,7 +141,7 @@ class GNNRanker:
         """Write the fitted ranker (config, dims, weights, history) atomically."""
         self._check_fitted()
         atomic_torch_save({
-            "format": MODEL_FORMAT, "config": self.config.to_dict(), "resolved": self.config_.to_dict(),
+            "format": MODEL_FORMAT, "config": config_to_dict(self.config), "resolved": config_to_dict(self.config_),
             "collection": self.collection_, "kind": self.kind_, "node_feat_dim": self.node_feat_dim_,
             "history": self.history_, "best_score": self.best_score_, "model": self.model_.state_dict(),
         }, Path(path))
@@ -158,7 +156,7 @@ class GNNRanker:
         if not isinstance(saved, dict) or saved.get("format") != MODEL_FORMAT:
             raise FormatError(path, "not a GNN model file of this version")
         ranker = cls(**saved["config"])
-        ranker.config_ = GNNConfig(**saved["resolved"])
+        ranker.config_ = config_from_dict(GNNConfig, saved["resolved"], str(path))
         ranker.collection_, ranker.kind_ = saved["collection"], saved["kind"]
         ranker.node_feat_dim_ = saved["node_feat_dim"]
         ranker.history_, ranker.best_score_ = saved["history"], saved["best_score"]
@@ -170,7 +168,7 @@ class GNNRanker:
 
 def _fingerprint(cfg: GNNConfig, seed: int, *graph_lists: list[GraphArrays]) -> str:
     """Identity of a training run, so a checkpoint is only resumed by the run that wrote it."""
-    settings = {k: v for k, v in cfg.to_dict().items() if k not in ("progress", "num_threads")}
+    settings = {k: v for k, v in config_to_dict(cfg).items() if k not in ("progress", "num_threads")}
     data = [[(g.collection, g.stem, g.num_nodes, g.num_configs) for g in graphs] for graphs in graph_lists]
     text = json.dumps({"config": settings, "seed": seed, "data": data}, sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()
