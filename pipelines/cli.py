@@ -258,6 +258,9 @@ def _run_config(args: argparse.Namespace) -> int:
     from pipelines.engine import fingerprint
 
     config = load_config(args.config, args.overrides)
+    from pipelines.prepare import check_feature_exclusions
+
+    check_feature_exclusions(config)  # the rule prepare applies, so `config` validates what a run would
     print(f"# fingerprint {fingerprint(config)}")
     print(config_to_toml(config), end="")
     return 0

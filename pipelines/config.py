@@ -142,25 +142,7 @@ def load_config(path_or_name: str | Path | None = None, overrides: Sequence[str]
     for source, data in chain:
         merged = _deep_merge(merged, data)
         config = _build(PipelineConfig, merged, source, "")
-    config = apply_overrides(config, overrides)
-    _check_feature_exclusions(config)
-    return config
-
-
-def _check_feature_exclusions(config: PipelineConfig) -> None:
-    """``gbdt.exclude_features`` must leave the GBDT at least one f_* column in every collection
-    (else training fails after every data stage ran)."""
-    from pipelines.collections import ALL_COLLECTIONS
-    from pipelines.features import layout_feature_names, tile_feature_names
-
-    for collection in ALL_COLLECTIONS:
-        prefixes = tuple(resolve_for_collection(config.gbdt, collection).exclude_features)
-        if not prefixes:
-            continue
-        columns = tile_feature_names() if collection.is_tile else layout_feature_names(collection.search == "default")
-        if all(column.startswith(prefixes) for column in columns):
-            raise ConfigError(f"gbdt.exclude_features = {list(prefixes)} excludes every f_* feature column of "
-                              f"{collection.name} ({len(columns)} columns): the GBDT would have nothing to learn from")
+    return apply_overrides(config, overrides)
 
 
 def apply_overrides(config: T, overrides: Sequence[str]) -> T:

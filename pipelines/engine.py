@@ -12,8 +12,9 @@ is fingerprinted by its syntax tree with docstrings removed: an edit that change
 nor does an edit to a module the stage never imports. Orchestration modules that import every stage
 (``shallow`` roots: ``pipelines.prepare``) are hashed themselves without following their imports, so
 an edit to one stage's module recomputes that stage and its consumers only; so are the config module
-and the engine wherever they are imported (:data:`NOT_FOLLOWED`). A folder counts as complete only when its
-``manifest.json`` names the same stage and key and every output file it lists is present with the
+and the engine wherever they are imported (:data:`NOT_FOLLOWED`).
+
+A folder counts as complete only when its ``manifest.json`` names the same stage and key and every output file it lists is present with the
 recorded size; the manifest is the last thing written, before the folder is renamed into place.
 
 Work happens in ``<work_dir>/<stage>/.tmp-<key>-<random>/``. The running process holds an exclusive

@@ -33,11 +33,17 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from pipelines.collections import SPLITS, Collection, parse_collection, split_submission_id
-from pipelines.config import PipelineConfig
+from pipelines.collections import ALL_COLLECTIONS, SPLITS, Collection, parse_collection, split_submission_id
+from pipelines.config import PipelineConfig, resolve_for_collection
 from pipelines.engine import Code, StageOutput, data_fingerprint, fingerprint, load_stage, run_stage, stage_key
 from pipelines.errors import ConfigError, FormatError, PipelineError
-from pipelines.features import config_feature_table, graph_aggregates, graph_feature_table
+from pipelines.features import (
+    config_feature_table,
+    graph_aggregates,
+    graph_feature_table,
+    layout_feature_names,
+    tile_feature_names,
+)
 from pipelines.folds import assign_folds
 from pipelines.node_arrays import GraphArrays, load_graph_arrays, make_graph_arrays, save_graph_arrays
 from pipelines.progress import Progress
@@ -102,6 +108,19 @@ def raw_data_key(data_root: Path | str, refs: dict[str, list[GraphRef]]) -> str:
         return key
     # Unreadable entries (skipped with data.on_bad_file=skip) have no size or time to key: key their names.
     return fingerprint({"files": key, "unreadable": sorted(str(p) for p in paths if p not in set(readable))})
+
+
+def check_feature_exclusions(config: PipelineConfig) -> None:
+    """``gbdt.exclude_features`` must leave the GBDT at least one f_* column in every collection
+    (else training fails after every data stage ran). Checked by ``prepare`` and ``config``."""
+    for collection in ALL_COLLECTIONS:
+        prefixes = tuple(resolve_for_collection(config.gbdt, collection).exclude_features)
+        if not prefixes:
+            continue
+        columns = tile_feature_names() if collection.is_tile else layout_feature_names(collection.search == "default")
+        if all(column.startswith(prefixes) for column in columns):
+            raise ConfigError(f"gbdt.exclude_features = {list(prefixes)} excludes every f_* feature column of "
+                              f"{collection.name} ({len(columns)} columns): the GBDT would have nothing to learn from")
 
 
 def check_output_dir(folder: Path | str, data_root: Path | str, what: str = "--work-dir") -> None:
@@ -435,6 +454,7 @@ def prepare(config: PipelineConfig, data_root: Path | str, work_dir: Path | str,
         chosen = [c if isinstance(c, Collection) else parse_collection(c) for c in collections]
     if not chosen:
         raise FormatError(data_root, "no collection to prepare (no train directory found)")
+    check_feature_exclusions(config)
     check_output_dir(work_dir, data_root)
     check_data_root(data_root, chosen, config.data.on_bad_file, log)
     # Every collection's file list and folds setting is checked before any stage writes anything.

@@ -317,7 +317,7 @@ def _prepare_cli(data_root: Path, work: Path) -> subprocess.CompletedProcess:
 def test_a_real_read_only_mount_is_a_clear_error(tiny_world, tmp_path, mounts):
     work = mounts("read-only", tmp_path / "ro")
     done = _prepare_cli(tiny_world, work)
-    assert done.returncode == 1, done.stderr
+    assert done.returncode == 2, done.stderr  # found by the up-front check of --work-dir: a usage error
     assert done.stderr.startswith("error: ") and "Read-only file system" in done.stderr
     assert list(work.iterdir()) == []
 

@@ -82,12 +82,12 @@ def test_01_report_out_never_overwrites_a_submission_or_a_foreign_file(published
     shutil.copytree(published["subs"] / run_id, subs / run_id)  # the shared run stays intact whatever happens
     csv = subs / run_id / SUBMISSION_FILE
     before = csv.read_bytes()
-    assert main(["report", run_id, "--submissions-dir", str(subs), "--out", str(csv)]) == 2
+    assert main(["report", run_id, "--submissions-dir", str(subs), "--out", str(csv)]) == 1
     assert csv.read_bytes() == before
     assert "refusing to overwrite" in capsys.readouterr().err
     foreign = tmp_path / "notes.html"
     foreign.write_text("<html>my notes</html>")
-    assert main(["report", run_id, "--submissions-dir", str(subs), "--out", str(foreign)]) == 2
+    assert main(["report", run_id, "--submissions-dir", str(subs), "--out", str(foreign)]) == 1
     assert foreign.read_text() == "<html>my notes</html>"
     # its own earlier report is replaced
     ours = tmp_path / "report.html"
@@ -299,7 +299,7 @@ def test_08_a_work_dir_that_is_a_file_is_a_message(world, tmp_path, capsys):
 def test_08_a_work_dir_that_cannot_be_created_is_a_message(world, tmp_path, capsys):
     code = main(["prepare", "--data-root", str(world), "--work-dir", "/proc/tpugraphs-no-such-dir",
                  "--collections", "tile:xla"])
-    assert code == 2 and "/proc/tpugraphs-no-such-dir" in capsys.readouterr().err
+    assert code == 1 and "/proc/tpugraphs-no-such-dir" in capsys.readouterr().err
 
 
 def test_08_exclude_features_that_excludes_everything_fails_before_any_stage(world, tmp_path, capsys):
@@ -319,7 +319,7 @@ def test_08_a_stage_folder_replaced_by_a_file_is_a_message(world, tmp_path, caps
     shutil.rmtree(stage)
     stage.write_text("in the way")
     capsys.readouterr()
-    assert main(args) == 2
+    assert main(args) == 1
     assert str(stage) in capsys.readouterr().err
     assert stage.read_text() == "in the way"
 
@@ -347,7 +347,7 @@ def test_09_publishing_debris_is_cleaned_and_a_manifestless_run_is_named_incompl
     assert (csv_only / SUBMISSION_FILE).is_file()  # never delete a submission
     assert "incomplete run folder" in out and csv_only.name in out
     for command in (["report", csv_only.name], ["ensemble", "--runs", csv_only.name]):
-        assert main([*command, "--submissions-dir", str(subs)]) == 2
+        assert main([*command, "--submissions-dir", str(subs)]) == 1
         assert "incomplete run folder" in capsys.readouterr().err
     from pipelines.run import tidy_submissions
 
@@ -462,7 +462,7 @@ def test_13_a_full_submissions_disk_names_the_path(published, tmp_path, monkeypa
                  "--submissions-dir", str(subs), "--models", "random", "--config", "quick",
                  "--set", "folds.k=2", "--set", "run.n_jobs=1"])
     err = capsys.readouterr().err
-    assert code == 2 and str(subs) in err and "No space left on device" in err, err
+    assert code == 1 and str(subs) in err and "No space left on device" in err, err
     assert [p for p in subs.iterdir()] == []
 
 
@@ -471,4 +471,4 @@ def test_13_a_scheduler_password_is_never_echoed(world, tmp_path, capsys):
     code = main(["run", "--data-root", str(world), "--work-dir", str(tmp_path / "work"), "--submissions-dir",
                  str(tmp_path / "subs"), "--models", "random", "--scheduler", "tcp://alice:hunter2@127.0.0.1:1"])
     captured = capsys.readouterr()
-    assert code == 2 and "hunter2" not in captured.err + captured.out and "alice:***@" in captured.err
+    assert code == 1 and "hunter2" not in captured.err + captured.out and "alice:***@" in captured.err
