@@ -27,10 +27,10 @@ Only the standard library is imported here: the command line imports this module
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import enum
 import errno
-import ast
 import functools
 import hashlib
 import importlib.metadata
@@ -49,7 +49,7 @@ from datetime import datetime, timezone
 from pathlib import Path, PurePath
 from typing import Any, Callable, Iterable, Iterator, Mapping
 
-from pipelines.atomic import chmod_like_new_file
+from pipelines.atomic import write_text_atomic
 from pipelines.errors import PipelineError
 
 try:  # POSIX only; elsewhere abandoned folders are recognised by age alone
@@ -459,18 +459,7 @@ def clean_abandoned(stage_dir: Path) -> list[Path]:
 
 def write_json_atomic(path: Path, obj: Any) -> None:
     """Write ``obj`` as sorted, indented JSON to ``path`` via a temporary file and ``os.replace``."""
-    text = json.dumps(to_jsonable(obj), sort_keys=True, indent=2, ensure_ascii=False) + "\n"
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
-        chmod_like_new_file(tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_text_atomic(path, json.dumps(to_jsonable(obj), sort_keys=True, indent=2, ensure_ascii=False) + "\n")
 
 
 # ----------------------------------------------------------------------------- status table

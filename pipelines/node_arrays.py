@@ -13,14 +13,14 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from pipelines.errors import FormatError
-from pipelines.tpugraphs import NodeFeat
+from pipelines.tpugraphs import GraphSize, NodeFeat
 
 if TYPE_CHECKING:  # the prune module is only needed for type hints here
     from pipelines.prune import PrunedGraph
 
 
 @dataclass
-class GraphArrays:
+class GraphArrays(GraphSize):
     collection: str  # e.g. "layout:xla:default"
     stem: str
     split: str  # "train", "valid" or "test"
@@ -31,14 +31,6 @@ class GraphArrays:
     config_feat: np.ndarray  # int8 (c, nc, 18) for layout; float32 (c, 24) for tile
     runtime: np.ndarray  # float64 (c,): runtime (layout) or runtime/normalizer (tile); zeros on test
     config_index: np.ndarray  # int64 (c,): row of each config in the original file (after de-duplication)
-
-    @property
-    def num_configs(self) -> int:
-        return int(self.config_feat.shape[0])
-
-    @property
-    def num_nodes(self) -> int:
-        return int(self.opcode.shape[0])
 
 
 _ARRAY_FIELDS = [f.name for f in fields(GraphArrays) if f.name not in ("collection", "stem", "split")]

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from pipelines.errors import ConfigError, FormatError
-from pipelines.tpugraphs import LayoutGraph, TileGraph
+from pipelines.tpugraphs import GraphSize, LayoutGraph, TileGraph
 
 PRUNE_MODES = ("khop", "config_only")
 DEDUP_MODES = ("first", "mean", "min", "none")
@@ -26,7 +26,7 @@ CHUNK_CELLS = 2**21
 
 
 @dataclass
-class PrunedGraph:
+class PrunedGraph(GraphSize):
     """A graph after pruning (layout) and, for labelled splits, config de-duplication.
 
     ``edge_index`` keeps the file convention: row ``[u, v]`` means node ``u`` consumes ``v``'s
@@ -45,14 +45,6 @@ class PrunedGraph:
     config_index: np.ndarray  # int64 (c,) row of each kept config in the original file
     target: np.ndarray  # float64 (c,) runtime (layout) or runtime/normalizer (tile), aggregated over duplicates
     file_target: np.ndarray  # float64 (c_file,) the target of every config of the file, in file order
-
-    @property
-    def num_nodes(self) -> int:
-        return int(self.node_feat.shape[0])
-
-    @property
-    def num_configs(self) -> int:
-        return int(self.config_feat.shape[0])
 
 
 @dataclass(frozen=True)

@@ -94,8 +94,23 @@ _DEFLATE_MAX_RATIO = 1100  # deflate cannot expand one byte into more than ~1032
 # ----------------------------------------------------------------------------- data classes
 
 
+class GraphSize:
+    """``num_nodes`` and ``num_configs`` of every graph record along the flow (raw, pruned, GNN arrays):
+    rows of ``node_feat`` and of the record's config array (``CONFIG_ARRAY``)."""
+
+    CONFIG_ARRAY = "config_feat"
+
+    @property
+    def num_nodes(self) -> int:
+        return int(self.node_feat.shape[0])  # type: ignore[attr-defined]
+
+    @property
+    def num_configs(self) -> int:
+        return int(getattr(self, self.CONFIG_ARRAY).shape[0])
+
+
 @dataclass
-class TileGraph:
+class TileGraph(GraphSize):
     """One tile:xla kernel graph with its tile-size configurations."""
 
     stem: str
@@ -105,14 +120,6 @@ class TileGraph:
     config_feat: np.ndarray  # float32 (c, 24)
     config_runtime: np.ndarray  # int64 (c,) ns; all 0 in test files
     config_runtime_normalizers: np.ndarray  # int64 (c,)
-
-    @property
-    def num_nodes(self) -> int:
-        return int(self.node_feat.shape[0])
-
-    @property
-    def num_configs(self) -> int:
-        return int(self.config_feat.shape[0])
 
     @property
     def target(self) -> np.ndarray:
@@ -125,8 +132,10 @@ class TileGraph:
 
 
 @dataclass
-class LayoutGraph:
+class LayoutGraph(GraphSize):
     """One layout graph: program graph plus per-config layouts of its configurable nodes."""
+
+    CONFIG_ARRAY = "node_config_feat"
 
     stem: str
     node_feat: np.ndarray  # float32 (n, 140)
@@ -136,14 +145,6 @@ class LayoutGraph:
     node_config_feat: np.ndarray  # int8 (c, nc, 18), values -1..5
     config_runtime: np.ndarray  # int64 (c,) ns; all 0 in test files
     node_splits: np.ndarray  # int64 (1, s)
-
-    @property
-    def num_nodes(self) -> int:
-        return int(self.node_feat.shape[0])
-
-    @property
-    def num_configs(self) -> int:
-        return int(self.node_config_feat.shape[0])
 
     @property
     def target(self) -> np.ndarray:

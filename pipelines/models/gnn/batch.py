@@ -16,6 +16,7 @@ import torch
 
 from pipelines.errors import FormatError
 from pipelines.node_arrays import NODE_FEATURE_DIM, GraphArrays, shape_and_layout
+from pipelines.tpugraphs import GraphSize
 
 LAYOUT_VALUE_OFFSET = 1  # layout config values -1..5 become embedding ids 0..6
 LAYOUT_NUM_VALUES = 7
@@ -43,7 +44,7 @@ class PreparedLevel:
 
 
 @dataclass
-class PreparedGraph:
+class PreparedGraph(GraphSize):
     """One graph's tensors-to-be plus its (numpy, possibly huge) configs and runtimes."""
 
     kind: str
@@ -59,14 +60,6 @@ class PreparedGraph:
     config_layouts: np.ndarray  # int64 (nc, 2, 6): their default minor_to_major (node features 134-139)
     config_feat: np.ndarray  # int8 (c, nc, 18) or float32 (c, 24)
     runtime: np.ndarray  # float64 (c,)
-
-    @property
-    def num_nodes(self) -> int:
-        return int(self.opcode.shape[0])
-
-    @property
-    def num_configs(self) -> int:
-        return int(self.config_feat.shape[0])
 
 
 def _check(graph: GraphArrays) -> None:
