@@ -507,15 +507,21 @@ def _expect_rank(array: np.ndarray, rank: int, path: Path, key: str, shape_hint:
         raise FormatError(path, f"{key}: expected shape {shape_hint}, got {array.shape}")
 
 
+def _float_matrix(path: Path, arrays: dict[str, np.ndarray], key: str, rows: str, width: int, empty: str) -> np.ndarray:
+    """``arrays[key]`` as float32 after checking it is 2-D with the documented width and has rows."""
+    array = arrays[key]
+    shape_hint = f"({rows}, {width})"
+    _expect_rank(array, 2, path, key, shape_hint)
+    if array.shape[1] != width:
+        raise FormatError(path, f"{key}: expected {width} columns, got shape {array.shape}")
+    if array.shape[0] == 0:
+        raise FormatError(path, f"{key}: {empty}")
+    return _as_float32(array, path, key, shape_hint)
+
+
 def _common(path: Path, arrays: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    node_feat = arrays["node_feat"]
-    _expect_rank(node_feat, 2, path, "node_feat", f"(n, {NODE_FEAT_DIM})")
-    if node_feat.shape[1] != NODE_FEAT_DIM:
-        raise FormatError(path, f"node_feat: expected {NODE_FEAT_DIM} columns, got shape {node_feat.shape}")
+    node_feat = _float_matrix(path, arrays, "node_feat", "n", NODE_FEAT_DIM, "graph has no nodes")
     num_nodes = node_feat.shape[0]
-    if num_nodes == 0:
-        raise FormatError(path, "node_feat: graph has no nodes")
-    node_feat = _as_float32(node_feat, path, "node_feat", f"(n, {NODE_FEAT_DIM})")
 
     opcode = _as_int64(arrays["node_opcode"], path, "node_opcode")
     _expect_rank(opcode, 1, path, "node_opcode", "(n,)")
@@ -547,14 +553,8 @@ def _runtimes(path: Path, arrays: dict[str, np.ndarray], key: str, count: int, w
 
 def _build_tile(path: Path, stem: str, arrays: dict[str, np.ndarray]) -> TileGraph:
     node_feat, opcode, edges = _common(path, arrays)
-    config_feat = arrays["config_feat"]
-    _expect_rank(config_feat, 2, path, "config_feat", f"(c, {TILE_CONFIG_DIM})")
-    if config_feat.shape[1] != TILE_CONFIG_DIM:
-        raise FormatError(path, f"config_feat: expected {TILE_CONFIG_DIM} columns, got shape {config_feat.shape}")
+    config_feat = _float_matrix(path, arrays, "config_feat", "c", TILE_CONFIG_DIM, "no configs")
     num_configs = config_feat.shape[0]
-    if num_configs == 0:
-        raise FormatError(path, "config_feat: no configs")
-    config_feat = _as_float32(config_feat, path, "config_feat", f"(c, {TILE_CONFIG_DIM})")
     runtime = _runtimes(path, arrays, "config_runtime", num_configs, "config_feat")
     normalizers = _runtimes(path, arrays, "config_runtime_normalizers", num_configs, "config_feat")
     if np.any(runtime != 0) and np.any(normalizers == 0):
