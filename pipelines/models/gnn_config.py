@@ -15,6 +15,8 @@ CONVS = ("sage", "gat")
 LOSSES = ("hinge", "listmle")
 NORMS = ("layer", "none")
 SCHEDULES = ("cosine", "onecycle", "constant")
+DEVICES = ("auto", "cpu", "cuda")  # "cuda:N" picks one GPU of several
+PRECISIONS = ("fp32", "bf16")
 
 
 @dataclass
@@ -56,6 +58,9 @@ class GNNConfig:
     pretrain_mask_rate: float = 0.15  # share of nodes whose opcode is masked and predicted
     # --- runtime
     num_threads: int = 2
+    device: str = "cpu"  # "cpu", "cuda" ("cuda:N"), or "auto": CUDA when torch sees a GPU, else CPU
+    precision: str = "fp32"  # "fp32", or "bf16": autocast mixed precision of the forward pass (GPU)
+    deterministic: bool = False  # torch.use_deterministic_algorithms during the fit (GPU: bitwise repeatable)
     progress: bool = True  # tqdm bars (also switched off when stderr is not a terminal)
     # per-collection overrides, e.g. {"layout:xla:default": {"cross_config_attention": True}};
     # tile graphs are tiny, so several go into one step
@@ -88,6 +93,9 @@ class GNNConfig:
             (0.0 < self.pretrain_mask_rate < 1.0, "pretrain_mask_rate must be in (0, 1)"),
             (self.num_threads >= 1, "num_threads must be >= 1"),
             (self.margin >= 0, "margin must be >= 0"),
+            (self.device in DEVICES or (self.device.startswith("cuda:") and self.device[5:].isdigit()),
+             f"device must be one of {DEVICES} or 'cuda:N', got {self.device!r}"),
+            (self.precision in PRECISIONS, f"precision must be one of {PRECISIONS}, got {self.precision!r}"),
         ]
         problems = [message for ok, message in checks if not ok]
         if self.cross_config_attention and self.hidden % self.attention_heads:

@@ -98,4 +98,4 @@ class GNNAdapter:
         fitted = ranker.ranker
         history = fitted.history_
         return {"best_score": fitted.best_score_, "epochs_run": len(history),
-                "train_seconds": float(sum(h["seconds"] for h in history))}, None
+                "train_seconds": float(sum(h["seconds"] for h in history)), "device": fitted.device_}, None
