@@ -465,3 +465,12 @@ def test_deterministic_mode_and_auto_device_change_nothing_on_cpu():
             for x, y in zip(plain, other):
                 np.testing.assert_array_equal(x, y)
     assert not torch.are_deterministic_algorithms_enabled()  # restored after the fit
+
+
+def test_gpu_config_asks_for_auto_and_runs_anywhere():
+    from pipelines.config import load_config
+    from pipelines.models.gnn.device import resolve_device
+
+    gnn = load_config("gpu").gnn
+    assert gnn.device == "auto" and gnn.precision == "fp32"
+    assert resolve_device(gnn.device).type in ("cpu", "cuda")

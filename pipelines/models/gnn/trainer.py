@@ -284,7 +284,9 @@ def train_model(
                 bar.set_postfix(loss=f"{np.mean(recent):.4f}", best_valid=f"{state.best_score:.4f}")
         bar.close()
         losses = torch.stack(losses).tolist()  # one device-to-host copy per epoch
+        validation_started = time.perf_counter()
         score = validation_score(model, valid, subsets, cfg, valid_batches) if valid else math.nan
+        valid_seconds = time.perf_counter() - validation_started
         state.epoch = epoch
         if not valid or score > state.best_score:
             state.best_score = score if valid else math.nan
@@ -296,7 +298,7 @@ def train_model(
             state.stopped = cfg.patience > 0 and state.bad_epochs >= cfg.patience
         seconds = time.perf_counter() - started
         state.history.append({"epoch": epoch, "loss": float(np.mean(losses)), "valid": score,
-                              "lr": scheduler.get_last_lr()[0], "seconds": seconds})
+                              "lr": scheduler.get_last_lr()[0], "seconds": seconds, "valid_seconds": valid_seconds})
         if checkpoint_path is not None:
             save_checkpoint(checkpoint_path, fingerprint, model, optimizer, scheduler, state, rng)
         log(f"epoch {epoch}/{cfg.epochs} loss {np.mean(losses):.4f} valid {score:.4f} "
