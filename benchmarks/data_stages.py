@@ -60,8 +60,9 @@ elif stage == "node_arrays":
                       config.run.n_jobs)
 wall, cpu = time.perf_counter() - t0, time.process_time() - c0
 # stop the worker processes, so their CPU time and peak RSS show in RUSAGE_CHILDREN
-from joblib.externals.loky import get_reusable_executor
-get_reusable_executor().shutdown(wait=True)
+if config.run.n_jobs > 1:
+    from joblib.externals.loky import get_reusable_executor
+    get_reusable_executor().shutdown(wait=True)
 children = resource.getrusage(resource.RUSAGE_CHILDREN)
 graphs = pl.read_parquet(prune.file(p.GRAPHS_TABLE))
 result = {{"wall_s": wall, "cpu_s": cpu + children.ru_utime + children.ru_stime, "files": graphs.height,
