@@ -89,7 +89,7 @@ if {mode!r} == "train":
     result.update(seconds=seconds, configs_per_s=cfg.configs_per_graph * {steps} / seconds, h2d_kb=h2d / 1024)
 else:
     idx = np.arange({eval_configs}) % graph.num_configs
-    score_graph(model, prepared, cfg, idx[:cfg.eval_chunk])  # warm-up (CUDA kernels, allocator)
+    score_graph(model, prepared, cfg, idx[:configs_per_chunk(cfg, prepared)])  # warm-up: one chunk (CUDA kernels, allocator)
     sync()
     started = time.perf_counter()
     score_graph(model, prepared, cfg, idx)
