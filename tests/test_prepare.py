@@ -188,3 +188,15 @@ def test_data_stages_write_the_same_bytes_with_any_number_of_workers(world: Path
     # the worker count is not part of any stage key: one cache serves every machine
     for name in runs[1]:
         assert {s: o.key for s, o in runs[1][name].stages.items()} == {s: o.key for s, o in runs[3][name].stages.items()}
+
+
+def test_errors_raised_in_a_worker_process_keep_their_file_and_problem(tmp_path: Path) -> None:
+    import pickle
+
+    from pipelines.errors import FormatError, SubmissionError
+
+    error = pickle.loads(pickle.dumps(FormatError(tmp_path / "a.npz", "truncated archive")))
+    assert isinstance(error, FormatError) and error.path == tmp_path / "a.npz" and error.problem == "truncated archive"
+    assert str(error) == f"{tmp_path / 'a.npz'}: truncated archive"
+    submission = pickle.loads(pickle.dumps(SubmissionError("s.csv", ["row 3: bad id"])))
+    assert submission.violations == ["row 3: bad id"] and "1 problem(s)" in str(submission)
