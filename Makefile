@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 # otherwise pip falls back to the registry's default build.
 TORCH_PIN ?= torch==2.13.0
 
-.PHONY: demo test bench install clean-venv
+.PHONY: demo test bench bench-gpu install clean-venv
 
 install: $(STAMP)
 
@@ -27,6 +27,10 @@ test: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) -m benchmarks.run
+
+# The same on a CUDA workstation: GNN fit, predict and throughput on the GPU next to the same machine's CPU.
+bench-gpu: $(STAMP)
+	BENCH_DEVICE=cpu,cuda BENCH_PRECISION=fp32,bf16 $(PY) -m benchmarks.run
 
 clean-venv:
 	rm -rf $(VENV)

@@ -1,10 +1,12 @@
 """Prune, features and node arrays against the I/O floor (``np.load`` of every array of every file).
 
-Usage: python -m benchmarks.data_stages --root DATA_ROOT [--collections ...] [--work DIR]
+Usage: python -m benchmarks.data_stages --root DATA_ROOT [--collections ...] [--work DIR] [--jobs 1,2]
 
-Per collection and stage: wall time, peak RSS of a fresh process doing only that stage, files/s and
-configs/s, and the wall time extrapolated to the real number of files (linearly in the file count,
-from the sample's mean time per file). The floor reads the same files in the same kind of process.
+Per collection, stage and worker count (``run.n_jobs``): wall time, peak RSS of a fresh process
+doing only that stage (and of its largest worker process), files/s and configs/s, and the wall time
+extrapolated to the real number of files (linearly in the file count, from the sample's mean time
+per file). The floor reads the same files in one process of the same kind; CPU time counts the
+workers too.
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ import polars as pl
 from pipelines import prepare as p
 from pipelines.collections import parse_collection
 from pipelines.config import load_config
-config = load_config(None, {overrides!r})
+config = load_config(None, {overrides!r} + ["run.n_jobs={jobs}"])
 collection = parse_collection({collection!r})
 refs = p.collection_refs({root!r}, collection)
 key = p.raw_data_key({root!r}, refs)
@@ -54,10 +56,17 @@ if stage != "prune":
 if stage == "features":
     p.run_features(config, collection, work, refs, key, prune, True, quiet)
 elif stage == "node_arrays":
-    p.run_node_arrays(collection, work, pl.read_parquet(prune.file(p.GRAPHS_TABLE)), prune, True, quiet)
+    p.run_node_arrays(collection, work, pl.read_parquet(prune.file(p.GRAPHS_TABLE)), prune, True, quiet,
+                      config.run.n_jobs)
 wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+# stop the worker processes, so their CPU time and peak RSS show in RUSAGE_CHILDREN
+if config.run.n_jobs > 1:
+    from joblib.externals.loky import get_reusable_executor
+    get_reusable_executor().shutdown(wait=True)
+children = resource.getrusage(resource.RUSAGE_CHILDREN)
 graphs = pl.read_parquet(prune.file(p.GRAPHS_TABLE))
-result = {{"wall_s": wall, "cpu_s": cpu, "files": graphs.height, "configs": int(graphs["configs_before"].sum())}}
+result = {{"wall_s": wall, "cpu_s": cpu + children.ru_utime + children.ru_stime, "files": graphs.height,
+           "configs": int(graphs["configs_before"].sum()), "worker_peak_rss_mb": children.ru_maxrss / 1024}}
 """
 
 
@@ -68,8 +77,10 @@ class StageRow:
     files: int
     configs: int
     wall_s: float
-    cpu_s: float  # CPU time of the process over the same span: less inflated than wall by a shared machine
+    cpu_s: float  # CPU time of the process and its workers: less inflated than wall by a shared machine
     peak_rss_mb: float
+    jobs: int = 1  # run.n_jobs (worker processes; 1 = in the measured process)
+    worker_peak_rss_mb: float = 0.0  # largest worker process (0 with one job)
 
     @property
     def files_per_s(self) -> float:
@@ -87,21 +98,26 @@ class StageRow:
 
 
 def measure_collection(root: Path, collection: str, work: Path, *, overrides: Sequence[str] = (),
-                       label: str | None = None, nice: int = 0, log=print) -> list[StageRow]:
-    """The floor and each data stage of one collection of ``root``, each in a fresh process."""
+                       label: str | None = None, nice: int = 0, jobs: Sequence[int] = (1,),
+                       log=print) -> list[StageRow]:
+    """The floor and each data stage of one collection of ``root`` with each worker count of ``jobs``,
+    each in a fresh process."""
     rows: list[StageRow] = []
     configs = 0
-    for stage in STAGES:
+    runs = [("floor", 1)] + [(stage, n) for n in jobs for stage in STAGES[1:]]
+    for stage, n in runs:
         if stage == "floor":
             body = _FLOOR.format(root=str(root), collection=collection)
         else:
             body = _STAGE.format(root=str(root), collection=collection, work=str(work), stage=stage,
-                                 overrides=list(overrides))
+                                 overrides=list(overrides), jobs=n)
         result = measure(body, nice=nice)
         configs = result.get("configs", configs)
         rows.append(StageRow(label or collection, stage, int(result["files"]), configs, float(result["wall_s"]),
-                             float(result["cpu_s"]), float(result["peak_rss_mb"])))
-        log(f"  {label or collection:<22} {stage:<12} {result['wall_s']:8.2f}s  peak {result['peak_rss_mb']:7.0f} MB")
+                             float(result["cpu_s"]), float(result["peak_rss_mb"]), n,
+                             float(result.get("worker_peak_rss_mb", 0.0))))
+        log(f"  {label or collection:<22} {stage:<12} x{n} {result['wall_s']:8.2f}s  peak {result['peak_rss_mb']:7.0f} MB"
+            f" (workers {result.get('worker_peak_rss_mb', 0.0):.0f} MB)")
     floor = rows[0]
     rows[0] = StageRow(floor.collection, floor.stage, floor.files, configs, floor.wall_s, floor.cpu_s,
                        floor.peak_rss_mb)
@@ -109,13 +125,14 @@ def measure_collection(root: Path, collection: str, work: Path, *, overrides: Se
 
 
 def table(rows: list[StageRow]) -> list[str]:
-    header = ["collection", "stage", "files", "configs", "wall s", "cpu s", "peak RSS MB", "files/s", "configs/s",
-              "x floor (wall)", "x floor (cpu)", "real files", "extrapolated s"]
+    header = ["collection", "stage", "jobs", "files", "configs", "wall s", "cpu s", "peak RSS MB", "worker peak MB",
+              "files/s", "configs/s", "x floor (wall)", "x floor (cpu)", "real files", "extrapolated s"]
     floors = {r.collection: r for r in rows if r.stage == "floor"}
     out = []
     for r in rows:
         extra, floor = r.extrapolated_s(), floors.get(r.collection)
-        out.append([r.collection, r.stage, r.files, r.configs, r.wall_s, r.cpu_s, r.peak_rss_mb, r.files_per_s,
+        out.append([r.collection, r.stage, r.jobs, r.files, r.configs, r.wall_s, r.cpu_s, r.peak_rss_mb,
+                    r.worker_peak_rss_mb or "-", r.files_per_s,
                     r.configs_per_s, r.wall_s / floor.wall_s if floor and floor.wall_s else "-",
                     r.cpu_s / floor.cpu_s if floor and floor.cpu_s else "-",
                     real_total(r.collection) if r.collection in REAL_FILES else "-",
@@ -124,28 +141,34 @@ def table(rows: list[StageRow]) -> list[str]:
 
 
 def targets(rows: list[StageRow]) -> list[str]:
-    """Verdicts: prune+features of the whole (extrapolated) data vs the floor, and peak memory."""
-    def total(stages: tuple[str, ...], cpu: bool = False) -> float:
+    """Verdicts per worker count: prune+features of the whole (extrapolated) data vs the floor (one
+    process decompressing every file), and peak memory (the largest process, driver or worker)."""
+    def total(stages: tuple[str, ...], jobs: int, cpu: bool = False) -> float:
         return sum((r.extrapolated_s() or 0.0) * (r.cpu_s / r.wall_s if cpu and r.wall_s else 1.0)
-                   for r in rows if r.stage in stages)
+                   for r in rows if r.stage in stages and (r.jobs == jobs or r.stage == "floor"))
 
     lines = []
-    floor = total(("floor",))
-    if floor > 0:
-        ratio = total(("prune", "features")) / floor
-        lines.append(verdict("prune+features / bare decompression, whole real-scale data (extrapolated: "
-                             f"{total(('prune', 'features')) / 60:.1f} min vs {floor / 60:.1f} min wall)",
-                             ratio, TARGET_RATIO, "x"))
-        cpu_ratio = total(("prune", "features"), cpu=True) / max(total(("floor",), cpu=True), 1e-9)
-        lines.append(f"- (the same ratio in CPU time, less sensitive to other load on the machine: {cpu_ratio:.2f}x)")
-    big = [r for r in rows if r.collection not in REAL_FILES and r.stage in ("floor", "prune", "features")]
-    if len(big) == 3:
-        lines.append(f"- largest real-size file alone: prune+features = {(big[1].wall_s + big[2].wall_s) / big[0].wall_s:.2f}x"
-                     f" the floor (wall), {(big[1].cpu_s + big[2].cpu_s) / max(big[0].cpu_s, 1e-9):.2f}x (cpu)")
-    peak = max(r.peak_rss_mb for r in rows if r.stage != "floor")
-    where = max((r for r in rows if r.stage != "floor"), key=lambda r: r.peak_rss_mb)
-    lines.append(verdict(f"peak resident memory of a data stage ({where.collection} {where.stage})",
-                         peak, TARGET_PEAK_MB, "MB"))
+    for jobs in sorted({r.jobs for r in rows if r.stage != "floor"}):
+        floor = total(("floor",), jobs)
+        if floor > 0:
+            work = total(("prune", "features"), jobs)
+            lines.append(verdict(f"prune+features with {jobs} worker(s) / bare decompression in one process, whole "
+                                 f"real-scale data (extrapolated: {work / 60:.1f} min vs {floor / 60:.1f} min wall)",
+                                 work / floor, TARGET_RATIO, "x"))
+            cpu_ratio = total(("prune", "features"), jobs, cpu=True) / max(total(("floor",), jobs, cpu=True), 1e-9)
+            lines.append(f"- (CPU time of all processes, {jobs} worker(s), over the floor's: {cpu_ratio:.2f}x; "
+                         "parallelism cannot lower it)")
+        big = {r.stage: r for r in rows if r.collection not in REAL_FILES and (r.jobs == jobs or r.stage == "floor")}
+        if {"floor", "prune", "features"} <= set(big):
+            lines.append(f"- largest real-size file alone ({jobs} worker(s)): prune+features = "
+                         f"{(big['prune'].wall_s + big['features'].wall_s) / big['floor'].wall_s:.2f}x the floor (wall), "
+                         f"{(big['prune'].cpu_s + big['features'].cpu_s) / max(big['floor'].cpu_s, 1e-9):.2f}x (cpu)")
+    measured = [r for r in rows if r.stage != "floor"]
+    if measured:
+        where = max(measured, key=lambda r: max(r.peak_rss_mb, r.worker_peak_rss_mb))
+        lines.append(verdict(f"peak resident memory of one data-stage process ({where.collection} {where.stage}, "
+                             f"{where.jobs} worker(s))", max(where.peak_rss_mb, where.worker_peak_rss_mb),
+                             TARGET_PEAK_MB, "MB"))
     return lines
 
 
@@ -154,8 +177,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--root", type=Path, required=True)
     parser.add_argument("--collections", default=",".join(REAL_FILES))
     parser.add_argument("--work", type=Path, default=Path("/tmp/bench-work"))
+    parser.add_argument("--jobs", default="1,2", help="comma-separated worker counts (run.n_jobs) to measure")
+    parser.add_argument("--nice", type=int, default=0)
     args = parser.parse_args(argv)
-    rows = [row for c in args.collections.split(",") for row in measure_collection(args.root, c, args.work)]
+    jobs = [int(j) for j in args.jobs.split(",")]
+    rows = [row for c in args.collections.split(",")
+            for row in measure_collection(args.root, c, args.work, jobs=jobs, nice=args.nice)]
     print("\n".join(table(rows) + [""] + targets(rows)))
 
 

@@ -1,6 +1,10 @@
 """GNN throughput and peak memory on the largest pruned layout graph (base config, 2 threads).
 
 Usage: python -m benchmarks.gnn_throughput [--work DIR] [--copies 1,2] [--steps N] [--eval-configs N]
+                                           [--device cpu,cuda] [--precision fp32,bf16]
+
+On a GPU workstation: ``python -m benchmarks.gnn_throughput --device cpu,cuda --precision fp32,bf16``
+(or ``make bench-gpu``) compares the same machine's CPU with its GPU.
 
 Takes the layout graph with the most nodes among the node-arrays stage outputs under ``--work``
 (``make bench`` writes them to benchmarks/worlds/work), i.e. a graph *after* pruning. With
@@ -12,6 +16,10 @@ Each figure comes from a fresh process, so its peak RSS is its own:
   one warm-up step; configs/s = K x steps / seconds. Peak RSS includes the graph's arrays.
 * predict: every one of ``--eval-configs`` configs scored the way ``GNNRanker.predict`` does
   (encode once, chunks sized by ``eval_chunk`` / ``eval_chunk_mb``).
+
+On a GPU the graph is copied to the device once (as ``trainer.DeviceBatches`` does in a fit) and
+the clock stops after ``torch.cuda.synchronize()``; ``H2D KB/step`` is what a training step copies
+to the device (the K sampled configs), ``peak device MB`` is ``torch.cuda.max_memory_allocated``.
 """
 
 from __future__ import annotations
@@ -24,13 +32,15 @@ from benchmarks.common import WORLDS, markdown_table, measure
 
 _BODY = """
 import time
+from dataclasses import replace
 import numpy as np
 import torch
 from pipelines.config import load_config, resolve_for_collection
-from pipelines.models.gnn.batch import prepare_graph
+from pipelines.models.gnn.batch import gather_configs, prepare_graph
+from pipelines.models.gnn.device import resolve_device
 from pipelines.models.gnn.losses import make_loss
 from pipelines.models.gnn.model import GNNModel
-from pipelines.models.gnn.trainer import configs_per_chunk, sample_configs, score_graph, train_step
+from pipelines.models.gnn.trainer import DeviceBatches, configs_per_chunk, sample_configs, score_graph, train_step
 from pipelines.node_arrays import GraphArrays, load_graph_arrays
 
 def union(graph, copies):
@@ -46,32 +56,47 @@ def union(graph, copies):
         runtime=graph.runtime, config_index=graph.config_index)
 
 torch.set_num_threads(2)
-cfg = resolve_for_collection(load_config(None, []).gnn, {collection!r})
+cfg = replace(resolve_for_collection(load_config(None, []).gnn, {collection!r}), device={device!r}, precision={precision!r})
+device = resolve_device(cfg.device)
+cuda = device.type == "cuda"
+def sync():
+    if cuda:
+        torch.cuda.synchronize(device)
 graph = union(load_graph_arrays({path!r}), {copies})
 prepared = prepare_graph(graph, cfg.config_layers)
 torch.manual_seed(0)
-model = GNNModel(cfg, graph.node_feat.shape[1], "layout")
+model = GNNModel(cfg, graph.node_feat.shape[1], "layout").to(device)
+batches = DeviceBatches(device)
 rng = np.random.default_rng(0)
 result = {{"nodes": graph.num_nodes, "config_nodes": int(graph.config_nodes.shape[0]),
-           "rows": int(prepared.levels[-1].rows.shape[0]), "configs": graph.num_configs}}
+           "rows": int(prepared.levels[-1].rows.shape[0]), "configs": graph.num_configs, "device": str(device)}}
 if {mode!r} == "train":
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
     loss_fn = make_loss(cfg.loss, cfg.margin)
     def step():
         idx = sample_configs(rng, graph.num_configs, cfg.configs_per_graph)
-        train_step(model, [prepared], [idx], loss_fn, optimizer, cfg.grad_clip)
+        return train_step(model, [prepared], [idx], loss_fn, optimizer, cfg.grad_clip,
+                          batch=batches.get([prepared], 0), precision=cfg.precision)
     step()
+    sync()
     started = time.perf_counter()
-    for _ in range({steps}):
-        step()
+    losses = [step() for _ in range({steps})]
+    torch.stack(losses).tolist()  # what the trainer reads back, once per epoch
+    sync()
     seconds = time.perf_counter() - started
-    result.update(seconds=seconds, configs_per_s=cfg.configs_per_graph * {steps} / seconds)
+    sample = gather_configs([prepared], [sample_configs(rng, graph.num_configs, cfg.configs_per_graph)])
+    h2d = sum(t.nbytes for t in vars(sample).values() if isinstance(t, torch.Tensor))
+    result.update(seconds=seconds, configs_per_s=cfg.configs_per_graph * {steps} / seconds, h2d_kb=h2d / 1024)
 else:
     idx = np.arange({eval_configs}) % graph.num_configs
+    score_graph(model, prepared, cfg, idx[:configs_per_chunk(cfg, prepared)])  # warm-up: one chunk (CUDA kernels, allocator)
+    sync()
     started = time.perf_counter()
     score_graph(model, prepared, cfg, idx)
+    sync()
     seconds = time.perf_counter() - started
     result.update(seconds=seconds, configs_per_s={eval_configs} / seconds, chunk=configs_per_chunk(cfg, prepared))
+result["peak_device_mb"] = torch.cuda.max_memory_allocated(device) / 2**20 if cuda else 0.0
 """
 
 
@@ -90,24 +115,30 @@ def largest_layout_graph(work: Path) -> tuple[Path, str]:
 
 
 def measure_throughput(work: Path, *, copies: Sequence[int] = (1, 2), steps: int = 5, eval_configs: int = 1000,
-                       nice: int = 0, log=print) -> list[list]:
+                       devices: Sequence[str] = ("cpu",), precisions: Sequence[str] = ("fp32",), nice: int = 0,
+                       log=print) -> list[list]:
     path, collection = largest_layout_graph(work)
     log(f"GNN throughput on {path} ({collection})")
     rows = []
-    for count in copies:
-        for mode in ("train", "predict"):
-            r = measure(_BODY.format(collection=collection, path=str(path), copies=count, mode=mode, steps=steps,
-                                     eval_configs=eval_configs), nice=nice)
-            rows.append([mode, count, r["nodes"], r["config_nodes"], r["rows"], r["seconds"], r["configs_per_s"],
-                         r["peak_rss_mb"]])
-            log(f"  {mode:<7} x{count}: {r['nodes']} nodes, {r['config_nodes']} configurable, "
-                f"{r['configs_per_s']:.1f} configs/s, peak {r['peak_rss_mb']:.0f} MB")
+    for device in devices:
+        for precision in precisions:
+            for count in copies:
+                for mode in ("train", "predict"):
+                    r = measure(_BODY.format(collection=collection, path=str(path), copies=count, mode=mode,
+                                             steps=steps, eval_configs=eval_configs, device=device,
+                                             precision=precision), nice=nice)
+                    rows.append([r["device"], precision, mode, count, r["nodes"], r["config_nodes"], r["rows"],
+                                 r["seconds"], r["configs_per_s"], r.get("h2d_kb", "-"), r["peak_rss_mb"],
+                                 r["peak_device_mb"] or "-"])
+                    log(f"  {r['device']:<6} {precision} {mode:<7} x{count}: {r['nodes']} nodes, "
+                        f"{r['config_nodes']} configurable, {r['configs_per_s']:.1f} configs/s, "
+                        f"peak {r['peak_rss_mb']:.0f} MB RSS, {r['peak_device_mb']:.0f} MB device")
     return rows
 
 
 def table(rows: list[list]) -> list[str]:
-    header = ["mode", "copies", "nodes", "configurable nodes", "config-dependent rows", "seconds", "configs/s",
-              "peak RSS MB"]
+    header = ["device", "precision", "mode", "copies", "nodes", "configurable nodes", "config-dependent rows",
+              "seconds", "configs/s", "H2D KB/step", "peak RSS MB", "peak device MB"]
     return markdown_table(header, rows)
 
 
@@ -118,9 +149,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--eval-configs", type=int, default=1000)
     parser.add_argument("--nice", type=int, default=0)
+    parser.add_argument("--device", default="cpu", help="comma-separated gnn.device values: cpu, cuda, auto")
+    parser.add_argument("--precision", default="fp32", help="comma-separated gnn.precision values: fp32, bf16")
     args = parser.parse_args(argv)
     rows = measure_throughput(args.work, copies=[int(c) for c in args.copies.split(",")], steps=args.steps,
-                              eval_configs=args.eval_configs, nice=args.nice)
+                              eval_configs=args.eval_configs, devices=args.device.split(","),
+                              precisions=args.precision.split(","), nice=args.nice)
     print("\n".join(table(rows)))
 
 

@@ -10,9 +10,11 @@ Worlds (built once under benchmarks/worlds/, gitignored; a complete one is reuse
   for the peak memory of the data stages on the worst file.
 
 Defaults come from the environment where set: BENCH_LIMIT (layout, default 2), BENCH_TILE_LIMIT
-(default 500), BENCH_MODELS (default gbdt,gnn), BENCH_GNN_EPOCHS (default 2: the GNN runs 2 epochs and
-its fit time is scaled to the base config's 20; 0 runs the base config as is), BENCH_LARGEST (1/0,
-default 1), BENCH_NICE (default 10).
+(default 500), BENCH_MODELS (default gbdt,gnn), BENCH_GNN_EPOCHS (default 0: the base config as is, early
+stopping included; N: N epochs without it, scaled to BENCH_GNN_EXPECTED_EPOCHS, default the base config's 20), BENCH_LARGEST (1/0,
+default 1), BENCH_NICE (default 10), BENCH_JOBS (worker counts of the data stages, default 1,2),
+BENCH_DEVICE (devices of the GNN fit and throughput rows, default cpu; ``cpu,cuda`` compares them),
+BENCH_PRECISION (gnn.precision of the throughput rows, default fp32; ``fp32,bf16`` compares them).
 Every figure is extrapolated to the real file counts (tile 5709/676/844; layout xla:default 61/7/8,
 xla:random 69/7/8, nlp:default 198/20/17, nlp:random 207/20/17) linearly in the number of files.
 
@@ -29,6 +31,7 @@ from __future__ import annotations
 import argparse
 import os
 import time
+from dataclasses import replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Sequence
@@ -54,14 +57,25 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                         help="tile files per split (env BENCH_TILE_LIMIT)")
     parser.add_argument("--models", default=os.environ.get("BENCH_MODELS", "gbdt,gnn"),
                         help="models to train, comma-separated (env BENCH_MODELS); empty: none")
-    parser.add_argument("--gnn-epochs", type=int, default=_env_int("BENCH_GNN_EPOCHS", 2),
-                        help="GNN epochs actually run, fit time scaled to the base config's epochs "
-                             "(env BENCH_GNN_EPOCHS; 0: run the base config as is)")
+    parser.add_argument("--gnn-epochs", type=int, default=_env_int("BENCH_GNN_EPOCHS", 0),
+                        help="GNN epochs actually run without early stopping, fit time scaled to "
+                             "--gnn-expected-epochs (env BENCH_GNN_EPOCHS; 0: run the base config as is, "
+                             "early stopping included)")
+    parser.add_argument("--gnn-expected-epochs", type=float,
+                        default=float(os.environ.get("BENCH_GNN_EXPECTED_EPOCHS") or 0) or None,
+                        help="epochs a --gnn-epochs run is scaled to (env BENCH_GNN_EXPECTED_EPOCHS; default: the "
+                             "base config's epochs, an upper bound)")
     parser.add_argument("--no-largest", dest="largest", action="store_false",
                         default=bool(_env_int("BENCH_LARGEST", 1)),
                         help="skip the largest-file memory check (env BENCH_LARGEST=0)")
     parser.add_argument("--nice", type=int, default=_env_int("BENCH_NICE", 10),
                         help="niceness of the measured processes (the machine may be shared)")
+    parser.add_argument("--jobs", default=os.environ.get("BENCH_JOBS", "1,2"),
+                        help="worker counts (run.n_jobs) the data stages are measured with (env BENCH_JOBS)")
+    parser.add_argument("--device", default=os.environ.get("BENCH_DEVICE", "cpu"),
+                        help="gnn.device of the GNN throughput rows: cpu, cuda or auto (env BENCH_DEVICE)")
+    parser.add_argument("--precision", default=os.environ.get("BENCH_PRECISION", "fp32"),
+                        help="gnn.precision values of the GNN throughput rows (env BENCH_PRECISION)")
     parser.add_argument("--collections", default=",".join((TILE, *LAYOUT)))
     parser.add_argument("--out", type=Path, default=RESULTS)
     return parser.parse_args(argv)
@@ -85,7 +99,8 @@ def main(argv: Sequence[str] | None = None) -> Path:
     print("data stages (each in a fresh process):")
     stage_rows = []
     for collection in collections:
-        stage_rows += data_stages.measure_collection(roots[collection], collection, work, nice=args.nice)
+        stage_rows += data_stages.measure_collection(roots[collection], collection, work, nice=args.nice,
+                                                     jobs=[int(j) for j in args.jobs.split(",")])
     if args.largest:
         big = build_big_world()
         stage_rows += data_stages.measure_collection(big, "layout:xla:default", work / "largest", nice=args.nice,
@@ -95,13 +110,17 @@ def main(argv: Sequence[str] | None = None) -> Path:
     if models:
         print("training, one fold and one seed, then prediction of every test graph:")
         for model in models:
-            for collection in collections:
-                fit_rows.append(training.measure_fold(roots[collection], collection, model, work, nice=args.nice,
-                                                      gnn_epochs=args.gnn_epochs or None))
+            for device in (args.device.split(",") if model == "gnn" else ["cpu"]):
+                for collection in collections:
+                    row = training.measure_fold(roots[collection], collection, model, work, nice=args.nice,
+                                                gnn_epochs=args.gnn_epochs or None, device=device,
+                                                gnn_expected_epochs=args.gnn_expected_epochs)
+                    fit_rows.append(row if device == "cpu" else replace(row, model=f"{model} ({device})"))
 
     throughput_rows = []
     if "gnn" in models and any(c in LAYOUT for c in collections):
-        throughput_rows = gnn_throughput.measure_throughput(work, nice=args.nice)
+        throughput_rows = gnn_throughput.measure_throughput(work, nice=args.nice, devices=args.device.split(","),
+                                                            precisions=args.precision.split(","))
 
     text = report(host, args, stage_rows, fit_rows, throughput_rows, time.perf_counter() - started)
     args.out.mkdir(parents=True, exist_ok=True)
@@ -134,11 +153,15 @@ def report(host, args: argparse.Namespace, stage_rows: list, fit_rows: list, thr
     if fit_rows:
         lines += ["## Training (one fold, one seed, 2 threads) and prediction of every test graph", "",
                   "Fit = loading the training data + `fit` on the train graphs, early stopping on the valid graphs "
-                  "(base config; a plain split: the sample has too few program families for grouped folds; the GNN "
-                  f"ran {args.gnn_epochs or 'all'} epoch(s), its time scaled by `epochs scale` to the base config's "
-                  "epochs without early stopping, an upper bound), extrapolated to the real train graphs (one fold "
-                  "model of the 5-fold CV trains on 4/5 of train+valid: about as many). Predict = every test "
-                  "graph of the sample, extrapolated to the real test graphs.", "", *training.table(fit_rows), "", *training.targets(fit_rows), ""]
+                  "(base config; a plain split: the sample has too few program families for grouped folds), "
+                  "extrapolated to the real train graphs (one fold model of the 5-fold CV trains on 4/5 of "
+                  "train+valid: about as many). The GNN "
+                  + (f"ran {args.gnn_epochs} epoch(s) without early stopping, its time scaled by `epochs scale` to "
+                     f"{args.gnn_expected_epochs or 'the base config'}'s epochs"
+                     if args.gnn_epochs else "ran the base config as is, early stopping included")
+                  + "; its training steps are extrapolated to the train graphs of a real fold model (4/5 of "
+                  "train+valid) and its early-stopping validation to the held-out ones (1/5). Predict = every "
+                  "test graph of the sample, extrapolated to the real test graphs.", "", *training.table(fit_rows), "", *training.targets(fit_rows), ""]
     if throughput_rows:
         lines += ["## GNN throughput on the largest pruned layout graph (base config, 2 threads)", "",
                   "Train: optimiser steps of K sampled configs; predict: 1000 configs scored in memory-bounded "

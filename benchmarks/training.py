@@ -7,9 +7,16 @@ then one model is fitted on the train graphs with early stopping on the valid gr
 its data and ``fit``; like one fold of the CV, whose fold models train on 4/5 of train+valid, about
 as many graphs), then every test graph is predicted (timed). A benchmark sample has too few program
 families for grouped folds, hence the plain split. Times are extrapolated linearly in the number of
-graphs to the real data: the fit to the real train graphs, the prediction to the real test graphs. ``--gnn-epochs N`` trains the GNN for N epochs (no early
-stopping) and scales its fit time by (base config epochs) / N: an upper bound, since early stopping
-may end the real run sooner.
+graphs to the real data: the fit to the real train graphs, the prediction to the real test graphs.
+
+The GNN's fit is extrapolated in parts, because its training and its early-stopping validation
+scale with different graph counts: per epoch, the training steps scale with the train graphs of a
+real fold model (4/5 of train+valid) and the validation with its held-out graphs (1/5), and the
+epoch count with what early stopping runs. ``--gnn-epochs 0`` runs the base config as it is
+(early stopping included: the sample's own stopping epoch); ``--gnn-epochs N`` trains N epochs
+without early stopping and scales to ``--gnn-expected-epochs`` (default: the base config's epochs,
+an upper bound; pass the epochs early stopping ran on a larger world, e.g. the ``small`` world's
+mean ``epochs_run``, for an estimate). ``--device cuda`` trains the GNN on the GPU.
 """
 
 from __future__ import annotations
@@ -54,6 +61,9 @@ train = adapter.load(prepared, train_graphs, settings=settings, fit=True, seed=0
 valid = adapter.load(prepared, held_out, settings=settings, fit=True, seed=0)
 ranker = ranker.fit(train, valid, seed=0)
 fit_s, fit_cpu_s = time.perf_counter() - t0, time.process_time() - c0
+history = getattr(getattr(ranker, "ranker", None), "history_", None) or []
+epochs_s = sum(h["seconds"] for h in history)
+valid_s = sum(h.get("valid_seconds", 0.0) for h in history)
 del train, valid
 t0, c0 = time.perf_counter(), time.process_time()
 predicted = _predict_graphs(adapter, ranker, prepared, test_graphs, settings=settings,
@@ -63,7 +73,8 @@ table = prepared.graph_table
 nodes = table.filter(table["graph"].is_in(train_graphs))["nodes_after"]
 result = {{"fit_s": fit_s, "fit_cpu_s": fit_cpu_s, "predict_s": predict_s, "predict_cpu_s": predict_cpu_s, "train_graphs": len(train_graphs),
            "test_graphs": len(test_graphs), "test_configs": int(sum(len(c) for _, _, c in predicted)),
-           "train_mean_nodes": float(nodes.mean())}}
+           "train_mean_nodes": float(nodes.mean()), "valid_graphs": len(held_out), "epochs_run": len(history),
+           "epochs_s": epochs_s, "valid_s": valid_s}}
 """
 
 
@@ -81,42 +92,64 @@ class FitRow:
     predict_s: float
     predict_cpu_s: float
     peak_rss_mb: float
+    valid_graphs: int = 0
+    epochs_run: int = 0  # GNN: epochs the sample ran (0: not a GNN)
+    epochs_s: float = 0.0  # GNN: seconds of those epochs, training steps and validation
+    valid_s: float = 0.0  # GNN: ... of which early-stopping validation
 
     def real_train_graphs(self) -> int:
         return REAL_FILES[self.collection][0]
 
+    def real_fold_graphs(self) -> tuple[float, float]:
+        """Train and held-out graphs of one real fold model of the 5-fold CV."""
+        labelled = REAL_FILES[self.collection][0] + REAL_FILES[self.collection][1]
+        return 0.8 * labelled, 0.2 * labelled
+
     def fit_extrapolated_s(self) -> float:
-        return self.fit_s * self.fit_scale / max(self.train_graphs, 1) * self.real_train_graphs()
+        if not self.epochs_run:  # one pass over the data (GBDT): linear in the train graphs
+            return self.fit_s * self.fit_scale / max(self.train_graphs, 1) * self.real_train_graphs()
+        real_train, real_valid = self.real_fold_graphs()
+        other = self.fit_s - self.epochs_s  # loading the data, preparing graphs: once per graph
+        steps = (self.epochs_s - self.valid_s) / max(self.train_graphs, 1) * real_train
+        validation = self.valid_s / max(self.valid_graphs, 1) * real_valid
+        return (other / max(self.train_graphs + self.valid_graphs, 1) * (real_train + real_valid)
+                + self.fit_scale * (steps + validation))
 
     def predict_extrapolated_s(self) -> float:
         return self.predict_s / max(self.test_graphs, 1) * REAL_FILES[self.collection][2]
 
 
 def measure_fold(root: Path, collection: str, model: str, work: Path, *, overrides: Sequence[str] = (),
-                 gnn_epochs: int | None = None, threads: int = 2, nice: int = 0, log=print) -> FitRow:
+                 gnn_epochs: int | None = None, gnn_expected_epochs: float | None = None, device: str = "cpu",
+                 threads: int = 2, nice: int = 0, log=print) -> FitRow:
     from pipelines.config import load_config
 
     overrides, scale = list(overrides), 1.0
+    if model == "gnn":
+        overrides += [f'gnn.device="{device}"']
     if model == "gnn" and gnn_epochs:
-        base_epochs = load_config(None, overrides).gnn.epochs
+        expected = gnn_expected_epochs or load_config(None, overrides).gnn.epochs
         overrides += [f"gnn.epochs={gnn_epochs}", "gnn.patience=0"]
-        scale = base_epochs / gnn_epochs
+        scale = expected / gnn_epochs
     body = _FOLD.format(root=str(root), collection=collection, model=model, work=str(work), threads=threads,
                         overrides=overrides)
     r = measure(body, nice=nice)
     row = FitRow(model, collection, int(r["train_graphs"]), float(r["train_mean_nodes"]), float(r["fit_s"]),
                  float(r["fit_cpu_s"]), scale, int(r["test_graphs"]), int(r["test_configs"]), float(r["predict_s"]),
-                 float(r["predict_cpu_s"]), float(r["peak_rss_mb"]))
+                 float(r["predict_cpu_s"]), float(r["peak_rss_mb"]), int(r["valid_graphs"]), int(r["epochs_run"]),
+                 float(r["epochs_s"]), float(r["valid_s"]))
     log(f"  {model:<5} {collection:<22} fit {row.fit_s:8.1f}s on {row.train_graphs} graphs, predict "
         f"{row.predict_s:6.1f}s for {row.test_graphs} test graphs, peak {row.peak_rss_mb:6.0f} MB")
     return row
 
 
 def table(rows: list[FitRow]) -> list[str]:
-    header = ["model", "collection", "train graphs", "mean nodes", "fit s", "fit cpu s", "epochs scale",
-              "graphs/s (fit)", "real train graphs", "fit extrapolated s", "test graphs", "predict s",
-              "predict cpu s", "configs/s (predict)", "predict extrapolated s", "peak RSS MB"]
-    out = [[r.model, r.collection, r.train_graphs, r.train_mean_nodes, r.fit_s, r.fit_cpu_s, r.fit_scale,
+    header = ["model", "collection", "train graphs", "valid graphs", "mean nodes", "fit s", "fit cpu s",
+              "epochs run", "of which validation s", "epochs scale", "graphs/s (fit)", "real train graphs",
+              "fit extrapolated s", "test graphs", "predict s", "predict cpu s", "configs/s (predict)",
+              "predict extrapolated s", "peak RSS MB"]
+    out = [[r.model, r.collection, r.train_graphs, r.valid_graphs, r.train_mean_nodes, r.fit_s, r.fit_cpu_s,
+            r.epochs_run or "-", r.valid_s if r.epochs_run else "-", r.fit_scale,
             r.train_graphs / r.fit_s, r.real_train_graphs(), r.fit_extrapolated_s(), r.test_graphs, r.predict_s,
             r.predict_cpu_s, r.test_configs / r.predict_s if r.predict_s > 0 else "-", r.predict_extrapolated_s(),
             r.peak_rss_mb]
@@ -142,10 +175,16 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--collections", default=",".join(REAL_FILES))
     parser.add_argument("--models", default="gbdt,gnn")
     parser.add_argument("--work", type=Path, default=Path("/tmp/bench-work"))
-    parser.add_argument("--gnn-epochs", type=int, default=None, help="train the GNN this many epochs, scale up")
+    parser.add_argument("--gnn-epochs", type=int, default=None,
+                        help="train the GNN this many epochs without early stopping, then scale (0/unset: base config)")
+    parser.add_argument("--gnn-expected-epochs", type=float, default=None,
+                        help="epochs --gnn-epochs is scaled to (default: the base config's epochs, an upper bound)")
+    parser.add_argument("--device", default="cpu", help="gnn.device: cpu, cuda or auto")
+    parser.add_argument("--nice", type=int, default=0)
     args = parser.parse_args(argv)
-    rows = [measure_fold(args.root, c, m, args.work, gnn_epochs=args.gnn_epochs) for m in args.models.split(",")
-            for c in args.collections.split(",")]
+    rows = [measure_fold(args.root, c, m, args.work, gnn_epochs=args.gnn_epochs,
+                         gnn_expected_epochs=args.gnn_expected_epochs, device=args.device, nice=args.nice)
+            for m in args.models.split(",") for c in args.collections.split(",")]
     print("\n".join(table(rows) + [""] + targets(rows)))
 
 

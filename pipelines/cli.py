@@ -160,17 +160,22 @@ def _add_prepare(sub: argparse._SubParsersAction) -> None:
                    help="override one config value (repeatable)")
     p.add_argument("--collections", default=None, help="comma-separated collection names (default: all present)")
     p.add_argument("--force", action="store_true", help="recompute even when a cached output exists")
+    p.add_argument("--scheduler", default=None, metavar="ADDRESS",
+                   help="Dask scheduler address for the per-file jobs (workers must share this filesystem); "
+                        "default: run.scheduler of the config ('local': run.n_jobs local processes)")
     p.set_defaults(handler=_run_prepare)
 
 
 def _run_prepare(args: argparse.Namespace) -> int:
     from pipelines.collections import parse_collections
     from pipelines.config import load_config
+    from pipelines.parallel import fan_out
     from pipelines.prepare import prepare
 
     config = load_config(args.config, args.overrides)
     collections = None if args.collections is None else list(parse_collections(args.collections))
-    prepared = prepare(config, args.data_root, args.work_dir, collections, force=args.force)
+    with fan_out(args.scheduler if args.scheduler is not None else config.run.scheduler):
+        prepared = prepare(config, args.data_root, args.work_dir, collections, force=args.force)
     for name, item in prepared.items():
         for stage, output in item.stages.items():
             state = "cached" if item.cached.get(stage) else "computed"
@@ -333,7 +338,7 @@ def _add_run(sub: argparse._SubParsersAction) -> None:
                         "each of which must be one of run.models, the models the config allows)")
     p.add_argument("--submissions-dir", type=Path, default=paths.SUBMISSIONS_DIR)
     p.add_argument("--scheduler", default=None, metavar="ADDRESS",
-                   help="Dask scheduler address for the training jobs (workers must share this filesystem); "
+                   help="Dask scheduler address for the data-stage and training jobs (workers must share this filesystem); "
                         "default: run.scheduler of the config ('local': local processes)")
     p.add_argument("--force", action="store_true", help="recompute every stage even when cached")
     p.set_defaults(handler=_run_run)

@@ -30,6 +30,9 @@ class FormatError(PipelineError):
         self.problem = problem
         super().__init__(f"{self.path}: {problem}")
 
+    def __reduce__(self):  # so the error survives the trip back from a worker process
+        return type(self), (self.path, self.problem)
+
 
 class ConfigError(PipelineError):
     """A configuration value, override or command-line argument is invalid."""
@@ -44,3 +47,6 @@ class SubmissionError(PipelineError):
         shown = "\n  ".join(self.violations[:50])
         more = f"\n  ... and {len(self.violations) - 50} more" if len(self.violations) > 50 else ""
         super().__init__(f"{self.path}: {len(self.violations)} problem(s):\n  {shown}{more}")
+
+    def __reduce__(self):
+        return type(self), (self.path, self.violations)

@@ -14,7 +14,11 @@ keyed by stage version, resolved config and input keys, and reused until one of 
 * ``node_arrays``: prune output -> per-graph :class:`GraphArrays` for the GNN;
 * ``folds``: the train/valid stems -> ``folds.parquet``, the grouped folds every model shares.
 
-Graphs are processed one at a time, so memory stays bounded by the largest single graph.
+Prune, features and node arrays run one job per graph file with ``run.n_jobs`` workers (local
+processes, or the Dask cluster of an enclosing :func:`pipelines.parallel.fan_out`); every job writes
+its own file and the stage collects what they return in file order, so the output bytes do not
+depend on the number of workers. Each worker holds one graph at a time, so memory stays bounded by
+``run.n_jobs`` times the largest single graph.
 :func:`prepare` runs all four and returns a :class:`Prepared` per collection, the handle the
 models load their data through.
 """
@@ -46,6 +50,7 @@ from pipelines.features import (
 )
 from pipelines.folds import assign_folds
 from pipelines.node_arrays import GraphArrays, load_graph_arrays, make_graph_arrays, save_graph_arrays
+from pipelines.parallel import map_in_order
 from pipelines.progress import Progress
 from pipelines.prune import (
     PrunedGraph,
@@ -248,28 +253,38 @@ def prune_one(ref: GraphRef, config: PipelineConfig) -> tuple[PrunedGraph, dict[
     return pruned, row
 
 
-def _prune_to(folder: Path, ref: GraphRef, config: PipelineConfig) -> dict[str, Any]:
-    pruned, row = prune_one(ref, config)
+def _prune_to(folder: Path, ref: GraphRef,
+              config: PipelineConfig) -> tuple[dict[str, Any] | None, tuple[str, str] | None]:
+    """One prune job: writes the pruned graph and returns its stats row, or (None, (path, problem))
+    for a bad file: a worker returns the problem rather than raising it, so the stage decides in
+    file order (and a FormatError need not cross a process boundary)."""
+    try:
+        pruned, row = prune_one(ref, config)
+    except FormatError as exc:
+        return None, (str(exc.path), exc.problem)
     save_pruned(folder / ref.split / f"{ref.stem}.npz", pruned)
-    return row
+    return row, None
 
 
 def run_prune(config: PipelineConfig, collection: Collection, work_dir: Path, refs: dict[str, list[GraphRef]],
               data_key: str, force: bool, log: Log) -> Ran:
     def compute(folder: Path) -> dict[str, Any]:
         rows, skipped = [], []
-        progress = Progress(log, "[prune]", sum(len(items) for items in refs.values()))
-        for split, items in refs.items():
+        for split in refs:
             (folder / split).mkdir()
-            for ref in items:
-                progress.step()
-                try:
-                    rows.append(_prune_to(folder, ref, config))
-                except FormatError as exc:
-                    if config.data.on_bad_file != "skip":
-                        raise FormatError(exc.path, f"{exc.problem} (to leave such files out with a warning: "
-                                                    "--set data.on_bad_file=skip)") from None
-                    skipped.append({"split": split, "graph": ref.stem, "path": str(ref.path), "reason": exc.problem})
+        every = [ref for items in refs.values() for ref in items]
+        progress = Progress(log, "[prune]", len(every))
+        results = map_in_order(_prune_to, [(folder, ref, config) for ref in every], config.run.n_jobs)
+        for ref, (row, bad) in zip(every, results):
+            progress.step()
+            if bad is None:
+                rows.append(row)
+                continue
+            path, problem = bad
+            if config.data.on_bad_file != "skip":
+                raise FormatError(path, f"{problem} (to leave such files out with a warning: "
+                                        "--set data.on_bad_file=skip)")
+            skipped.append({"split": ref.split, "graph": ref.stem, "path": str(ref.path), "reason": problem})
         table = pl.DataFrame(rows, schema=_GRAPHS_SCHEMA)
         table.write_parquet(folder / GRAPHS_TABLE)
         labelled = table.filter(pl.col("split").is_in(LABELLED))
@@ -300,22 +315,28 @@ def features_config(config: PipelineConfig, collection: Collection) -> dict[str,
             "value_frequency": collection.search == "default"}
 
 
+def _features_to(folder: Path, ref: GraphRef, prune_path: Path, config: PipelineConfig,
+                 value_frequency: bool) -> tuple[int, list[str], dict[str, float]]:
+    """One features job: writes the graph's config table; returns its row count, feature columns and
+    the graph aggregates (collected by the stage into one table per split)."""
+    pruned = load_pruned(prune_path / ref.split / f"{ref.stem}.npz")
+    if ref.split in LABELLED:
+        pruned = sample_configs(pruned, config.features.max_configs_per_graph,
+                                _seeded_rng(config.features.seed, ref.stem))
+    table = config_feature_table(pruned, value_frequency=value_frequency)
+    table.write_parquet(folder / ref.split / "configs" / f"{ref.stem}.parquet")
+    if pruned.kind == "tile":  # unpruned: the graph is the whole program
+        aggregate = graph_aggregates(pruned.node_feat, pruned.node_opcode, pruned.edge_index, pruned.config_nodes)
+    else:  # aggregates describe the whole program, not the pruned part: re-read the raw structure
+        del pruned
+        raw = load_ref(ref, with_configs=False)
+        aggregate = graph_aggregates(raw.node_feat, raw.node_opcode, raw.edge_index, raw.node_config_ids)
+    return table.height, [c for c in table.columns if c.startswith("f_")], aggregate
+
+
 def run_features(config: PipelineConfig, collection: Collection, work_dir: Path, refs: dict[str, list[GraphRef]],
                  data_key: str, prune: StageOutput, force: bool, log: Log) -> Ran:
     stage_config = features_config(config, collection)
-
-    def graph_table(ref: GraphRef) -> tuple[pl.DataFrame, dict[str, float]]:
-        pruned = load_pruned(prune.path / ref.split / f"{ref.stem}.npz")
-        if ref.split in LABELLED:
-            pruned = sample_configs(pruned, config.features.max_configs_per_graph,
-                                    _seeded_rng(config.features.seed, ref.stem))
-        table = config_feature_table(pruned, value_frequency=stage_config["value_frequency"])
-        if pruned.kind == "tile":  # unpruned: the graph is the whole program
-            return table, graph_aggregates(pruned.node_feat, pruned.node_opcode, pruned.edge_index,
-                                           pruned.config_nodes)
-        # aggregates describe the whole program, not the pruned part: re-read the raw structure
-        raw = load_ref(ref, with_configs=False)
-        return table, graph_aggregates(raw.node_feat, raw.node_opcode, raw.edge_index, raw.node_config_ids)
 
     def compute(folder: Path) -> dict[str, Any]:
         rows = 0
@@ -324,12 +345,11 @@ def run_features(config: PipelineConfig, collection: Collection, work_dir: Path,
         for split, items in refs.items():
             (folder / split / "configs").mkdir(parents=True)
             aggregates = []
-            for ref in items:
+            jobs = [(folder, ref, prune.path, config, stage_config["value_frequency"]) for ref in items]
+            for height, names, aggregate in map_in_order(_features_to, jobs, config.run.n_jobs):
                 progress.step()
-                table, aggregate = graph_table(ref)
-                table.write_parquet(folder / split / "configs" / f"{ref.stem}.parquet")
-                rows += table.height
-                columns = columns or [c for c in table.columns if c.startswith("f_")]
+                rows += height
+                columns = columns or names
                 aggregates.append(aggregate)
             graph_feature_table(aggregates, [ref.stem for ref in items]).write_parquet(folder / split / GRAPH_FEATURES)
         return {"rows": rows, "config_features": len(columns)}
@@ -342,16 +362,21 @@ def run_features(config: PipelineConfig, collection: Collection, work_dir: Path,
 # ----------------------------------------------------------------------------- stage: node arrays
 
 
+def _node_arrays_to(folder: Path, prune_path: Path, stem: str, split: str, collection: str) -> None:
+    pruned = load_pruned(prune_path / split / f"{stem}.npz")
+    save_graph_arrays(folder / split / f"{stem}.npz", make_graph_arrays(pruned, collection, split))
+
+
 def run_node_arrays(collection: Collection, work_dir: Path, graphs: pl.DataFrame, prune: StageOutput,
-                    force: bool, log: Log) -> Ran:
+                    force: bool, log: Log, n_jobs: int = 1) -> Ran:
     def compute(folder: Path) -> dict[str, Any]:
         for split in SPLITS:
             (folder / split).mkdir()
         progress = Progress(log, "[node_arrays]", graphs.height)
-        for stem, split in graphs.select("graph", "split").iter_rows():
+        jobs = [(folder, prune.path, stem, split, collection.name)
+                for stem, split in graphs.select("graph", "split").iter_rows()]
+        for _ in map_in_order(_node_arrays_to, jobs, n_jobs):
             progress.step()
-            pruned = load_pruned(prune.path / split / f"{stem}.npz")
-            save_graph_arrays(folder / split / f"{stem}.npz", make_graph_arrays(pruned, collection.name, split))
         return {"graphs": graphs.height}
 
     return _run(work_dir, "node_arrays", NODE_ARRAYS_CODE, {"collection": collection.name},
@@ -495,7 +520,7 @@ def prepare_collection(config: PipelineConfig, collection: Collection, data_root
     kept = set(graphs["graph"].to_list())
     refs = {split: [ref for ref in items if ref.stem in kept] for split, items in refs.items()}
     ran["features"] = run_features(config, collection, work_dir, refs, data_key, prune, force, tagged)
-    ran["node_arrays"] = run_node_arrays(collection, work_dir, graphs, prune, force, tagged)
+    ran["node_arrays"] = run_node_arrays(collection, work_dir, graphs, prune, force, tagged, config.run.n_jobs)
     ran["folds"] = run_folds(config, collection, work_dir, refs, force, tagged)
     return Prepared(collection, {name: out for name, (out, _) in ran.items()},
                     {name: cached for name, (_, cached) in ran.items()})

@@ -34,8 +34,7 @@ import shlex
 import shutil
 import sys
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -56,14 +55,13 @@ from pipelines.engine import (
     write_json_atomic,
 )
 from pipelines.ensemble import ENSEMBLE_STAGE, ensemble_stage, load_blended_test
-from pipelines.errors import ConfigError, FormatError, PipelineError, redact_credentials
+from pipelines.errors import ConfigError, FormatError, PipelineError
+from pipelines.parallel import fan_out
 
 Log = Callable[[str], None]
 
 SUBMISSION_FILE = "submission.csv"
 RUN_MANIFEST = "manifest.json"
-LOCAL_SCHEDULER = "local"
-DASK_CONNECT_TIMEOUT = "10s"
 RUN_ID_ATTEMPTS = 100  # suffixes tried when two runs of one config start in the same second
 
 
@@ -217,42 +215,7 @@ def new_run_id(payload: Any, now: datetime) -> str:
     return f"{now.astimezone(timezone.utc):%Y%m%dT%H%M%SZ}-{fingerprint(payload)[:8]}"
 
 
-# ----------------------------------------------------------------------------- fan-out backend
-
-
-@contextmanager
-def fan_out(scheduler: str | None, log: Log = print) -> Iterator[str]:
-    """Within the block, joblib sends the training jobs to ``scheduler``: ``None``/``"local"`` keeps
-    local loky processes; anything else is the address of a running Dask scheduler. Yields the
-    joblib backend name ("loky" or "dask") for :func:`train_models`."""
-    if scheduler is None or scheduler == LOCAL_SCHEDULER:
-        yield "loky"
-        return
-    try:
-        import joblib
-        from distributed import Client
-    except ImportError as exc:
-        raise PipelineError(f"--scheduler {scheduler} needs Dask: pip install 'dask[distributed]' ({exc})") from None
-    from urllib.parse import urlsplit
-
-    try:
-        secret = urlsplit(scheduler).password
-    except ValueError:
-        secret = None
-    shown = redact_credentials(scheduler, secret)  # an address may carry a password: never echo it
-    try:
-        client = Client(scheduler, timeout=DASK_CONNECT_TIMEOUT, set_as_default=True)
-    except (OSError, TimeoutError, ValueError, TypeError) as exc:
-        raise PipelineError(f"cannot reach the Dask scheduler at {shown!r} within "
-                            f"{DASK_CONNECT_TIMEOUT}: {redact_credentials(str(exc), secret)}") from None
-    try:
-        workers = len(client.scheduler_info().get("workers", {}))
-        log(f"training jobs go to the Dask cluster at {shown} ({workers} worker(s); they must see this "
-            "work dir and data root at the same paths)")
-        with joblib.parallel_config(backend="dask"):
-            yield "dask"
-    finally:
-        client.close()
+# ----------------------------------------------------------------------------- training (fan-out: pipelines.parallel)
 
 
 def train_models(config: PipelineConfig, prepared: Mapping[str, Any], models: Sequence[str], *,

@@ -1,4 +1,4 @@
-"""Fan-out of training jobs to a real local Dask cluster: same predictions as local processes."""
+"""Fan-out to a real local Dask cluster: same predictions and same data-stage bytes as local processes."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from pipelines.errors import PipelineError
 from pipelines.predictions import read_predictions
 from pipelines.prepare import prepare
 from pipelines.run import fan_out, run_pipeline, train_models
+from tests.test_prepare import stage_bytes
 from pipelines.train import PREDICTIONS_FILE
 
 distributed = pytest.importorskip("distributed")
@@ -74,3 +75,20 @@ def test_local_scheduler_changes_nothing():
         pass
     with fan_out(None, quiet):
         pass
+
+
+def test_data_stages_on_a_dask_cluster_write_the_same_bytes(tiny_world: Path, tmp_path: Path):
+    config = load_config("smoke", FAST)
+    collections = [TILE_XLA.name, "layout:nlp:random"]
+    local = prepare(config, tiny_world, tmp_path / "local", collections, log=quiet)
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None,
+                                  silence_logs=50) as cluster:
+        with fan_out(cluster.scheduler_address, quiet):
+            remote = prepare(config, tiny_world, tmp_path / "dask", collections, log=quiet)
+        with distributed.Client(cluster.scheduler_address) as client:
+            executed = client.run(_executed_count)
+    files = stage_bytes(local)
+    # the per-file jobs ran on the cluster (joblib batches them: fewer tasks than files), on both workers
+    assert len(executed) == 2 and all(count > 0 for count in executed.values())
+    assert not any(remote[TILE_XLA.name].cached.values())
+    assert stage_bytes(remote) == files

@@ -395,3 +395,89 @@ def test_stage_adapter_flattens_predictions_in_index_order(monkeypatch):
     small = adapter.job_memory(FakePrepared(), ["layout0"], settings)
     large = adapter.job_memory(FakePrepared(), ["layout0", "layout2"], settings)
     assert 0 < small < large
+
+
+# ----------------------------------------------------------------------------- devices and precision
+
+
+def test_device_choice_and_validation():
+    from pipelines.models.gnn.device import resolve_device
+
+    assert resolve_device("cpu") == torch.device("cpu")
+    assert resolve_device("auto").type == ("cuda" if torch.cuda.is_available() else "cpu")
+    for bad in ("gpu", "cuda:x", "tpu"):
+        with pytest.raises(ConfigError, match="device"):
+            GNNConfig(device=bad)
+    with pytest.raises(ConfigError, match="precision"):
+        config_from_dict(GNNConfig, {"precision": "fp16"})  # a choice: checked on load
+    if not torch.cuda.is_available():
+        with pytest.raises(ConfigError, match="no CUDA GPU"):
+            GNNRanker(epochs=1, device="cuda", **FAST).fit([three_node("layout")], seed=0)
+
+
+@pytest.mark.parametrize("kind", ["layout", "tile"])
+def test_training_step_never_reads_the_device(kind):
+    """A whole step (both losses) on the meta device, which holds no data: any read-back of a value
+    (``.item()``, ``bool(t)``, a boolean mask, ``.tolist()``), i.e. a GPU stall, would raise here."""
+    from pipelines.models.gnn.trainer import train_step
+
+    rng = np.random.default_rng(5)
+    graphs = [layout_graph(rng, n=30, nc=5)] if kind == "layout" else [tile_graph(rng, stem=f"t{i}") for i in range(3)]
+    cfg = GNNConfig(**FAST)
+    prepared = [prepare_graph(g, cfg.config_layers) for g in graphs]
+    model = GNNModel(cfg, FEAT, kind).to("meta")
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    batch = collate(prepared).to("meta")
+    assert all(t.device.type == "meta" for t in vars(batch).values() if isinstance(t, torch.Tensor))
+    assert all(t.device.type == "meta" for lv in batch.levels for t in vars(lv).values())
+    for loss in ("hinge", "listmle"):
+        value = train_step(model, prepared, [np.arange(4)] * len(prepared), make_loss(loss), optimizer, 1.0,
+                           batch=batch)
+        assert value.device.type == "meta"
+
+
+def test_losses_without_pairs_are_zero_with_zero_gradient():
+    scores = torch.tensor([[0.3, -0.2], [1.0, 2.0]], requires_grad=True)
+    runtime = torch.tensor([[1.0, 1.0], [1.0, 2.0]], dtype=torch.float64)
+    nothing = torch.tensor([[True, True], [True, False]])  # graph 0: a tie; graph 1: one config
+    for loss in (pairwise_hinge_loss(scores, runtime, nothing), list_mle_loss(scores, runtime, nothing[[1, 1]])):
+        assert float(loss.detach()) == 0.0
+        (grad,) = torch.autograd.grad(loss, scores)
+        assert not grad.any()
+    # one graph with pairs, one without: the mean is over the graph that has some
+    both = torch.tensor([[True, True], [True, True]])
+    alone = pairwise_hinge_loss(scores[1:], runtime[1:], both[1:])
+    assert float(pairwise_hinge_loss(scores, runtime, both)) == pytest.approx(float(alone))
+
+
+@pytest.mark.parametrize("kind", ["layout", "tile"])
+def test_bf16_autocast_trains_and_ranks_like_fp32(kind):
+    graphs = easy_world(6, kind, 8)
+    fits = {p: GNNRanker(epochs=3, lr=1e-2, precision=p, **FAST).fit(graphs[:6], graphs[6:], seed=0)
+            for p in ("fp32", "bf16")}
+    fp32, bf16 = (fits[p].predict(graphs[6:]) for p in ("fp32", "bf16"))
+    for a, b in zip(fp32, bf16):
+        assert np.isfinite(b).all() and b.dtype == np.float64
+        assert kendalltau(a, b)[0] > 0.6  # same model up to bf16 rounding
+    assert not all(np.array_equal(a, b) for a, b in zip(fp32, bf16))  # autocast did run in bf16
+    assert fits["bf16"].device_ == "cpu"
+
+
+def test_deterministic_mode_and_auto_device_change_nothing_on_cpu():
+    graphs = easy_world(7, "layout", 4)
+    fit = lambda **hp: GNNRanker(epochs=2, dropout=0.1, **FAST, **hp).fit(graphs[:3], graphs[3:], seed=0)
+    plain = fit().predict(graphs)
+    if not torch.cuda.is_available():
+        for other in (fit(deterministic=True).predict(graphs), fit(device="auto").predict(graphs)):
+            for x, y in zip(plain, other):
+                np.testing.assert_array_equal(x, y)
+    assert not torch.are_deterministic_algorithms_enabled()  # restored after the fit
+
+
+def test_gpu_config_asks_for_auto_and_runs_anywhere():
+    from pipelines.config import load_config
+    from pipelines.models.gnn.device import resolve_device
+
+    gnn = load_config("gpu").gnn
+    assert gnn.device == "auto" and gnn.precision == "fp32"
+    assert resolve_device(gnn.device).type in ("cpu", "cuda")

@@ -164,3 +164,39 @@ def test_cli_prepare_reports_keys_and_cache(world: Path, tmp_path: Path, capsys)
     assert [line.split()[1] for line in lines] == ["prune", "features", "node_arrays", "folds"]
     assert main(args[:-1] + ["folds.k=9"]) == 2  # more folds than families: a clear error, exit code 2
     assert "folds.k = 9" in capsys.readouterr().err
+
+
+def stage_bytes(prepared: dict) -> dict[str, bytes]:
+    """Every file the data stages wrote (manifests aside: they hold wall times), by relative path."""
+    out = {}
+    for name, item in prepared.items():
+        for stage, output in item.stages.items():
+            for path in sorted(output.path.rglob("*")):
+                if path.is_file() and path.name != "manifest.json":
+                    out[f"{name}/{stage}/{path.relative_to(output.path)}"] = path.read_bytes()
+    return out
+
+
+def test_data_stages_write_the_same_bytes_with_any_number_of_workers(world: Path, tmp_path: Path) -> None:
+    runs = {}
+    for jobs in (1, 3):
+        config = load_config(None, ["folds.k=2", "features.max_configs_per_graph=7", f"run.n_jobs={jobs}"])
+        runs[jobs] = prepare(config, world, tmp_path / f"jobs{jobs}", ["layout:xla:default", "tile:xla"],
+                             log=lambda _: None)
+    one, three = (stage_bytes(runs[j]) for j in (1, 3))
+    assert len(one) > 20 and one == three
+    # the worker count is not part of any stage key: one cache serves every machine
+    for name in runs[1]:
+        assert {s: o.key for s, o in runs[1][name].stages.items()} == {s: o.key for s, o in runs[3][name].stages.items()}
+
+
+def test_errors_raised_in_a_worker_process_keep_their_file_and_problem(tmp_path: Path) -> None:
+    import pickle
+
+    from pipelines.errors import FormatError, SubmissionError
+
+    error = pickle.loads(pickle.dumps(FormatError(tmp_path / "a.npz", "truncated archive")))
+    assert isinstance(error, FormatError) and error.path == tmp_path / "a.npz" and error.problem == "truncated archive"
+    assert str(error) == f"{tmp_path / 'a.npz'}: truncated archive"
+    submission = pickle.loads(pickle.dumps(SubmissionError("s.csv", ["row 3: bad id"])))
+    assert submission.violations == ["row 3: bad id"] and "1 problem(s)" in str(submission)

@@ -17,6 +17,8 @@ CONVS = ("sage", "gat")
 LOSSES = ("hinge", "listmle")
 NORMS = ("layer", "none")
 SCHEDULES = ("cosine", "onecycle", "constant")
+DEVICES = ("auto", "cpu", "cuda")  # "cuda:N" picks one GPU of several
+PRECISIONS = ("fp32", "bf16")
 
 
 @dataclass
@@ -59,14 +61,20 @@ class GNNConfig:
     pretrain_mask_rate: float = bounded(0.15, 1e-6, below=1.0)  # share of nodes whose opcode is masked and predicted
     # --- runtime
     num_threads: int = bounded(2, 1)
+    device: str = "cpu"  # "cpu", "cuda" ("cuda:N"), or "auto": CUDA when torch sees a GPU, else CPU
+    precision: str = choice("fp32", PRECISIONS)  # "fp32", or "bf16": autocast mixed precision of the forward pass (GPU)
+    deterministic: bool = False  # torch.use_deterministic_algorithms during the fit (GPU: bitwise repeatable)
     progress: bool = True  # tqdm bars (also switched off when stderr is not a terminal)
     # per-collection overrides, e.g. {"layout:xla:default": {"cross_config_attention": True}};
     # tile graphs are tiny, so several go into one step
     collections: dict[str, dict] = field(default_factory=lambda: {"tile:xla": {"graphs_per_step": 16}})
 
     def __post_init__(self) -> None:
-        """Rules that relate two fields (single-field bounds are metadata, checked on load)."""
+        """Rules field metadata cannot express: two related fields, a pattern (single-field bounds are
+        metadata, checked on load)."""
         if self.hidden % self.gat_heads:
             raise ConfigError(f"hidden ({self.hidden}) must be divisible by gat_heads ({self.gat_heads})")
+        if self.device not in DEVICES and not (self.device.startswith("cuda:") and self.device[5:].isdigit()):
+            raise ConfigError(f"device must be one of {DEVICES} or 'cuda:N', got {self.device!r}")
         if self.cross_config_attention and self.hidden % self.attention_heads:
             raise ConfigError(f"hidden ({self.hidden}) must be divisible by attention_heads ({self.attention_heads})")

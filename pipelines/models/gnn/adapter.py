@@ -101,7 +101,7 @@ class GNNAdapter:
         fitted = ranker.ranker
         history = fitted.history_
         return {"best_score": fitted.best_score_, "epochs_run": len(history),
-                "train_seconds": float(sum(h["seconds"] for h in history))}, None
+                "train_seconds": float(sum(h["seconds"] for h in history)), "device": fitted.device_}, None
 
     def save_model(self, ranker: StageRanker, folder: Path, name: str) -> list[str]:
         path = folder / f"{name}.pt"  # config, dims and the torch state dict

@@ -192,6 +192,23 @@ def prepare_graph(graph: GraphArrays, config_layers: int) -> PreparedGraph:
     )
 
 
+def _to_device(obj, device: torch.device, non_blocking: bool):
+    """A copy of dataclass ``obj`` with every tensor (also inside lists) on ``device``; other fields shared.
+
+    On CPU the tensors are returned as they are (``Tensor.to`` of the same device is a no-op).
+    """
+    def move(value):
+        if isinstance(value, torch.Tensor):
+            return value.to(device, non_blocking=non_blocking)
+        if isinstance(value, list):
+            return [move(v) for v in value]
+        if hasattr(value, "__dataclass_fields__"):
+            return _to_device(value, device, non_blocking)
+        return value
+
+    return type(obj)(**{name: move(getattr(obj, name)) for name in obj.__dataclass_fields__})
+
+
 @dataclass
 class Level:
     rows: torch.Tensor
@@ -223,6 +240,15 @@ class GraphBatch:
     config_in_final: torch.Tensor  # (R0,) position of each configurable node in levels[-1].rows
     final_graph: torch.Tensor  # (|D_L|,) graph of each row of the last level
     outside_final: torch.Tensor  # (N,) bool: node outside D_L (its state is the same for every config)
+    # Host-side facts, so the model never reads a size back from the device (a GPU sync) per step:
+    outside_rows: torch.Tensor  # (N - |D_L|,) ids of the nodes outside D_L, sorted
+    node_counts: list[int]  # nodes per graph
+    final_counts: list[int]  # rows of the last level per graph
+    outside_counts: list[int]  # nodes outside D_L per graph
+
+    def to(self, device: torch.device | str, non_blocking: bool = False) -> GraphBatch:
+        """This batch with every tensor on ``device`` (once per graph batch, not per config chunk)."""
+        return _to_device(self, torch.device(device), non_blocking)
 
 
 def _cat(parts: list[np.ndarray], dtype: torch.dtype) -> torch.Tensor:
@@ -262,6 +288,8 @@ def collate(graphs: list[PreparedGraph]) -> GraphBatch:
         config_in_final = torch.zeros(0, dtype=torch.long)
     outside = torch.ones(int(node_off[-1]), dtype=torch.bool)
     outside[final_rows] = False
+    node_counts = [g.num_nodes for g in graphs]
+    final_counts = [g.levels[-1].rows.shape[0] if num_levels else 0 for g in graphs]
     return GraphBatch(
         num_graphs=b,
         opcode=_cat([g.opcode for g in graphs], torch.long),
@@ -278,6 +306,10 @@ def collate(graphs: list[PreparedGraph]) -> GraphBatch:
         config_in_final=config_in_final,
         final_graph=final_graph,
         outside_final=outside,
+        outside_rows=torch.nonzero(outside).squeeze(1),
+        node_counts=node_counts,
+        final_counts=final_counts,
+        outside_counts=[n - f for n, f in zip(node_counts, final_counts)],
     )
 
 
@@ -296,6 +328,10 @@ class ConfigBatch:
     runtime: torch.Tensor  # float64 (B, K)
     inverse: torch.Tensor | None = None  # layout: long (R0, K) row of ``values`` of each node and config
     physics: torch.Tensor | None = None  # layout: float (R0, K, PHYSICS_DIM), see ``layout_physics``
+
+    def to(self, device: torch.device | str, non_blocking: bool = False) -> ConfigBatch:
+        """This batch on ``device``: the only host-to-device copy of a training step (K sampled configs)."""
+        return _to_device(self, torch.device(device), non_blocking)
 
 
 def gather_configs(graphs: list[PreparedGraph], indices: list[np.ndarray]) -> ConfigBatch:

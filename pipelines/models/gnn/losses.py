@@ -27,11 +27,20 @@ def pairwise_hinge_loss(scores: torch.Tensor, runtime: torch.Tensor, mask: torch
     gap = scores.unsqueeze(1) - scores.unsqueeze(2)  # gap[b, i, j] = s_j - s_i
     violation = torch.relu(margin - gap) * faster
     pairs = faster.sum(dim=(1, 2))
-    has_pairs = pairs > 0
-    if not bool(has_pairs.any()):
-        return scores.sum() * 0.0
-    per_graph = violation.sum(dim=(1, 2))[has_pairs] / pairs[has_pairs]
-    return per_graph.mean()
+    per_graph = violation.sum(dim=(1, 2)) / pairs.clamp(min=1)
+    return _mean_over(per_graph, pairs > 0)
+
+
+def _mean_over(values: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+    """Mean of ``values`` where ``keep`` (0 with a zero gradient when nothing is kept).
+
+    Weighted by the 0/1 mask rather than ``values[keep].mean()`` behind an ``if keep.any()``: both
+    read a count back from the device, which on a GPU stalls every training step. The result is
+    the same to the bit when every graph is kept (multiplying by one changes nothing); otherwise the
+    zeros of the left-out graphs can regroup the float sum (a last-bit difference).
+    """
+    weight = keep.to(values.dtype)
+    return (values * weight).sum() / weight.sum().clamp(min=1)
 
 
 def list_mle_loss(scores: torch.Tensor, runtime: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -50,10 +59,7 @@ def list_mle_loss(scores: torch.Tensor, runtime: torch.Tensor, mask: torch.Tenso
     suffix = torch.logcumsumexp(relevance.flip(1), dim=1).flip(1)
     terms = torch.where(valid, suffix - relevance, torch.zeros_like(relevance))
     counts = valid.sum(dim=1)
-    has_list = counts > 1
-    if not bool(has_list.any()):
-        return scores.sum() * 0.0
-    return (terms.sum(dim=1)[has_list] / counts[has_list]).mean()
+    return _mean_over(terms.sum(dim=1) / counts.clamp(min=1), counts > 1)
 
 
 def make_loss(name: str, margin: float = 0.1) -> Loss:

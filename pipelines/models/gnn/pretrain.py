@@ -44,7 +44,8 @@ def random_pairs(rng: np.random.Generator, node_offset: np.ndarray, graph_sizes:
 def pretrain_encoder(model: GNNModel, graphs: list[PreparedGraph], cfg: GNNConfig, rng: np.random.Generator,
                      log: Callable[[str], None]) -> list[float]:
     """Train the encoder of ``model`` in place on ``graphs``; returns the mean loss of each epoch."""
-    decoder = nn.Linear(cfg.hidden, NUM_OPCODES)
+    device = next(model.parameters()).device
+    decoder = nn.Linear(cfg.hidden, NUM_OPCODES).to(device)
     params = encoder_parameters(model) + list(decoder.parameters())
     optimizer = torch.optim.AdamW(params, lr=cfg.pretrain_lr, weight_decay=cfg.weight_decay)
     model.train()
@@ -55,10 +56,11 @@ def pretrain_encoder(model: GNNModel, graphs: list[PreparedGraph], cfg: GNNConfi
         losses = []
         for start in range(0, len(graphs), cfg.graphs_per_step):
             chosen = [graphs[i] for i in order[start:start + cfg.graphs_per_step]]
-            batch = collate(chosen)
+            batch = collate(chosen).to(device)
             n = batch.opcode.shape[0]
-            masked = torch.from_numpy(rng.random(n) < cfg.pretrain_mask_rate)
-            masked[int(rng.integers(n))] = True  # at least one masked node per step
+            mask = rng.random(n) < cfg.pretrain_mask_rate
+            mask[int(rng.integers(n))] = True  # at least one masked node per step
+            masked = torch.from_numpy(mask).to(device)
             opcode = batch.opcode.masked_fill(masked, MASK_OPCODE)
             z = model.encode_nodes(batch, opcode)
             loss = F.cross_entropy(decoder(z[masked]), batch.opcode[masked])
@@ -66,7 +68,7 @@ def pretrain_encoder(model: GNNModel, graphs: list[PreparedGraph], cfg: GNNConfi
                 sizes = np.array([g.num_nodes for g in chosen])
                 edges_per_graph = np.array([g.edge_index.shape[1] for g in chosen])
                 offsets = np.concatenate([[0], np.cumsum(sizes)[:-1]])
-                negative = torch.from_numpy(random_pairs(rng, offsets, sizes, edges_per_graph))
+                negative = torch.from_numpy(random_pairs(rng, offsets, sizes, edges_per_graph)).to(device)
                 pos = (z[batch.edge_index[0]] * z[batch.edge_index[1]]).sum(-1) * scale
                 neg = (z[negative[0]] * z[negative[1]]).sum(-1) * scale
                 loss = loss + F.binary_cross_entropy_with_logits(pos, torch.ones_like(pos)) \
@@ -75,7 +77,7 @@ def pretrain_encoder(model: GNNModel, graphs: list[PreparedGraph], cfg: GNNConfi
             loss.backward()
             nn.utils.clip_grad_norm_(params, cfg.grad_clip)
             optimizer.step()
-            losses.append(float(loss.detach()))
-        history.append(float(np.mean(losses)))
+            losses.append(loss.detach())
+        history.append(float(np.mean(torch.stack(losses).tolist())))
         log(f"pretrain epoch {epoch + 1}/{cfg.pretrain_epochs} loss {history[-1]:.4f}")
     return history

@@ -15,6 +15,7 @@ import torch
 from pipelines.config import config_from_dict, config_to_dict, resolve_for_collection
 from pipelines.errors import ConfigError, FormatError
 from pipelines.models.gnn.batch import PreparedGraph, graph_kind, prepare_graph
+from pipelines.models.gnn.device import deterministic, resolve_device, rng_devices
 from pipelines.models.gnn.model import GNNModel
 from pipelines.models.gnn.pretrain import pretrain_encoder
 from pipelines.models.gnn.trainer import atomic_torch_save, score_graph, train_model
@@ -51,7 +52,11 @@ class GNNRanker:
 
     Learned state: ``model_`` (the torch module), ``config_`` (the config resolved for the
     collection), ``collection_``, ``kind_``, ``node_feat_dim_``, ``history_`` (one dict per
-    epoch) and ``best_score_`` (validation score of the kept weights; NaN without validation).
+    epoch), ``best_score_`` (validation score of the kept weights; NaN without validation) and
+    ``device_`` (where it was trained: ``gnn.device`` resolved, e.g. "cpu" or "cuda:0").
+
+    The weights are initialised on the CPU with the seed, then moved to the device, so a GPU fit
+    starts from the same weights as a CPU fit.
     """
 
     def __init__(self, **hparams):
@@ -89,14 +94,16 @@ class GNNRanker:
             if not np.any(g.runtime > 0):
                 raise FormatError(f"{g.collection}:{g.stem}", "training/validation graph has no runtimes")
         cfg = resolve_for_collection(self.config, collection)
+        device = resolve_device(cfg.device)
         prepared_train = [prepare_graph(g, cfg.config_layers) for g in train]
         prepared_valid = [prepare_graph(g, cfg.config_layers) for g in valid]
         fingerprint = _fingerprint(cfg, seed, train, valid, unlabeled)
         checkpoint_path = None if checkpoint_dir is None else Path(checkpoint_dir) / f"gnn_seed{seed}.pt"
 
-        with _torch_threads(cfg.num_threads), torch.random.fork_rng(devices=[]):
+        with _torch_threads(cfg.num_threads), torch.random.fork_rng(devices=rng_devices(device)), \
+                deterministic(cfg.deterministic):
             torch.manual_seed(seed)
-            model = GNNModel(cfg, feat_dim, kind)
+            model = GNNModel(cfg, feat_dim, kind).to(device)
 
             def pretrain(rng: np.random.Generator) -> None:
                 if cfg.pretrain:
@@ -113,6 +120,7 @@ class GNNRanker:
         self.node_feat_dim_ = feat_dim
         self.history_ = state.history
         self.best_score_ = state.best_score if valid else math.nan
+        self.device_ = str(device)
         return self
 
     # ------------------------------------------------------------------ predict
@@ -125,6 +133,8 @@ class GNNRanker:
         """Per graph, a float64 cost per config in the graph's order (LOWER = predicted FASTER)."""
         self._check_fitted()
         out = []
+        device = resolve_device(self.config_.device)
+        self.model_.to(device)
         with _torch_threads(self.config_.num_threads):
             for g in graphs:
                 where = f"{g.collection}:{g.stem}"
@@ -143,7 +153,8 @@ class GNNRanker:
         atomic_torch_save({
             "format": MODEL_FORMAT, "config": config_to_dict(self.config), "resolved": config_to_dict(self.config_),
             "collection": self.collection_, "kind": self.kind_, "node_feat_dim": self.node_feat_dim_,
-            "history": self.history_, "best_score": self.best_score_, "model": self.model_.state_dict(),
+            "history": self.history_, "best_score": self.best_score_,
+            "model": {name: value.cpu() for name, value in self.model_.state_dict().items()},  # loads anywhere
         }, Path(path))
 
     @classmethod
@@ -160,6 +171,7 @@ class GNNRanker:
         ranker.collection_, ranker.kind_ = saved["collection"], saved["kind"]
         ranker.node_feat_dim_ = saved["node_feat_dim"]
         ranker.history_, ranker.best_score_ = saved["history"], saved["best_score"]
+        ranker.device_ = "cpu"  # loaded weights start on the CPU; predict moves them to config_.device
         ranker.model_ = GNNModel(ranker.config_, ranker.node_feat_dim_, ranker.kind_)
         ranker.model_.load_state_dict(saved["model"])
         ranker.model_.eval()

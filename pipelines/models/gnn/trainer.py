@@ -23,7 +23,8 @@ from torch import nn
 
 from pipelines.errors import ConfigError
 from pipelines.metric import kendall_tau_b, tile_score, tile_top_k
-from pipelines.models.gnn.batch import PreparedGraph, collate, gather_configs
+from pipelines.models.gnn.batch import GraphBatch, PreparedGraph, collate, gather_configs
+from pipelines.models.gnn.device import autocast
 from pipelines.models.gnn.losses import Loss, make_loss
 from pipelines.models.gnn.model import GNNModel
 from pipelines.models.gnn_config import GNNConfig
@@ -55,20 +56,53 @@ def configs_per_chunk(cfg: GNNConfig, graph: PreparedGraph) -> int:
     return int(min(cfg.eval_chunk, max(1, cfg.eval_chunk_mb * 2**20 // per_config)))
 
 
+def model_device(model: nn.Module) -> torch.device:
+    return next(model.parameters()).device
+
+
+class DeviceBatches:
+    """Graph batches on the model's device, each graph copied there once per fit rather than per step.
+
+    On CPU nothing is kept (``collate`` is cheap next to a step, and a second copy of a collection's
+    node features would cost memory); on a GPU a single-graph batch is cached by graph position.
+    Multi-graph steps (tile: 16 small graphs) are collated on the host and copied (~0.5 MB).
+    """
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.cache: dict[int, GraphBatch] = {}
+
+    def get(self, graphs: list[PreparedGraph], key: int | None = None) -> GraphBatch:
+        if self.device.type == "cpu":
+            return collate(graphs)
+        if key is None or len(graphs) != 1:
+            return collate(graphs).to(self.device, non_blocking=True)
+        if key not in self.cache:
+            self.cache[key] = collate(graphs).to(self.device)
+        return self.cache[key]
+
+
 @torch.no_grad()
-def score_graph(model: GNNModel, graph: PreparedGraph, cfg: GNNConfig, indices: np.ndarray | None = None) -> np.ndarray:
-    """Costs of the configs ``indices`` (default: all) of one graph, encoded once, scored in chunks."""
+def score_graph(model: GNNModel, graph: PreparedGraph, cfg: GNNConfig, indices: np.ndarray | None = None,
+                batch: GraphBatch | None = None) -> np.ndarray:
+    """Costs of the configs ``indices`` (default: all) of one graph, encoded once, scored in chunks.
+
+    ``batch``: the graph already collated on the model's device (else it is collated and copied).
+    The scores stay on the device until the last chunk, then come back in one copy.
+    """
     chunk = configs_per_chunk(cfg, graph)
+    device = model_device(model)
     was_training = model.training
     model.eval()
     try:
-        ctx = model.encode(collate([graph]))
-        idx = np.arange(graph.num_configs) if indices is None else indices
-        parts = [model.score(ctx, gather_configs([graph], [idx[s:s + chunk]]))[0].double().numpy()
-                 for s in range(0, idx.shape[0], chunk)]
+        with autocast(device, cfg.precision):
+            ctx = model.encode(batch if batch is not None else collate([graph]).to(device))
+            idx = np.arange(graph.num_configs) if indices is None else indices
+            parts = [model.score(ctx, gather_configs([graph], [idx[s:s + chunk]]).to(device))[0].double()
+                     for s in range(0, idx.shape[0], chunk)]
     finally:
         model.train(was_training)
-    return np.concatenate(parts) if parts else np.zeros(0)
+    return torch.cat(parts).cpu().numpy() if parts else np.zeros(0)
 
 
 def graph_metric(kind: str, scores: np.ndarray, runtime: np.ndarray) -> float:
@@ -80,9 +114,11 @@ def graph_metric(kind: str, scores: np.ndarray, runtime: np.ndarray) -> float:
     return tile_score(tile_top_k(scores), runtime)
 
 
-def validation_score(model: GNNModel, graphs: list[PreparedGraph], subsets: list[np.ndarray], cfg: GNNConfig) -> float:
-    values = [graph_metric(g.kind, score_graph(model, g, cfg, idx), g.runtime[idx])
-              for g, idx in zip(graphs, subsets)]
+def validation_score(model: GNNModel, graphs: list[PreparedGraph], subsets: list[np.ndarray], cfg: GNNConfig,
+                     batches: DeviceBatches | None = None) -> float:
+    batches = batches or DeviceBatches(model_device(model))
+    values = [graph_metric(g.kind, score_graph(model, g, cfg, idx, batches.get([g], i)), g.runtime[idx])
+              for i, (g, idx) in enumerate(zip(graphs, subsets))]
     values = [v for v in values if not math.isnan(v)]
     return float(np.mean(values)) if values else math.nan
 
@@ -108,15 +144,24 @@ def make_scheduler(optimizer: torch.optim.Optimizer, cfg: GNNConfig, total_steps
 
 
 def train_step(model: GNNModel, graphs: list[PreparedGraph], indices: list[np.ndarray], loss_fn: Loss,
-               optimizer: torch.optim.Optimizer, grad_clip: float) -> float:
-    """One optimiser step on configs ``indices[i]`` of each graph (encoded once); returns the loss."""
-    configs = gather_configs(graphs, indices)
-    loss = loss_fn(model.score(model.encode(collate(graphs)), configs), configs.runtime, configs.mask)
+               optimizer: torch.optim.Optimizer, grad_clip: float, *, batch: GraphBatch | None = None,
+               precision: str = "fp32") -> torch.Tensor:
+    """One optimiser step on configs ``indices[i]`` of each graph (encoded once); returns the detached
+    loss, still on the device (reading it back every step would stall a GPU).
+
+    ``batch``: ``graphs`` already collated on the model's device. The K sampled configs are the only
+    host-to-device copy of the step; nothing is read back.
+    """
+    device = model_device(model)
+    configs = gather_configs(graphs, indices).to(device, non_blocking=True)
+    with autocast(device, precision):
+        scores = model.score(model.encode(batch if batch is not None else collate(graphs).to(device)), configs)
+    loss = loss_fn(scores.float(), configs.runtime, configs.mask)
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
     nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
     optimizer.step()
-    return float(loss.detach())
+    return loss.detach()
 
 
 @dataclass
@@ -146,10 +191,13 @@ def atomic_torch_save(obj: dict, path: Path) -> None:
 
 def save_checkpoint(path: Path, fingerprint: str, model: nn.Module, optimizer, scheduler, state: TrainState,
                     rng: np.random.Generator) -> None:
+    device = model_device(model)
     atomic_torch_save({
         "format": CHECKPOINT_FORMAT, "fingerprint": fingerprint, "model": model.state_dict(),
         "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "state": state.__dict__,
         "np_rng": rng.bit_generator.state, "torch_rng": torch.get_rng_state(),
+        # dropout on a GPU draws from that GPU's generator
+        "cuda_rng": torch.cuda.get_rng_state(device) if device.type == "cuda" else None,
     }, path)
 
 
@@ -167,6 +215,9 @@ def load_checkpoint(path: Path, fingerprint: str, model: nn.Module, optimizer, s
     scheduler.load_state_dict(saved["scheduler"])
     rng.bit_generator.state = saved["np_rng"]
     torch.set_rng_state(saved["torch_rng"])
+    device = model_device(model)
+    if device.type == "cuda" and saved.get("cuda_rng") is not None:
+        torch.cuda.set_rng_state(saved["cuda_rng"], device)
     return TrainState(**saved["state"])
 
 
@@ -200,6 +251,8 @@ def train_model(
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     scheduler = make_scheduler(optimizer, cfg, cfg.epochs * steps_per_epoch)
     loss_fn = make_loss(cfg.loss, cfg.margin)
+    device = model_device(model)
+    train_batches, valid_batches = DeviceBatches(device), DeviceBatches(device)
 
     if checkpoint_path is not None and checkpoint_path.exists():
         state = load_checkpoint(checkpoint_path, fingerprint, model, optimizer, scheduler, rng)
@@ -218,14 +271,22 @@ def train_model(
         bar = tqdm(total=steps_per_epoch, desc=f"epoch {epoch}/{cfg.epochs}", leave=False,
                    disable=not _show_progress(cfg))
         for start in range(0, len(train), cfg.graphs_per_step):
-            graphs = [train[i] for i in order[start:start + cfg.graphs_per_step]]
+            chosen = order[start:start + cfg.graphs_per_step]
+            graphs = [train[i] for i in chosen]
             indices = [sample_configs(rng, g.num_configs, cfg.configs_per_graph) for g in graphs]
-            losses.append(train_step(model, graphs, indices, loss_fn, optimizer, cfg.grad_clip))
+            batch = train_batches.get(graphs, int(chosen[0]))
+            losses.append(train_step(model, graphs, indices, loss_fn, optimizer, cfg.grad_clip, batch=batch,
+                                     precision=cfg.precision))
             scheduler.step()
             bar.update(1)
-            bar.set_postfix(loss=f"{np.mean(losses[-20:]):.4f}", best_valid=f"{state.best_score:.4f}")
+            if not bar.disable:  # reads losses back: only when someone watches
+                recent = [float(x) for x in losses[-20:]]
+                bar.set_postfix(loss=f"{np.mean(recent):.4f}", best_valid=f"{state.best_score:.4f}")
         bar.close()
-        score = validation_score(model, valid, subsets, cfg) if valid else math.nan
+        losses = torch.stack(losses).tolist()  # one device-to-host copy per epoch
+        validation_started = time.perf_counter()
+        score = validation_score(model, valid, subsets, cfg, valid_batches) if valid else math.nan
+        valid_seconds = time.perf_counter() - validation_started
         state.epoch = epoch
         if not valid or score > state.best_score:
             state.best_score = score if valid else math.nan
@@ -237,7 +298,7 @@ def train_model(
             state.stopped = cfg.patience > 0 and state.bad_epochs >= cfg.patience
         seconds = time.perf_counter() - started
         state.history.append({"epoch": epoch, "loss": float(np.mean(losses)), "valid": score,
-                              "lr": scheduler.get_last_lr()[0], "seconds": seconds})
+                              "lr": scheduler.get_last_lr()[0], "seconds": seconds, "valid_seconds": valid_seconds})
         if checkpoint_path is not None:
             save_checkpoint(checkpoint_path, fingerprint, model, optimizer, scheduler, state, rng)
         log(f"epoch {epoch}/{cfg.epochs} loss {np.mean(losses):.4f} valid {score:.4f} "

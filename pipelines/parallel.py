@@ -1,0 +1,76 @@
+"""Fan-out of independent jobs through joblib: local processes, or a Dask cluster.
+
+One mechanism for every stage that runs many independent jobs: the training stages (fold x seed
+jobs, ``pipelines.train``) and the data stages (one job per graph file: prune, features, node
+arrays, ``pipelines.prepare``). Code that fans out calls joblib's ``Parallel`` without naming a
+backend; :func:`fan_out` decides where the jobs go: local loky processes by default, or the Dask
+cluster at ``--scheduler ADDRESS`` (workers must see the data root and the work directory at the
+same paths and have this package installed).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from typing import Any, TypeVar
+
+from pipelines.errors import PipelineError, redact_credentials
+
+Log = Callable[[str], None]
+T = TypeVar("T")
+
+LOCAL_SCHEDULER = "local"
+DASK_CONNECT_TIMEOUT = "10s"
+
+
+@contextmanager
+def fan_out(scheduler: str | None, log: Log = print) -> Iterator[str]:
+    """Within the block, joblib sends the jobs to ``scheduler``: ``None``/``"local"`` keeps local
+    loky processes; anything else is the address of a running Dask scheduler. Yields the joblib
+    backend name ("loky" or "dask")."""
+    if scheduler is None or scheduler == LOCAL_SCHEDULER:
+        yield "loky"
+        return
+    try:
+        import joblib
+        from distributed import Client
+    except ImportError as exc:
+        raise PipelineError(f"--scheduler {scheduler} needs Dask: pip install 'dask[distributed]' ({exc})") from None
+    from urllib.parse import urlsplit
+
+    try:
+        secret = urlsplit(scheduler).password
+    except ValueError:
+        secret = None
+    shown = redact_credentials(scheduler, secret)  # an address may carry a password: never echo it
+    try:
+        client = Client(scheduler, timeout=DASK_CONNECT_TIMEOUT, set_as_default=True)
+    except (OSError, TimeoutError, ValueError, TypeError) as exc:
+        raise PipelineError(f"cannot reach the Dask scheduler at {shown!r} within "
+                            f"{DASK_CONNECT_TIMEOUT}: {redact_credentials(str(exc), secret)}") from None
+    try:
+        workers = len(client.scheduler_info().get("workers", {}))
+        log(f"jobs go to the Dask cluster at {shown} ({workers} worker(s); they must see this "
+            "work dir and data root at the same paths)")
+        with joblib.parallel_config(backend="dask"):
+            yield "dask"
+    finally:
+        client.close()
+
+
+def map_in_order(function: Callable[..., T], arguments: Iterable[tuple[Any, ...]], n_jobs: int) -> Iterator[T]:
+    """``function(*args)`` for each tuple of ``arguments``, yielded in their order, with up to ``n_jobs``
+    workers of the current joblib backend (see :func:`fan_out`).
+
+    Results come back in input order whatever finished first, so a stage that writes what they
+    return produces the same bytes with 1 or 16 workers. ``n_jobs == 1`` runs in this process,
+    lazily (one result at a time, as a plain loop would). ``function`` must be importable by
+    the workers (a module-level function), and so must its arguments.
+    """
+    arguments = list(arguments)
+    jobs = max(1, min(n_jobs, len(arguments)))
+    if jobs == 1:
+        return (function(*args) for args in arguments)
+    from joblib import Parallel, delayed
+
+    return iter(Parallel(n_jobs=jobs, return_as="generator")(delayed(function)(*args) for args in arguments))
