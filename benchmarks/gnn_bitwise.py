@@ -36,10 +36,9 @@ def fingerprints(world: Path, work: Path, overrides: list[str]) -> dict[str, str
         train = [item.load_graph_arrays(g) for g in item.graphs("train")]
         valid = [item.load_graph_arrays(g) for g in item.graphs("valid")]
         test = [item.load_graph_arrays(g) for g in item.graphs("test")]
-        ranker = GNNRanker(**settings).fit(train, valid, seed=0)
-        digest = hashlib.sha256()
-        for costs in ranker.predict(test):
-            digest.update(np.ascontiguousarray(costs, dtype=np.float64).tobytes())
+        ranker = GNNRanker(settings, collection=item.collection).fit(train, valid, seed=0)
+        digest = hashlib.sha256()  # the graphs' costs one after another: the same bytes as before the flat output
+        digest.update(np.ascontiguousarray(ranker.predict(test), dtype=np.float64).tobytes())
         digest.update(np.array([h["loss"] for h in ranker.history_], dtype=np.float64).tobytes())
         out[name] = digest.hexdigest()[:16]
     return out

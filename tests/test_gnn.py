@@ -27,6 +27,17 @@ FEAT = NODE_FEATURE_DIM  # layout graphs must carry node_arrays' columns (shapes
 FAST = dict(hidden=16, opcode_dim=8, config_value_dim=4, progress=False, num_threads=1)
 
 
+def gnn(kind: str = "layout", **hp) -> GNNRanker:
+    """A small ranker for the collection the test graphs of ``kind`` belong to."""
+    return GNNRanker({**FAST, **hp}, collection="tile:xla" if kind == "tile" else "layout:xla:random")
+
+
+def per_graph(costs: np.ndarray, graphs: list[GraphArrays]) -> list[np.ndarray]:
+    """A ranker's flat costs cut back into one array per graph."""
+    assert costs.shape == (sum(g.num_configs for g in graphs),)
+    return np.split(costs, np.cumsum([g.num_configs for g in graphs])[:-1])
+
+
 @pytest.fixture(autouse=True, scope="module")
 def _one_torch_thread():
     """Tiny tensors gain nothing from threads, and OpenMP spin-waits badly on a loaded machine."""
@@ -114,13 +125,13 @@ def test_config_validation_and_overrides():
     with pytest.raises(ConfigError, match="conv"):
         config_from_dict(GNNConfig, {"conv": "gcn"})
     with pytest.raises(ConfigError, match="dropout"):
-        GNNRanker(dropout=1.0)
+        gnn(dropout=1.0)
     with pytest.raises(ConfigError, match="finite"):
-        GNNRanker(lr=float("nan"))
+        gnn(lr=float("nan"))
     with pytest.raises(ConfigError, match="gat_heads"):  # a cross-field rule
         GNNConfig(hidden=10, gat_heads=4)
     with pytest.raises(ConfigError, match="unknown_field"):
-        GNNRanker(unknown_field=1)
+        gnn(unknown_field=1)
     cfg = GNNConfig(collections={"layout:xla:default": {"cross_config_attention": True, "loss": "listmle"}})
     resolved = resolve_for_collection(cfg, "layout:xla:default")
     assert resolved.cross_config_attention and resolved.loss == "listmle" and resolved.collections == {}
@@ -249,14 +260,14 @@ def test_chunk_size_follows_the_memory_budget():
 def test_batched_configs_and_graphs_score_like_one_at_a_time():
     rng = np.random.default_rng(7)
     graphs = [layout_graph(rng, n=15, nc=3, c=10, stem=f"g{i}") for i in range(3)]
-    ranker = GNNRanker(epochs=1, eval_chunk=64, **FAST).fit(graphs, seed=0)
-    together = ranker.predict(graphs)
-    ranker.config_.eval_chunk = 1  # one config per forward pass
-    for a, b in zip(together, ranker.predict(graphs)):
+    ranker = gnn(epochs=1, eval_chunk=64).fit(graphs, seed=0)
+    together = per_graph(ranker.predict(graphs), graphs)
+    ranker.config.eval_chunk = 1  # one config per forward pass
+    for a, b in zip(together, per_graph(ranker.predict(graphs), graphs)):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
     # several graphs in one batch give each graph's own scores
     model = ranker.model_
-    prepared = [prepare_graph(g, ranker.config_.config_layers) for g in graphs]
+    prepared = [prepare_graph(g, ranker.config.config_layers) for g in graphs]
     with torch.no_grad():
         joint = model.score(model.encode(collate(prepared)), gather_configs(prepared, [np.arange(10)] * 3))
     for i, p in enumerate(prepared):
@@ -268,25 +279,25 @@ def test_batched_configs_and_graphs_score_like_one_at_a_time():
 
 def test_learns_easy_layout_signal():
     graphs = easy_world(0, "layout", 10)
-    ranker = GNNRanker(epochs=30, lr=1e-2, configs_per_graph=16, patience=0, **FAST)
+    ranker = gnn(epochs=30, lr=1e-2, configs_per_graph=16, patience=0)
     ranker.fit(graphs[:7], graphs[7:], seed=0)
-    taus = [kendalltau(p, g.runtime)[0] for p, g in zip(ranker.predict(graphs[7:]), graphs[7:])]
+    taus = [kendalltau(p, g.runtime)[0] for p, g in zip(per_graph(ranker.predict(graphs[7:]), graphs[7:]), graphs[7:])]
     assert np.mean(taus) > 0.4, taus
     assert ranker.best_score_ == pytest.approx(max(h["valid"] for h in ranker.history_))
 
 
 def test_learns_easy_tile_signal():
     graphs = easy_world(1, "tile", 40)
-    ranker = GNNRanker(epochs=10, lr=3e-3, graphs_per_step=8, configs_per_graph=16, patience=0, **FAST)
+    ranker = gnn("tile", epochs=10, lr=3e-3, graphs_per_step=8, configs_per_graph=16, patience=0)
     ranker.fit(graphs[:30], seed=0)
-    taus = [kendalltau(p, g.runtime)[0] for p, g in zip(ranker.predict(graphs[30:]), graphs[30:])]
+    taus = [kendalltau(p, g.runtime)[0] for p, g in zip(per_graph(ranker.predict(graphs[30:]), graphs[30:]), graphs[30:])]
     assert np.mean(taus) > 0.4, taus
 
 
 def test_deterministic_for_a_seed():
     graphs = easy_world(2, "layout", 4)
-    fit = lambda seed: GNNRanker(epochs=2, dropout=0.1, **FAST).fit(graphs[:3], graphs[3:], seed=seed)
-    a, b, c = fit(0).predict(graphs), fit(0).predict(graphs), fit(1).predict(graphs)
+    fit = lambda seed: gnn(epochs=2, dropout=0.1).fit(graphs[:3], graphs[3:], seed=seed)
+    a, b, c = (per_graph(fit(seed).predict(graphs), graphs) for seed in (0, 0, 1))
     for x, y in zip(a, b):
         np.testing.assert_array_equal(x, y)
     assert not np.allclose(a[0], c[0])
@@ -294,14 +305,14 @@ def test_deterministic_for_a_seed():
 
 def test_predict_before_fit_raises():
     with pytest.raises(RuntimeError, match="fit"):
-        GNNRanker(**FAST).predict([three_node("layout")])
+        gnn().predict([three_node("layout")])
 
 
 def test_bad_graph_is_a_format_error():
     g = three_node("layout")
     g.config_feat[0, 0, 0] = 9
     with pytest.raises(FormatError, match="outside -1..5"):
-        GNNRanker(epochs=1, **FAST).fit([g], seed=0)
+        gnn(epochs=1).fit([g], seed=0)
 
 
 class _Interrupt(Exception):
@@ -310,35 +321,35 @@ class _Interrupt(Exception):
 
 def test_resume_from_checkpoint_matches_uninterrupted_run(tmp_path):
     graphs = easy_world(3, "layout", 5)
-    hp = dict(epochs=4, dropout=0.1, patience=0, **FAST)
-    straight = GNNRanker(**hp).fit(graphs[:4], graphs[4:], seed=0)
+    hp = dict(epochs=4, dropout=0.1, patience=0)
+    straight = gnn(**hp).fit(graphs[:4], graphs[4:], seed=0)
 
     def stop_after_two(message: str) -> None:
         if message.startswith("epoch 2/"):
             raise _Interrupt
 
     with pytest.raises(_Interrupt):
-        GNNRanker(**hp).fit(graphs[:4], graphs[4:], seed=0, checkpoint_dir=tmp_path, log=stop_after_two)
+        gnn(**hp).fit(graphs[:4], graphs[4:], seed=0, checkpoint_dir=tmp_path, log=stop_after_two)
     messages = []
-    resumed = GNNRanker(**hp).fit(graphs[:4], graphs[4:], seed=0, checkpoint_dir=tmp_path, log=messages.append)
+    resumed = gnn(**hp).fit(graphs[:4], graphs[4:], seed=0, checkpoint_dir=tmp_path, log=messages.append)
     assert messages[0].startswith("resumed") and "after epoch 2" in messages[0]
     assert [h["epoch"] for h in resumed.history_] == [1, 2, 3, 4]
     for (name, a), b in zip(straight.model_.state_dict().items(), resumed.model_.state_dict().values()):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, msg=name)
     with pytest.raises(ConfigError, match="fresh checkpoint"):
-        GNNRanker(**{**hp, "lr": 0.01}).fit(graphs[:4], graphs[4:], seed=0, checkpoint_dir=tmp_path)
+        gnn(**{**hp, "lr": 0.01}).fit(graphs[:4], graphs[4:], seed=0, checkpoint_dir=tmp_path)
 
 
 def test_save_load_round_trip(tmp_path):
     graphs = easy_world(4, "tile", 6)
-    ranker = GNNRanker(epochs=1, graphs_per_step=3, **FAST).fit(graphs, seed=0)
-    ranker.save(tmp_path / "m.pt")
-    loaded = GNNRanker.load(tmp_path / "m.pt")
-    for a, b in zip(ranker.predict(graphs), loaded.predict(graphs)):
-        np.testing.assert_array_equal(a, b)
+    ranker = gnn("tile", epochs=1, graphs_per_step=3).fit(graphs, seed=0)
+    assert ranker.save(tmp_path, "m") == ["m.pt"]
+    loaded = GNNRanker.load(tmp_path, "m")
+    np.testing.assert_array_equal(ranker.predict(graphs), loaded.predict(graphs))
+    assert loaded.config == ranker.config and loaded.collection == ranker.collection
     (tmp_path / "junk.pt").write_bytes(b"not a model")
     with pytest.raises(FormatError):
-        GNNRanker.load(tmp_path / "junk.pt")
+        GNNRanker.load(tmp_path, "junk")
 
 
 def test_pretraining_changes_only_the_encoder():
@@ -357,7 +368,7 @@ def test_pretraining_changes_only_the_encoder():
     messages = []
     unlabeled = easy_world(6, "layout", 1)
     unlabeled[0].runtime[:] = 0
-    GNNRanker(pretrain=True, pretrain_epochs=1, epochs=1, **FAST).fit(
+    gnn(pretrain=True, pretrain_epochs=1, epochs=1).fit(
         easy_world(5, "layout", 2), seed=0, log=messages.append, unlabeled=unlabeled)
     assert any(m.startswith("pretrain epoch 1/1") for m in messages)
 
@@ -375,9 +386,8 @@ def test_stage_adapter_flattens_predictions_in_index_order(monkeypatch):
         def load_graph_arrays(self, name: str) -> GraphArrays:
             return graphs[name]
 
-    monkeypatch.setattr(adapter_module, "LOAD_MAX_CONFIGS", 10)
     adapter = adapter_module.GNNAdapter()
-    train = adapter.load(FakePrepared(), ["layout0", "layout1"], settings={}, fit=True, seed=0)
+    train = adapter.load(FakePrepared(), ["layout0", "layout1"], settings={"load_max_configs": 10}, fit=True, seed=0)
     assert [g.num_configs for g in train] == [10, 10]
     kept = train[0].config_index
     assert np.all(np.diff(kept) > 0)  # a sample kept in file order, rows aligned with their runtimes
@@ -388,10 +398,10 @@ def test_stage_adapter_flattens_predictions_in_index_order(monkeypatch):
     costs = ranker.predict(test)
     assert costs.shape == names.shape == index.shape == (48,)
     assert list(names[:24]) == ["layout2"] * 24 and list(index[24:]) == list(range(24))
-    np.testing.assert_array_equal(costs[24:], ranker.ranker.predict([graphs["layout0"]])[0])
+    np.testing.assert_array_equal(costs[24:], ranker.predict([graphs["layout0"]]))
     facts, importance = adapter.describe(ranker)
     assert facts["epochs_run"] == 1 and importance is None
-    settings = {"configs_per_graph": 32, "hidden": 64}
+    settings = {"configs_per_graph": 32, "hidden": 64, "load_max_configs": 4096}
     small = adapter.job_memory(FakePrepared(), ["layout0"], settings)
     large = adapter.job_memory(FakePrepared(), ["layout0", "layout2"], settings)
     assert 0 < small < large
@@ -412,7 +422,7 @@ def test_device_choice_and_validation():
         config_from_dict(GNNConfig, {"precision": "fp16"})  # a choice: checked on load
     if not torch.cuda.is_available():
         with pytest.raises(ConfigError, match="no CUDA GPU"):
-            GNNRanker(epochs=1, device="cuda", **FAST).fit([three_node("layout")], seed=0)
+            gnn(epochs=1, device="cuda").fit([three_node("layout")], seed=0)
 
 
 @pytest.mark.parametrize("kind", ["layout", "tile"])
@@ -453,9 +463,9 @@ def test_losses_without_pairs_are_zero_with_zero_gradient():
 @pytest.mark.parametrize("kind", ["layout", "tile"])
 def test_bf16_autocast_trains_and_ranks_like_fp32(kind):
     graphs = easy_world(6, kind, 8)
-    fits = {p: GNNRanker(epochs=3, lr=1e-2, precision=p, **FAST).fit(graphs[:6], graphs[6:], seed=0)
+    fits = {p: gnn(kind, epochs=3, lr=1e-2, precision=p).fit(graphs[:6], graphs[6:], seed=0)
             for p in ("fp32", "bf16")}
-    fp32, bf16 = (fits[p].predict(graphs[6:]) for p in ("fp32", "bf16"))
+    fp32, bf16 = (per_graph(fits[p].predict(graphs[6:]), graphs[6:]) for p in ("fp32", "bf16"))
     for a, b in zip(fp32, bf16):
         assert np.isfinite(b).all() and b.dtype == np.float64
         assert kendalltau(a, b)[0] > 0.6  # same model up to bf16 rounding
@@ -465,12 +475,11 @@ def test_bf16_autocast_trains_and_ranks_like_fp32(kind):
 
 def test_deterministic_mode_and_auto_device_change_nothing_on_cpu():
     graphs = easy_world(7, "layout", 4)
-    fit = lambda **hp: GNNRanker(epochs=2, dropout=0.1, **FAST, **hp).fit(graphs[:3], graphs[3:], seed=0)
+    fit = lambda **hp: gnn(epochs=2, dropout=0.1, **hp).fit(graphs[:3], graphs[3:], seed=0)
     plain = fit().predict(graphs)
     if not torch.cuda.is_available():
         for other in (fit(deterministic=True).predict(graphs), fit(device="auto").predict(graphs)):
-            for x, y in zip(plain, other):
-                np.testing.assert_array_equal(x, y)
+            np.testing.assert_array_equal(plain, other)
     assert not torch.are_deterministic_algorithms_enabled()  # restored after the fit
 
 

@@ -42,6 +42,10 @@ class GNNConfig:
     margin: float = bounded(0.1, 0.0)  # hinge margin on the score scale
     configs_per_graph: int = bounded(32, 2)  # K configs sampled per graph per step (a ranking needs pairs)
     graphs_per_step: int = bounded(1, 1)  # graphs per optimiser step (tile graphs are small: use more)
+    # Configs kept per training graph when loading for a fit. The base schedule draws K=32 configs per
+    # graph for 20 epochs (640 draws), so a pool of 4096 loses nothing, while the int8 arrays of a
+    # collection stay bounded (a real graph may have 3,000 configurable nodes: 4096 x 3000 x 18 B = 221 MB).
+    load_max_configs: int = bounded(4096, 2)
     # --- optimisation
     epochs: int = bounded(20, 1)
     lr: float = bounded(1e-3, 1e-12)

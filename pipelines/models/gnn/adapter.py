@@ -1,13 +1,8 @@
-"""How the training stage (``pipelines.train``) drives the GNN: one adapter entry in its registry.
-
-Register with ``"gnn": lambda: importlib.import_module("pipelines.models.gnn.adapter").GNNAdapter()``
-so torch is imported only when the GNN is trained.
-"""
+"""How the training stage (``pipelines.train``) drives the GNN: its entry in
+:mod:`pipelines.models.registry`, imported only when the GNN is trained (torch is heavy)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -17,10 +12,6 @@ from pipelines.collections import Collection
 from pipelines.models.gnn.ranker import GNNRanker
 from pipelines.node_arrays import NODE_FEATURE_DIM, GraphArrays
 
-# Configs kept per training graph when loading for a fit. The base schedule draws K=32 configs per
-# graph for 20 epochs (640 draws), so a pool of 4096 loses nothing, while the int8 arrays of a
-# collection stay bounded (a real graph may have 3,000 configurable nodes: 4096 x 3000 x 18 B = 221 MB).
-LOAD_MAX_CONFIGS = 4096
 # job_memory: configurable nodes per layout graph assumed, tensors alive in a step, torch's own footprint
 AVG_CONFIG_NODES = 64
 STEP_COPIES = 12
@@ -40,24 +31,11 @@ def subsample_configs(graph: GraphArrays, max_configs: int, seed: int) -> GraphA
     )
 
 
-@dataclass
-class StageRanker:
-    """A fitted GNNRanker whose ``predict`` returns one flat cost array, aligned with ``GNNAdapter.index``."""
-
-    ranker: GNNRanker
-
-    def fit(self, train: list[GraphArrays], valid: list[GraphArrays] | None = None, *, seed: int,
-            checkpoint_dir: Path | None = None) -> StageRanker:
-        self.ranker.fit(train, valid, seed=seed, checkpoint_dir=checkpoint_dir)
-        return self
-
-    def predict(self, data: list[GraphArrays]) -> np.ndarray:
-        costs = self.ranker.predict(data)
-        return np.concatenate(costs) if costs else np.zeros(0)
-
-
 class GNNAdapter:
+    """Drives :class:`GNNRanker` in the training stage (see :mod:`pipelines.models.contract`)."""
+
     name = "gnn"
+    ranker_class = GNNRanker
     checkpoints = True  # the training stage passes a checkpoint_dir, so a killed fit resumes at its last epoch
 
     def settings(self, config: Any, collection: Collection) -> dict[str, Any]:
@@ -73,7 +51,7 @@ class GNNAdapter:
     def load(self, prepared: Any, graphs: list[str], *, settings: dict[str, Any], fit: bool,
              seed: int) -> list[GraphArrays]:
         loaded = [prepared.load_graph_arrays(g) for g in graphs]
-        return [subsample_configs(g, LOAD_MAX_CONFIGS, seed) for g in loaded] if fit else loaded
+        return [subsample_configs(g, settings["load_max_configs"], seed) for g in loaded] if fit else loaded
 
     def index(self, data: list[GraphArrays]) -> tuple[np.ndarray, np.ndarray]:
         names = np.concatenate([np.full(g.num_configs, g.stem, dtype=object) for g in data]) if data \
@@ -81,8 +59,8 @@ class GNNAdapter:
         index = np.concatenate([g.config_index for g in data]) if data else np.zeros(0, np.int64)
         return names, index
 
-    def make(self, settings: dict[str, Any], collection: Collection, *, num_threads: int) -> StageRanker:
-        return StageRanker(GNNRanker(**{**settings, "num_threads": num_threads, "progress": False}))
+    def make(self, settings: dict[str, Any], collection: Collection, *, num_threads: int) -> GNNRanker:
+        return GNNRanker({**settings, "progress": False}, collection=collection, num_threads=num_threads)
 
     def job_memory(self, prepared: Any, graphs: list[str], settings: dict[str, Any]) -> int:
         """Rough peak bytes of a fit: every graph's arrays plus one training step on the largest graph.
@@ -92,22 +70,12 @@ class GNNAdapter:
         """
         table = prepared.graph_table.filter(pl.col("graph").is_in(graphs))
         nodes = table["nodes_after"].to_numpy()
-        configs = np.minimum(table["configs_after"].to_numpy(), LOAD_MAX_CONFIGS)
+        configs = np.minimum(table["configs_after"].to_numpy(), settings["load_max_configs"])
         arrays = nodes * 4 * NODE_FEATURE_DIM + configs * AVG_CONFIG_NODES * 18  # float32 features, int8 configs
         step = int(nodes.max(initial=0)) * settings["configs_per_graph"] * settings["hidden"] * 4 * STEP_COPIES
         return int(arrays.sum()) + step + TORCH_BYTES
 
-    def describe(self, ranker: StageRanker) -> tuple[dict[str, Any], pl.DataFrame | None]:
-        fitted = ranker.ranker
+    def describe(self, fitted: GNNRanker) -> tuple[dict[str, Any], pl.DataFrame | None]:
         history = fitted.history_
         return {"best_score": fitted.best_score_, "epochs_run": len(history),
                 "train_seconds": float(sum(h["seconds"] for h in history)), "device": fitted.device_}, None
-
-    def save_model(self, ranker: StageRanker, folder: Path, name: str) -> list[str]:
-        path = folder / f"{name}.pt"  # config, dims and the torch state dict
-        ranker.ranker.save(path)
-        return [path.name]
-
-    def load_model(self, folder: Path, files: list[str], settings: dict[str, Any], collection: Collection, *,
-                   num_threads: int) -> StageRanker:
-        return StageRanker(GNNRanker.load(folder / files[0]))

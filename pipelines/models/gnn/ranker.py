@@ -7,11 +7,12 @@ import hashlib
 import json
 import math
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Any, Callable, Iterator, Mapping
 
 import numpy as np
 import torch
 
+from pipelines.collections import Collection, parse_collection
 from pipelines.config import config_from_dict, config_to_dict, resolve_for_collection
 from pipelines.errors import ConfigError, FormatError
 from pipelines.models.gnn.batch import PreparedGraph, graph_kind, prepare_graph
@@ -22,7 +23,7 @@ from pipelines.models.gnn.trainer import atomic_torch_save, score_graph, train_m
 from pipelines.models.gnn_config import GNNConfig
 from pipelines.node_arrays import GraphArrays
 
-MODEL_FORMAT = 1
+MODEL_FORMAT = 2  # 2: saved by name into a folder, config resolved for its collection
 
 
 def _no_log(message: str) -> None:
@@ -48,22 +49,28 @@ def _single_value(graphs: list[GraphArrays], what: str, get: Callable[[GraphArra
 
 
 class GNNRanker:
-    """Per-collection graph ranker. ``fit(train, valid, seed=...)`` then ``predict(graphs)``.
+    """Per-collection graph ranker in the shape every model shares (:mod:`pipelines.models.contract`):
+    built from its config section for one collection, ``fit(train, valid, seed=...)``, ``predict(graphs)``
+    (one cost per config, graphs concatenated in order), ``save``/``load``.
 
-    Learned state: ``model_`` (the torch module), ``config_`` (the config resolved for the
-    collection), ``collection_``, ``kind_``, ``node_feat_dim_``, ``history_`` (one dict per
-    epoch), ``best_score_`` (validation score of the kept weights; NaN without validation) and
-    ``device_`` (where it was trained: ``gnn.device`` resolved, e.g. "cpu" or "cuda:0").
+    ``config`` is the section resolved for ``collection`` (its per-collection overrides applied);
+    ``num_threads``, when given, replaces ``gnn.num_threads`` (the training stage's share of the cores).
+    Learned state: ``model_`` (the torch module), ``kind_``, ``node_feat_dim_``, ``history_`` (one
+    dict per epoch), ``best_score_`` (validation score of the kept weights; NaN without validation)
+    and ``device_`` (where it was trained: ``gnn.device`` resolved, e.g. "cpu" or "cuda:0").
 
     The weights are initialised on the CPU with the seed, then moved to the device, so a GPU fit
     starts from the same weights as a CPU fit.
     """
 
-    def __init__(self, **hparams):
-        self.config = config_from_dict(GNNConfig, hparams, "GNN config")
-
-    def get_params(self) -> dict:
-        return config_to_dict(self.config)
+    def __init__(self, config: GNNConfig | Mapping[str, Any] | None = None, *, collection: Collection | str,
+                 num_threads: int | None = None):
+        self.collection = parse_collection(collection) if isinstance(collection, str) else collection
+        # checked like a loaded config (also when built by hand or from settings), then resolved
+        plain = dict(config) if isinstance(config, Mapping) else config_to_dict(config or GNNConfig())
+        if num_threads is not None:
+            plain["num_threads"] = int(num_threads)
+        self.config = resolve_for_collection(config_from_dict(GNNConfig, plain, "GNN config"), self.collection)
 
     # ------------------------------------------------------------------ fit
 
@@ -88,12 +95,14 @@ class GNNRanker:
         if not train:
             raise ConfigError("GNN: no training graphs")
         collection = str(_single_value(train + valid + unlabeled, "collection", lambda g: g.collection))
+        if collection != self.collection.name:
+            raise ConfigError(f"GNN: a ranker built for {self.collection.name} cannot fit graphs of {collection}")
         kind = str(_single_value(train + valid + unlabeled, "kind (tile or layout)", graph_kind))
         feat_dim = int(_single_value(train + valid + unlabeled, "node feature width", lambda g: g.node_feat.shape[1]))
         for g in train + valid:
             if not np.any(g.runtime > 0):
                 raise FormatError(f"{g.collection}:{g.stem}", "training/validation graph has no runtimes")
-        cfg = resolve_for_collection(self.config, collection)
+        cfg = self.config
         device = resolve_device(cfg.device)
         prepared_train = [prepare_graph(g, cfg.config_layers) for g in train]
         prepared_valid = [prepare_graph(g, cfg.config_layers) for g in valid]
@@ -114,8 +123,6 @@ class GNNRanker:
                                 checkpoint_path=checkpoint_path, log=log, before_training=pretrain)
         model.eval()
         self.model_ = model
-        self.config_ = cfg
-        self.collection_ = collection
         self.kind_ = kind
         self.node_feat_dim_ = feat_dim
         self.history_ = state.history
@@ -129,50 +136,52 @@ class GNNRanker:
         if not hasattr(self, "model_"):
             raise RuntimeError("GNNRanker: call fit (or load) before predict")
 
-    def predict(self, graphs: list[GraphArrays]) -> list[np.ndarray]:
-        """Per graph, a float64 cost per config in the graph's order (LOWER = predicted FASTER)."""
+    def predict(self, graphs: list[GraphArrays]) -> np.ndarray:
+        """float64 costs (LOWER = predicted FASTER): each graph's configs in its order, graphs one after
+        another (the rows of ``GNNAdapter.index``)."""
         self._check_fitted()
         out = []
-        device = resolve_device(self.config_.device)
+        device = resolve_device(self.config.device)
         self.model_.to(device)
-        with _torch_threads(self.config_.num_threads):
+        with _torch_threads(self.config.num_threads):
             for g in graphs:
                 where = f"{g.collection}:{g.stem}"
                 if graph_kind(g) != self.kind_ or g.node_feat.shape[1] != self.node_feat_dim_:
                     raise FormatError(where, f"graph does not fit a {self.kind_} model with "
                                              f"{self.node_feat_dim_} node features")
-                prepared: PreparedGraph = prepare_graph(g, self.config_.config_layers)
-                out.append(score_graph(self.model_, prepared, self.config_))
-        return out
+                prepared: PreparedGraph = prepare_graph(g, self.config.config_layers)
+                out.append(score_graph(self.model_, prepared, self.config))
+        return np.concatenate(out).astype(np.float64, copy=False) if out else np.zeros(0, dtype=np.float64)
 
     # ------------------------------------------------------------------ persistence
 
-    def save(self, path: Path | str) -> None:
-        """Write the fitted ranker (config, dims, weights, history) atomically."""
+    def save(self, folder: Path | str, name: str) -> list[str]:
+        """Write the fitted ranker (config, dims, weights, history) atomically as ``<name>.pt``."""
         self._check_fitted()
+        path = Path(folder) / f"{name}.pt"
         atomic_torch_save({
-            "format": MODEL_FORMAT, "config": config_to_dict(self.config), "resolved": config_to_dict(self.config_),
-            "collection": self.collection_, "kind": self.kind_, "node_feat_dim": self.node_feat_dim_,
-            "history": self.history_, "best_score": self.best_score_,
-            "model": {name: value.cpu() for name, value in self.model_.state_dict().items()},  # loads anywhere
-        }, Path(path))
+            "format": MODEL_FORMAT, "config": config_to_dict(self.config), "collection": self.collection.name,
+            "kind": self.kind_, "node_feat_dim": self.node_feat_dim_, "history": self.history_,
+            "best_score": self.best_score_,
+            "model": {key: value.cpu() for key, value in self.model_.state_dict().items()},  # loads anywhere
+        }, path)
+        return [path.name]
 
     @classmethod
-    def load(cls, path: Path | str) -> GNNRanker:
-        path = Path(path)
+    def load(cls, folder: Path | str, name: str, *, num_threads: int | None = None) -> GNNRanker:
+        """A ranker written by :meth:`save`, ready to predict (on ``gnn.device``)."""
+        path = Path(folder) / f"{name}.pt"
         try:
             saved = torch.load(path, map_location="cpu", weights_only=False)
         except Exception as exc:  # torch raises several types for a truncated or foreign file
             raise FormatError(path, f"cannot read GNN model ({exc})") from None
         if not isinstance(saved, dict) or saved.get("format") != MODEL_FORMAT:
             raise FormatError(path, "not a GNN model file of this version")
-        ranker = cls(**saved["config"])
-        ranker.config_ = config_from_dict(GNNConfig, saved["resolved"], str(path))
-        ranker.collection_, ranker.kind_ = saved["collection"], saved["kind"]
-        ranker.node_feat_dim_ = saved["node_feat_dim"]
+        ranker = cls(saved["config"], collection=saved["collection"], num_threads=num_threads)
+        ranker.kind_, ranker.node_feat_dim_ = saved["kind"], saved["node_feat_dim"]
         ranker.history_, ranker.best_score_ = saved["history"], saved["best_score"]
-        ranker.device_ = "cpu"  # loaded weights start on the CPU; predict moves them to config_.device
-        ranker.model_ = GNNModel(ranker.config_, ranker.node_feat_dim_, ranker.kind_)
+        ranker.device_ = "cpu"  # loaded weights start on the CPU; predict moves them to the config's device
+        ranker.model_ = GNNModel(ranker.config, ranker.node_feat_dim_, ranker.kind_)
         ranker.model_.load_state_dict(saved["model"])
         ranker.model_.eval()
         return ranker
