@@ -26,8 +26,11 @@ Handler = Callable[[argparse.Namespace], int | None]
 def _add_synth(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("synth", help="write a synthetic dataset in the exact TpuGraphs on-disk format")
     p.add_argument("--out", type=Path, required=True, help="data root to create (Kaggle layout)")
-    p.add_argument("--scale", choices=("tiny", "small", "full"), default="small")
+    p.add_argument("--scale", choices=("tiny", "small", "medium", "full"), default="small")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--variant", type=int, default=0,
+                   help="cost-model variant: 0 = the original constants, N >= 1 = constants drawn from "
+                        "documented ranges (pipelines/synth/costmodel.py)")
     p.add_argument("--limit", type=int, default=None,
                    help="write at most this many files per collection and split (for benchmarks)")
     p.add_argument("--collections", default=None, help="comma-separated collection names (default: all)")
@@ -39,7 +42,7 @@ def _run_synth(args: argparse.Namespace) -> int:
     from pipelines.synth import generate_world
 
     summary = generate_world(args.out, scale=args.scale, seed=args.seed, limit=args.limit,
-                             collections=args.collections, jobs=args.jobs)
+                             collections=args.collections, jobs=args.jobs, variant=args.variant)
     print(summary)
     return 0
 
