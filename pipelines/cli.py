@@ -321,6 +321,31 @@ def _run_report(args: argparse.Namespace) -> int:
     return 0
 
 
+# ----------------------------------------------------------------------------- evaluate
+
+
+def _add_evaluate(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("evaluate", help="score a run's test submission on a synthetic world's hidden labels, "
+                                        "next to the best heuristic (floor) and the noise-free ranking (ceiling)")
+    p.add_argument("run_id", metavar="RUN_ID", help="a run-id under --submissions-dir")
+    p.add_argument("--data-root", type=Path, required=True, help="the synthetic world the run was made on")
+    p.add_argument("--submissions-dir", type=Path, default=Path("submissions"))
+    p.add_argument("--work-dir", type=Path, default=None,
+                   help="where the run's training outputs are (default: as its manifest records)")
+    p.add_argument("--no-models", action="store_true", help="score only the submission, not each model alone")
+    p.set_defaults(handler=_run_evaluate)
+
+
+def _run_evaluate(args: argparse.Namespace) -> int:
+    from pipelines.evaluate import evaluate_run
+
+    evaluation, path = evaluate_run(args.run_id, args.data_root, submissions_dir=args.submissions_dir,
+                                    work_dir=args.work_dir, with_models=not args.no_models)
+    print(evaluation.to_text())
+    print(path)
+    return 0
+
+
 # ----------------------------------------------------------------------------- entry point
 
 _COMMANDS: tuple[Callable[[argparse._SubParsersAction], None], ...] = (
@@ -337,6 +362,7 @@ _COMMANDS: tuple[Callable[[argparse._SubParsersAction], None], ...] = (
     _add_run,
     _add_ensemble,
     _add_report,
+    _add_evaluate,
 )
 
 

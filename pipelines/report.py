@@ -250,7 +250,10 @@ def write_report(run_id: str, *, submissions_dir: Path | str = "submissions", ou
     run = run_outputs(submissions_dir, run_id, work_dir)
     if not run.trained:
         raise PipelineError(f"run {run_id}: its manifest names no collection")
-    text = render_html(f"TpuGraphs run {run_id}", build_report(run))
+    from pipelines.evaluate import evaluation_sections  # the `evaluate` scores, when the run has them
+
+    sections = build_report(run) + evaluation_sections(Path(submissions_dir) / run_id)
+    text = render_html(f"TpuGraphs run {run_id}", sections)
     target = Path(out) if out is not None else Path(submissions_dir) / run_id / REPORT_FILE
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.with_name(f".{target.name}.tmp")
