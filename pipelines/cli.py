@@ -346,6 +346,40 @@ def _run_evaluate(args: argparse.Namespace) -> int:
     return 0
 
 
+# ----------------------------------------------------------------------------- tune
+
+
+def _add_tune(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("tune", help="Optuna search over a model's hyperparameters for one collection "
+                                    "(objective: the grouped-CV OOF score); writes the best trial as a config file")
+    p.add_argument("--model", required=True, choices=("gbdt", "gnn"))
+    p.add_argument("--collection", required=True, metavar="NAME", help="e.g. layout:xla:random")
+    p.add_argument("--trials", type=int, required=True, help="trials to add to the study in this call")
+    p.add_argument("--data-root", type=Path, required=True)
+    p.add_argument("--work-dir", type=Path, default=Path("data/work"))
+    p.add_argument("--config", default=None, help="base config name or TOML file (default: base)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                   help="override one base config value (repeatable)")
+    p.add_argument("--storage", default=None, metavar="URL",
+                   help="Optuna storage URL shared by several machines (default: sqlite file WORK_DIR/tune/studies.db)")
+    p.add_argument("--study", default=None, help="study name (default: model, collection and a data+config fingerprint)")
+    p.add_argument("--out", type=Path, default=None,
+                   help="config file for the best trial (default: WORK_DIR/tune/<study>.toml; manifest next to it)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the TPE sampler")
+    p.set_defaults(handler=_run_tune)
+
+
+def _run_tune(args: argparse.Namespace) -> int:
+    from pipelines.tune import tune
+
+    result = tune(args.config, args.overrides, model=args.model, collection=args.collection, trials=args.trials,
+                  data_root=args.data_root, work_dir=args.work_dir, storage=args.storage, study_name=args.study,
+                  out=args.out, seed=args.seed)
+    print(result.describe())
+    print(result.config_file)
+    return 0
+
+
 # ----------------------------------------------------------------------------- entry point
 
 _COMMANDS: tuple[Callable[[argparse._SubParsersAction], None], ...] = (
@@ -363,6 +397,7 @@ _COMMANDS: tuple[Callable[[argparse._SubParsersAction], None], ...] = (
     _add_ensemble,
     _add_report,
     _add_evaluate,
+    _add_tune,
 )
 
 

@@ -74,3 +74,17 @@ class GBDTConfig:
     # Evidence (small world, 5 folds x 3 seeds): pairwise is best on every layout collection,
     # regression on tile (pairwise there is slow for little gain). See base.toml.
     collections: dict[str, dict] = field(default_factory=lambda: {"tile:xla": {"objective": "regression"}})
+
+
+# What ``python -m pipelines tune --model gbdt`` searches (pipelines.tune): field -> ("int" | "float",
+# low, high, log scale) or ("categorical", choices). Trees and regularisation only: the objective per
+# collection is chosen on evidence (see ``collections`` above) and the data caps trade speed for score.
+SEARCH_SPACE: dict[str, tuple] = {
+    "num_leaves": ("int", 7, 127, True),
+    "learning_rate": ("float", 0.01, 0.2, True),
+    "min_child_samples": ("int", 5, 100, True),
+    "feature_fraction": ("float", 0.4, 1.0, False),
+    "bagging_fraction": ("float", 0.5, 1.0, False),
+    "lambda_l2": ("float", 1e-3, 30.0, True),
+    "graph_rank_features": ("categorical", (False, True)),
+}
