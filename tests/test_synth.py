@@ -450,3 +450,17 @@ def json_of(path: Path) -> dict:
     import json
 
     return json.loads(path.read_text())
+
+
+def test_cli_synth_takes_medium_and_variant(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from pipelines.cli import main
+    from pipelines.synth.world import labels_marker
+
+    args = ["synth", "--out", str(tmp_path / "v2"), "--scale", "medium", "--variant", "2", "--limit", "1",
+            "--collections", "tile:xla"]
+    assert main(args) == 0
+    assert "variant=2" in capsys.readouterr().out
+    marker = labels_marker(tmp_path / "v2")
+    assert marker["variant"] == 2 and marker["scale"] == "medium"
+    assert marker["cost_params"] == costmodel.params_dict(costmodel.variant_params(2))
+    assert main(["synth", "--out", str(tmp_path / "bad"), "--scale", "tiny", "--variant", "-1"]) == 2
