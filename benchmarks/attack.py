@@ -39,8 +39,7 @@ from pathlib import Path
 import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
-FAST = ["--config", "quick", "--set", "folds.k=2", "--set", "run.n_jobs=1", "--set", "gbdt.n_estimators=10",
-        "--set", "gbdt.num_threads=1"]
+FAST = ["--config", "smoke", "--set", "gbdt.n_estimators=10"]
 
 
 # ----------------------------------------------------------------------------- running one case

@@ -53,8 +53,11 @@ def _add_synth(sub: argparse._SubParsersAction) -> None:
     p = _parser(sub, "synth", "write a synthetic dataset in the exact TpuGraphs on-disk format",
                 "synth --out data/synthetic-small --scale small --seed 0")
     p.add_argument("--out", type=Path, required=True, help="data root to create (Kaggle layout)")
-    p.add_argument("--scale", choices=("tiny", "small", "full"), default="small")
+    p.add_argument("--scale", choices=("tiny", "small", "medium", "full"), default="small")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--variant", type=int, default=0,
+                   help="cost-model variant: 0 = the original constants, N >= 1 = constants drawn from "
+                        "documented ranges (pipelines/synth/costmodel.py)")
     p.add_argument("--limit", type=int, default=None,
                    help="write at most this many files per collection and split (for benchmarks)")
     p.add_argument("--collections", default=None, help="comma-separated collection names (default: all)")
@@ -66,7 +69,7 @@ def _run_synth(args: argparse.Namespace) -> int:
     from pipelines.synth import generate_world
 
     summary = generate_world(args.out, scale=args.scale, seed=args.seed, limit=args.limit,
-                             collections=args.collections, jobs=args.jobs)
+                             collections=args.collections, jobs=args.jobs, variant=args.variant)
     print(summary)
     return 0
 
@@ -471,6 +474,67 @@ def _run_predict(args: argparse.Namespace) -> int:
     return 0
 
 
+# ----------------------------------------------------------------------------- evaluate
+
+
+def _add_evaluate(sub: argparse._SubParsersAction) -> None:
+    p = _parser(sub, "evaluate", "score a run's test submission on a synthetic world's hidden labels, next to the "
+                                 "best heuristic (floor) and the noise-free ranking (ceiling)",
+                "evaluate 20261122T120000Z-1a2b3c4d --data-root data/synthetic-medium-v1")
+    p.add_argument("run_id", metavar="RUN_ID", help="a run-id under --submissions-dir")
+    p.add_argument("--data-root", type=Path, required=True, help="the synthetic world the run was made on")
+    p.add_argument("--submissions-dir", type=Path, default=paths.SUBMISSIONS_DIR)
+    p.add_argument("--work-dir", type=Path, default=None,
+                   help="where the run's training outputs are (default: as its manifest records)")
+    p.add_argument("--no-models", action="store_true", help="score only the submission, not each model alone")
+    p.set_defaults(handler=_run_evaluate)
+
+
+def _run_evaluate(args: argparse.Namespace) -> int:
+    from pipelines.evaluate import evaluate_run
+
+    evaluation, path = evaluate_run(args.run_id, args.data_root, submissions_dir=args.submissions_dir,
+                                    work_dir=args.work_dir, with_models=not args.no_models)
+    print(evaluation.to_text())
+    print(path)
+    return 0
+
+
+# ----------------------------------------------------------------------------- tune
+
+
+def _add_tune(sub: argparse._SubParsersAction) -> None:
+    p = _parser(sub, "tune", "Optuna search over a model's hyperparameters for one collection (objective: the "
+                             "grouped-CV OOF score); writes the best trial as a config file",
+                "tune --model gbdt --collection layout:xla:random --trials 20 --data-root data/synthetic-small")
+    p.add_argument("--model", required=True, choices=("gbdt", "gnn"))
+    p.add_argument("--collection", required=True, metavar="NAME", help="e.g. layout:xla:random")
+    p.add_argument("--trials", type=int, required=True, help="trials to add to the study in this call")
+    p.add_argument("--data-root", type=Path, required=True)
+    p.add_argument("--work-dir", type=Path, default=paths.WORK_DIR)
+    p.add_argument("--config", default=None, help="base config name or TOML file (default: base)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                   help="override one base config value (repeatable)")
+    p.add_argument("--storage", default=None, metavar="URL",
+                   help="Optuna storage URL shared by several machines (default: sqlite file WORK_DIR/tune/studies.db)")
+    p.add_argument("--study", default=None, help="study name (default: model, collection and a data+config fingerprint)")
+    p.add_argument("--out", type=Path, default=None,
+                   help="config file for the best trial (default: WORK_DIR/tune/<study>.toml; manifest next to it)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the TPE sampler")
+    p.set_defaults(handler=_run_tune)
+
+
+def _run_tune(args: argparse.Namespace) -> int:
+    from pipelines.tune import tune
+
+    result = tune(args.config, args.overrides, model=args.model, collection=args.collection, trials=args.trials,
+                  data_root=args.data_root, work_dir=args.work_dir, storage=args.storage, study_name=args.study,
+                  out=args.out, seed=args.seed)
+    print(result.describe())
+    print(result.config_file)
+    return 0
+
+
 # ----------------------------------------------------------------------------- entry point
 
 _COMMANDS: tuple[Callable[[argparse._SubParsersAction], None], ...] = (
@@ -489,6 +553,8 @@ _COMMANDS: tuple[Callable[[argparse._SubParsersAction], None], ...] = (
     _add_report,
     _add_runs,
     _add_predict,
+    _add_evaluate,
+    _add_tune,
 )
 
 

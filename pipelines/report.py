@@ -400,7 +400,10 @@ def write_report(run_id: str, *, submissions_dir: Path | str = paths.SUBMISSIONS
     run = run_outputs(submissions_dir, run_id, work_dir)
     if not run.trained:
         raise PipelineError(f"run {run_id}: its manifest names no collection")
-    text = render_html(f"{REPORT_TITLE}{run_id}", build_report(run))
+    from pipelines.evaluate import evaluation_sections  # the `evaluate` scores, when the run has them
+
+    sections = build_report(run) + evaluation_sections(Path(submissions_dir) / run_id)
+    text = render_html(f"{REPORT_TITLE}{run_id}", sections)
     _check_report_target(target)
     target.parent.mkdir(parents=True, exist_ok=True)
     write_text_atomic(target, text)

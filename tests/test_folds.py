@@ -13,6 +13,7 @@ from pipelines.folds import assign_folds, program_family
     ("stem", "family"),
     [
         ("alexnet_train_batch_32_-1bae27a41d70f4dc", "alexnet"),
+        ("resnet50_inference_batch_8_3f2a0b1c2d3e4f50", "resnet50"),
         ("resnet50.4x4.fp16", "resnet50"),
         ("resnet50.2x2.fp32", "resnet50"),
         ("inception_v3_batch_128_train", "inception_v3"),

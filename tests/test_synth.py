@@ -20,7 +20,7 @@ from pipelines.collections import ALL_COLLECTIONS, LAYOUT_NLP_RANDOM, LAYOUT_XLA
 from pipelines.errors import ConfigError
 from pipelines.synth import costmodel, generate_world, searches
 from pipelines.synth.programs import Family, Variant, build_program, build_tile_kernel
-from pipelines.synth.world import family_of
+from pipelines.folds import program_family
 from pipelines.tpugraphs import list_graphs, load_graph
 
 SEED = 3
@@ -175,23 +175,11 @@ def test_sample_submission_matches_test_files(world: Path) -> None:
     assert got == expected and len(rows) - 1 == len(expected)
 
 
-def test_family_of_strips_variant_parts() -> None:
-    assert family_of("alexnet_train_batch_32_-1bae27a41d70f4dc") == "alexnet"
-    assert family_of("resnet50_inference_batch_8_3f2a0b1c2d3e4f50") == "resnet50"
-    assert family_of("resnet50.4x4.fp16") == family_of("resnet50.2x2.fp32") == "resnet50"
-    assert family_of("inception_v3_batch_128_train") == "inception_v3"
-    assert family_of("unet_3d.4x4.bf16") == "unet_3d"
-    assert family_of("mlperf_bert_batch_24_2x2") == "mlperf_bert"
-    assert family_of("bert_en_cased_L-12_H-768_A-12_batch_size_16_train") == "bert_en_cased_L-12_H-768_A-12"
-    assert family_of("small_bert_bert_en_uncased_L-10_H-128_A-2_batch_size_32_test") == \
-        "small_bert_bert_en_uncased_L-10_H-128_A-2"
-
-
 def test_families_have_several_variants(world: Path) -> None:
     stems = [r.stem for c in ALL_COLLECTIONS[1:] for s in ("train", "valid") for r in list_graphs(world, c, s)]
     counts: dict[str, set[str]] = {}
     for stem in stems:
-        counts.setdefault(family_of(stem), set()).add(stem)
+        counts.setdefault(program_family(stem), set()).add(stem)
     assert max(len(v) for v in counts.values()) >= 2
 
 
@@ -327,3 +315,140 @@ def test_searches_spanning_many_chunks_write_only_valid_layout_values(monkeypatc
         assert configs.shape == (300, model.num_configurable, 18)
         assert configs.min() >= -1 and configs.max() <= 5
         assert (configs[:, :, 14:] == -1).all()
+
+
+# ----------------------------------------------------------------------------- hidden labels and variants
+
+# sha256 over (relative path, bytes) of npz_all/** and sample_submission.csv of `synth --scale tiny`,
+# computed with the generator as it was before the label sidecar and variants were added: variant 0
+# must keep writing the same bytes.
+TINY_WORLD_SHA256 = {0: "ef7ae71a12d7f09e60f5fab8a9e0dbd049a236518dedd87403b805a8074f7fac",
+                     3: "1585096405c61a6031b844cd4e7f07beb4a8961059538e55c23cd6e6aa6bb1aa"}
+
+
+def _real_format_sha256(root: Path) -> str:
+    import hashlib
+
+    digest = hashlib.sha256()
+    for path in sorted([*(root / "npz_all").rglob("*"), root / "sample_submission.csv"]):
+        if path.is_file():
+            digest.update(str(path.relative_to(root)).encode())
+            digest.update(path.read_bytes())
+    return digest.hexdigest()
+
+
+def test_variant_zero_writes_the_same_bytes_as_before_the_sidecar(world: Path, tiny_world: Path) -> None:
+    assert _real_format_sha256(world) == TINY_WORLD_SHA256[SEED]
+    assert _real_format_sha256(tiny_world) == TINY_WORLD_SHA256[0]
+
+
+def test_sidecar_holds_every_split_and_matches_the_files(world: Path) -> None:
+    from pipelines.synth.world import labels_marker, read_labels
+
+    marker = labels_marker(world)
+    assert marker["variant"] == 0 and marker["seed"] == SEED and marker["cost_params"]["hbm_bytes_ns"] == 700.0
+    assert not list((world / "npz_all").rglob("labels*")), "the sidecar lives outside npz_all/"
+    for collection in ALL_COLLECTIONS:
+        for split in ("train", "valid", "test"):
+            for ref in list_graphs(world, collection, split):
+                graph = load_graph(ref.path, collection)
+                labels = read_labels(world, collection, split, ref.stem)
+                assert labels.runtime.shape == (graph.num_configs,) and labels.runtime.min() > 0
+                # measurement noise is a few percent around the noise-free runtime
+                ratio = labels.runtime / labels.noise_free
+                assert 0.8 < ratio.min() and ratio.max() < 1.25 and not np.all(ratio == 1.0)
+                if split == "test":
+                    assert not graph.config_runtime.any(), "test files stay unlabelled"
+                else:
+                    assert np.array_equal(labels.runtime, graph.config_runtime)
+                if collection.is_tile:
+                    if split != "test":
+                        assert np.array_equal(labels.normalizer, graph.config_runtime_normalizers)
+                    assert labels.normalizer.min() > 0
+
+
+def test_a_world_without_sidecar_gets_its_labels_and_keeps_its_files(tmp_path: Path) -> None:
+    import shutil
+
+    from pipelines.synth.world import labels_marker
+
+    root = tmp_path / "w"
+    generate_world(root, scale="tiny", seed=0, collections="layout:xla:random")
+    before = _real_format_sha256(root)
+    shutil.rmtree(root / "labels")  # a world written before the sidecar existed
+    assert labels_marker(root) is None
+    summary = generate_world(root, scale="tiny", seed=0, collections="layout:xla:random")
+    assert "30 written" not in summary and labels_marker(root) is not None
+    assert _real_format_sha256(root) == before
+    assert len(list((root / "labels").rglob("*.npz"))) == len(list((root / "npz_all").rglob("*.npz")))
+
+
+def test_two_variants_rank_the_same_graphs_differently(tmp_path: Path) -> None:
+    from pipelines.synth.world import read_labels
+
+    chosen = "tile:xla,layout:xla:random,layout:nlp:random"
+    generate_world(tmp_path / "v0", scale="tiny", seed=0, collections=chosen)
+    generate_world(tmp_path / "v1", scale="tiny", seed=0, collections=chosen, variant=1)
+    assert json_of(tmp_path / "v1" / "synth.json")["variant"] == 1
+    for collection in (TILE_XLA, LAYOUT_XLA_RANDOM, LAYOUT_NLP_RANDOM):
+        taus, other_fastest = [], 0
+        for split in ("train", "valid", "test"):
+            for ref0, ref1 in zip(list_graphs(tmp_path / "v0", collection, split),
+                                  list_graphs(tmp_path / "v1", collection, split)):
+                g0, g1 = load_graph(ref0.path, collection), load_graph(ref1.path, collection)
+                configs = (g0.config_feat, g1.config_feat) if collection.is_tile else \
+                    (g0.node_config_feat, g1.node_config_feat)
+                assert ref0.stem == ref1.stem and np.array_equal(*configs), "same graphs, same configs"
+                truth0 = read_labels(tmp_path / "v0", collection, split, ref0.stem).noise_free
+                truth1 = read_labels(tmp_path / "v1", collection, split, ref1.stem).noise_free
+                if np.ptp(truth0) > 0 and np.ptp(truth1) > 0:
+                    taus.append(kendalltau(truth0, truth1)[0])
+                other_fastest += int(np.argmin(truth0) != np.argmin(truth1))
+        # related machines (the physics is shared) that disagree on orderings and on the fastest config
+        assert 0.5 < np.mean(taus) < 0.97 and other_fastest >= 1, (collection, np.mean(taus), other_fastest)
+
+
+def test_variant_constants_stay_in_their_documented_ranges() -> None:
+    assert costmodel.variant_params(0) == costmodel.CostParams()
+    for variant in range(1, 30):
+        params = costmodel.variant_params(variant)
+        assert params == costmodel.variant_params(variant), "a variant number is one fixed machine"
+        for name, (low, high, _) in costmodel.VARIANT_RANGES.items():
+            if hasattr(params, name):
+                assert low <= getattr(params, name) <= high, (variant, name)
+        assert abs(sum(params.anchor_mix) - 1.0) < 1e-9 and params.mutation_unset < params.mutation_tuned
+        for low, high in (params.tile_noise, params.default_noise, params.random_noise):
+            assert 0 < low < high < 0.1
+    with pytest.raises(ConfigError, match="variant"):
+        generate_world(Path("unused"), scale="tiny", seed=0, variant=-1)
+
+
+def test_medium_scale_sits_between_small_and_full() -> None:
+    from pipelines.synth import SCALES
+
+    small, medium, full = SCALES["small"], SCALES["medium"], SCALES["full"]
+    for name in small.layout_counts:
+        assert sum(medium.layout_counts[name]) == 3 * sum(small.layout_counts[name])
+    assert sum(medium.tile_counts) == 3 * sum(small.tile_counts) < sum(full.tile_counts)
+    for source in ("xla", "nlp"):
+        assert small.layout_budget[source][0] < medium.layout_budget[source][0] < full.layout_budget[source][0]
+
+
+def json_of(path: Path) -> dict:
+    import json
+
+    return json.loads(path.read_text())
+
+
+def test_cli_synth_takes_medium_and_variant(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from pipelines.cli import main
+    from pipelines.synth.world import labels_marker
+
+    args = ["synth", "--out", str(tmp_path / "v2"), "--scale", "medium", "--variant", "2", "--limit", "1",
+            "--collections", "tile:xla"]
+    assert main(args) == 0
+    assert "variant=2" in capsys.readouterr().out
+    marker = labels_marker(tmp_path / "v2")
+    assert marker["variant"] == 2 and marker["scale"] == "medium"
+    assert marker["cost_params"] == costmodel.params_dict(costmodel.variant_params(2))
+    assert main(["synth", "--out", str(tmp_path / "bad"), "--scale", "tiny", "--variant", "-1"]) == 2

@@ -79,3 +79,16 @@ class GBDTConfig:
         if self.objective in ("lambdarank", "xendcg") and self.max_configs_per_graph >= LIGHTGBM_MAX_QUERY_ROWS:
             raise ConfigError(f"max_configs_per_graph must be below {LIGHTGBM_MAX_QUERY_ROWS} for ranking "
                               f"objectives (LightGBM's query limit), got {self.max_configs_per_graph}")
+
+# What ``python -m pipelines tune --model gbdt`` searches (pipelines.tune): field -> ("int" | "float",
+# low, high, log scale) or ("categorical", choices). Trees and regularisation only: the objective per
+# collection is chosen on evidence (see ``collections`` above) and the data caps trade speed for score.
+SEARCH_SPACE: dict[str, tuple] = {
+    "num_leaves": ("int", 7, 127, True),
+    "learning_rate": ("float", 0.01, 0.2, True),
+    "min_child_samples": ("int", 5, 100, True),
+    "feature_fraction": ("float", 0.4, 1.0, False),
+    "bagging_fraction": ("float", 0.5, 1.0, False),
+    "lambda_l2": ("float", 1e-3, 30.0, True),
+    "graph_rank_features": ("categorical", (False, True)),
+}

@@ -82,3 +82,18 @@ class GNNConfig:
             raise ConfigError(f"device must be one of {DEVICES} or 'cuda:N', got {self.device!r}")
         if self.cross_config_attention and self.hidden % self.attention_heads:
             raise ConfigError(f"hidden ({self.hidden}) must be divisible by attention_heads ({self.attention_heads})")
+
+
+# What ``python -m pipelines tune --model gnn`` searches (pipelines.tune): field -> ("int" | "float",
+# low, high, log scale) or ("categorical", choices). Width, depth, loss and optimiser; the schedule
+# length (epochs) and evaluation knobs stay the config's, so a trial costs what a run costs.
+SEARCH_SPACE: dict[str, tuple] = {
+    "hidden": ("categorical", (32, 64, 128)),
+    "free_layers": ("int", 1, 3, False),
+    "dropout": ("float", 0.0, 0.3, False),
+    "loss": ("categorical", LOSSES),
+    "margin": ("float", 0.01, 0.5, True),
+    "lr": ("float", 1e-4, 3e-3, True),
+    "weight_decay": ("float", 1e-6, 1e-3, True),
+    "configs_per_graph": ("categorical", (16, 32, 64)),
+}

@@ -53,12 +53,24 @@ runs, ``TILE_REPEATS`` kernel runs), so they are large integers (mostly above 2*
 float32 would create false ties), and carry multiplicative log-normal noise (see ``noisy``; the
 world draws its width per file, 0.5-2%, and lets duplicate layout configs share one measurement
 except for a few re-measured ones).
+
+Variants. The module constants above are variant 0, the model every world used before variants
+existed (its files are byte-for-byte unchanged). ``synth --variant N`` (N >= 1) draws a
+:class:`CostParams` from ``VARIANT_RANGES`` with an RNG keyed by N alone, so one variant number is
+one "machine" whatever the seed, and the same seed under two variants gives the same programs and
+configs with other runtimes. What varies: the hardware balance (MXU peak vs. HBM bandwidth, vector
+unit), launch/copy/DMA overheads, how layouts change compute efficiency (padding exponent, the
+contracted/feature-dim penalties), how much non-configurable work stays unfused, the tile VMEM
+budget and spill slope, the measurement noise per search strategy, and the mix of the ``default``
+search (anchor shares, mutation counts, duplicate shares). What stays fixed: the physical facts a
+model may rely on: (8 x 128) tiling of the two minor-most dims, element sizes (bf16 packing), the
+f32 MXU slowdown, two cores per chip, the benchmark-loop repeat counts.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
@@ -98,6 +110,113 @@ RIGID_CONSUMERS = frozenset(OP[k] for k in ("tuple", "transpose", "concatenate",
 # Non-configurable elementwise work is mostly fused into neighbouring kernels by XLA; it keeps
 # only this share of its standalone roofline cost.
 FUSED_SHARE = 0.1
+
+
+# ----------------------------------------------------------------------------- per-world constants
+
+
+@dataclass(frozen=True)
+class CostParams:
+    """The constants of one world's cost model and searches; the defaults are variant 0."""
+
+    peak_flops_ns: float = PEAK_FLOPS_NS
+    vpu_ops_ns: float = VPU_OPS_NS
+    hbm_bytes_ns: float = HBM_BYTES_NS
+    op_launch_ns: float = OP_LAUNCH_NS
+    bitcast_ns: float = BITCAST_NS
+    dma_run_ns: float = DMA_RUN_NS
+    copy_launch_ns: float = COPY_LAUNCH_NS
+    fixed_copy_passes: float = 2.0  # HBM passes (read + write) of a copy forced by a rigid neighbour
+    contract_not_minor: float = CONTRACT_NOT_MINOR
+    feature_not_minor: float = FEATURE_NOT_MINOR
+    pad_compute_power: float = 1.0  # MXU work grows as sqrt(padding ratios) ** this
+    fused_share: float = FUSED_SHARE
+    vmem_bytes: float = VMEM_BYTES
+    spill_slope: float = SPILL_SLOPE
+    tile_step_ns: float = TILE_STEP_NS
+    tile_launch_ns: float = TILE_LAUNCH_NS
+    # measurement noise: per-file log-normal width drawn uniformly from these ranges
+    tile_noise: tuple[float, float] = (0.005, 0.02)
+    default_noise: tuple[float, float] = (0.006, 0.015)  # layout, compiler's default search
+    random_noise: tuple[float, float] = (0.006, 0.015)  # layout, random search
+    remeasured_duplicates: float = 0.05  # share of duplicate layout configs measured again
+    # the ``default`` search (see pipelines.synth.searches.default_search)
+    from_anchor: float = 0.35  # share of rows restarting from an anchor
+    anchor_mix: tuple[float, float, float] = (0.45, 0.45, 0.10)  # default / autotuned / all-compiler
+    mutation_unset: float = 0.15  # a mutated block becomes "compiler default" ...
+    mutation_tuned: float = 0.45  # ... or (up to this share) the autotuned block, else random
+    duplicate_shares: tuple[float, ...] = (0.05, 0.3, 0.6, 0.9, 0.99)  # per-file share of exact repeats
+    mutations: tuple[float, float] = (0.5, 3.0)  # per-file mean extra mutations per row
+
+
+# (low, high, log-uniform?) per drawn field; tuple fields are described in ``variant_params``.
+VARIANT_RANGES: dict[str, tuple[float, float, bool]] = {
+    "peak_flops_ns": (3.0e4, 2.7e5, True),  # MXU 1/3x .. 3x: compute-bound vs. memory-bound worlds
+    "vpu_ops_ns": (1.5e3, 1.0e4, True),
+    "hbm_bytes_ns": (300.0, 1600.0, True),
+    "op_launch_ns": (500.0, 4000.0, True),
+    "dma_run_ns": (0.25, 4.0, True),
+    "copy_launch_ns": (800.0, 8000.0, True),
+    "fixed_copy_passes": (1.0, 3.0, False),
+    "contract_not_minor": (1.0, 1.6, False),
+    "feature_not_minor": (1.0, 1.4, False),
+    "pad_compute_power": (0.5, 1.6, False),
+    "fused_share": (0.03, 0.4, True),
+    "vmem_bytes": (4 * 2**20, 64 * 2**20, True),
+    "spill_slope": (1.0, 8.0, True),
+    "tile_step_ns": (100.0, 1000.0, True),
+    "tile_launch_ns": (800.0, 5000.0, True),
+    "noise_low": (0.002, 0.015, True),  # per strategy: low end of the noise range ...
+    "noise_span": (1.2, 4.0, False),  # ... and high / low
+    "remeasured_duplicates": (0.0, 0.2, False),
+    "from_anchor": (0.15, 0.6, False),
+    "mutation_unset": (0.05, 0.3, False),
+    "mutation_tuned_span": (0.1, 0.5, False),  # mutation_tuned = mutation_unset + this
+    "mutations_high": (1.5, 5.0, False),  # mutations range = (0.5, this)
+}
+
+
+def variant_params(variant: int) -> CostParams:
+    """The constants of ``variant``: 0 is today's model; N >= 1 is drawn from ``VARIANT_RANGES``.
+
+    Tuple fields: each strategy's noise range is ``(low, low * span)`` with its own draws; the
+    anchor mix is a Dirichlet(2, 2, 1) draw; duplicate shares are five sorted draws in [0, 0.99].
+    """
+    if variant < 0:
+        raise ValueError(f"variant must be 0 or more, got {variant}")
+    if variant == 0:
+        return CostParams()
+    rng = np.random.default_rng([0x5EED_C057, variant])
+
+    def draw(name: str) -> float:
+        low, high, log = VARIANT_RANGES[name]
+        return float(math.exp(rng.uniform(math.log(low), math.log(high))) if log else rng.uniform(low, high))
+
+    scalars = {name: draw(name) for name in (
+        "peak_flops_ns", "vpu_ops_ns", "hbm_bytes_ns", "op_launch_ns", "dma_run_ns", "copy_launch_ns",
+        "fixed_copy_passes", "contract_not_minor", "feature_not_minor", "pad_compute_power", "fused_share",
+        "vmem_bytes", "spill_slope", "tile_step_ns", "tile_launch_ns", "remeasured_duplicates", "from_anchor",
+        "mutation_unset")}
+    noise = {}
+    for strategy in ("tile", "default", "random"):
+        low = draw("noise_low")
+        noise[f"{strategy}_noise"] = (low, low * draw("noise_span"))
+    unset = scalars["mutation_unset"]
+    return CostParams(
+        **scalars, **noise,
+        bitcast_ns=BITCAST_NS,
+        mutation_tuned=unset + draw("mutation_tuned_span"),
+        anchor_mix=tuple(float(x) for x in rng.dirichlet([2.0, 2.0, 1.0])),
+        duplicate_shares=tuple(float(x) for x in np.sort(rng.uniform(0.0, 0.99, size=5))),
+        mutations=(0.5, draw("mutations_high")))
+
+
+def params_dict(params: CostParams) -> dict:
+    """JSON-ready constants (for the label sidecar's record of the world)."""
+    return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(params).items()}
+
+
+DEFAULT_PARAMS = CostParams()
 
 
 def _ceil_to(x: np.ndarray, multiple: int) -> np.ndarray:
@@ -166,6 +285,7 @@ class LayoutCostModel:
     fixed_perm: np.ndarray  # (F, 6) producer's (fixed) layout
     out_fanout: np.ndarray  # (nc,) non-configurable consumers expecting the default output layout
     base_ns: float  # all non-configurable ops
+    params: CostParams = field(default=DEFAULT_PARAMS)
 
     @property
     def num_configurable(self) -> int:
@@ -183,7 +303,7 @@ def _trace_producer(program: Program, node: int, is_config: np.ndarray) -> int:
     return node
 
 
-def layout_cost_model(program: Program) -> LayoutCostModel:
+def layout_cost_model(program: Program, params: CostParams = DEFAULT_PARAMS) -> LayoutCostModel:
     """Precompute everything the per-config cost needs (one pass over the program)."""
     nodes = program.nodes
     n = len(nodes)
@@ -222,7 +342,7 @@ def layout_cost_model(program: Program) -> LayoutCostModel:
         a["out_bytes"].append(ELEMENT_BYTES[node.etype])
         a["in_bytes"].append(ELEMENT_BYTES[src.etype])
         a["ker_bytes"].append(ELEMENT_BYTES[ker.etype] if ker is not None else 0)
-        a["peak"].append(PEAK_FLOPS_NS / (F32_SLOWDOWN if node.etype in ("f32", "f64") else 1.0))
+        a["peak"].append(params.peak_flops_ns / (F32_SLOWDOWN if node.etype in ("f32", "f64") else 1.0))
         if kind == CONV:
             window = math.prod(ker.shape[:-2])
             flops = 2.0 * math.prod(node.shape) * src.shape[-1] * window / max(1, node.attrs["feature_group_count"])
@@ -260,7 +380,7 @@ def layout_cost_model(program: Program) -> LayoutCostModel:
         fixed_dst=np.array([f[0] for f in fixed], dtype=np.int64),
         fixed_block=np.array([f[1] for f in fixed], dtype=np.int64),
         fixed_perm=np.array([f[2] for f in fixed], dtype=np.int8).reshape(-1, MAX_RANK),
-        out_fanout=f64("out_fanout"), base_ns=_base_ns(program, is_config))
+        out_fanout=f64("out_fanout"), base_ns=_base_ns(program, is_config, params), params=params)
 
 
 def _count_default_consumers(program: Program, u: int, consumers: list[list[int]], is_config: np.ndarray) -> int:
@@ -282,7 +402,7 @@ def _count_default_consumers(program: Program, u: int, consumers: list[list[int]
     return count
 
 
-def _base_ns(program: Program, is_config: np.ndarray) -> float:
+def _base_ns(program: Program, is_config: np.ndarray, params: CostParams) -> float:
     """Roofline cost of every non-configurable op at its default layout, times ``FUSED_SHARE``."""
     nodes = program.nodes
     total = 0.0
@@ -298,8 +418,8 @@ def _base_ns(program: Program, is_config: np.ndarray) -> float:
             padded = padded_elements(np.array([_shape6(shape)]), np.array([len(shape)]),
                                      np.array([_pad6(layout, -1)]))[0]
             nbytes += padded * ELEMENT_BYTES[node.etype]
-        total += max(nbytes / HBM_BYTES_NS, math.prod(node.shape) / VPU_OPS_NS) + OP_LAUNCH_NS
-    return total * FUSED_SHARE
+        total += max(nbytes / params.hbm_bytes_ns, math.prod(node.shape) / params.vpu_ops_ns) + params.op_launch_ns
+    return total * params.fused_share
 
 
 def resolve_defaults(blocks: np.ndarray, defaults: np.ndarray) -> np.ndarray:
@@ -328,6 +448,7 @@ class _Resolved:
 
 
 def _resolve(model: LayoutCostModel, blocks: np.ndarray) -> _Resolved:
+    dma_run_ns = model.params.dma_run_ns
     res = resolve_defaults(blocks, model.defaults)
     p_out, p_in = res[:, :, 0:6], res[:, :, 6:12]
     p_ker = np.where(model.ker_configurable[None, :, None], res[:, :, 12:18], model.ker_fixed_perm[None])
@@ -338,8 +459,8 @@ def _resolve(model: LayoutCostModel, blocks: np.ndarray) -> _Resolved:
                      padded_elements(model.out_shape, model.out_rank, p_out) * model.out_bytes,
                      padded_elements(model.in_shape, model.in_rank, p_in) * model.in_bytes,
                      pad_ker * model.ker_bytes,
-                     dma_runs(model.out_shape, model.out_rank, p_out) * DMA_RUN_NS,
-                     dma_runs(model.in_shape, model.in_rank, p_in) * DMA_RUN_NS, ker_runs * DMA_RUN_NS)
+                     dma_runs(model.out_shape, model.out_rank, p_out) * dma_run_ns,
+                     dma_runs(model.in_shape, model.in_rank, p_in) * dma_run_ns, ker_runs * dma_run_ns)
 
 
 def node_costs(model: LayoutCostModel, blocks: np.ndarray) -> np.ndarray:
@@ -348,45 +469,51 @@ def node_costs(model: LayoutCostModel, blocks: np.ndarray) -> np.ndarray:
 
 
 def _node_costs(model: LayoutCostModel, r: _Resolved) -> np.ndarray:
+    p = model.params
     has_ker = model.ker_rank > 0
     ratio = np.sqrt(r.out_b / (np.prod(model.out_shape, axis=1) * model.out_bytes)
                     * r.in_b / (np.prod(model.in_shape, axis=1) * model.in_bytes)
                     * np.where(has_ker, r.ker_b / (np.prod(model.ker_shape, axis=1) * np.maximum(model.ker_bytes, 1)),
                                1.0))
+    if p.pad_compute_power != 1.0:
+        ratio = ratio ** p.pad_compute_power
     contract = model.contract_dim[None, :]
     contract_minor = (r.p_in[..., 0] == contract) | (r.p_in[..., 1] == contract)
     feature_minor = r.p_out[..., 0] == model.out_feat_dim[None, :]
-    compute = (model.flops / model.peak) * ratio * np.where(contract_minor, 1.0, CONTRACT_NOT_MINOR) \
-        * np.where(feature_minor, 1.0, FEATURE_NOT_MINOR)
-    memory = (r.out_b + r.in_b + r.ker_b) / HBM_BYTES_NS + r.out_dma + r.in_dma + r.ker_dma
-    mxu_cost = np.maximum(compute, memory) + OP_LAUNCH_NS
+    compute = (model.flops / model.peak) * ratio * np.where(contract_minor, 1.0, p.contract_not_minor) \
+        * np.where(feature_minor, 1.0, p.feature_not_minor)
+    memory = (r.out_b + r.in_b + r.ker_b) / p.hbm_bytes_ns + r.out_dma + r.in_dma + r.ker_dma
+    mxu_cost = np.maximum(compute, memory) + p.op_launch_ns
     bitcast = np.all(r.p_in == model.row_major_in[None], axis=2) & np.all(r.p_out == model.row_major_out[None], axis=2)
-    reshape_cost = np.where(bitcast, BITCAST_NS,
-                            (r.out_b + r.in_b) / HBM_BYTES_NS + r.out_dma + r.in_dma + OP_LAUNCH_NS)
+    reshape_cost = np.where(bitcast, p.bitcast_ns,
+                            (r.out_b + r.in_b) / p.hbm_bytes_ns + r.out_dma + r.in_dma + p.op_launch_ns)
     return np.where(model.kind == RESHAPE, reshape_cost, mxu_cost)
 
 
 def layout_costs(model: LayoutCostModel, blocks: np.ndarray) -> np.ndarray:
     """Noise-free runtime (ns, one program run) of each config; ``blocks`` int8 (c, nc, 18)."""
+    p = model.params
+    hbm = p.hbm_bytes_ns
     r = _resolve(model, blocks)
     total = _node_costs(model, r).sum(axis=1)
-    block_bytes = (r.in_b + r.in_dma * HBM_BYTES_NS, r.ker_b + r.ker_dma * HBM_BYTES_NS)
-    out_b = r.out_b + r.out_dma * HBM_BYTES_NS  # bytes plus DMA overhead, in byte-equivalents
+    block_bytes = (r.in_b + r.in_dma * hbm, r.ker_b + r.ker_dma * hbm)
+    out_b = r.out_b + r.out_dma * hbm  # bytes plus DMA overhead, in byte-equivalents
     block_perm = (r.p_in, r.p_ker)
     for block in (0, 1):
         sel = model.c2c_block == block
         if np.any(sel):
             src, dst = model.c2c_src[sel], model.c2c_dst[sel]
             mismatch = np.any(r.p_out[:, src] != block_perm[block][:, dst], axis=2)
-            copy = (out_b[:, src] + block_bytes[block][:, dst]) / HBM_BYTES_NS + COPY_LAUNCH_NS
+            copy = (out_b[:, src] + block_bytes[block][:, dst]) / hbm + p.copy_launch_ns
             total += (mismatch * copy).sum(axis=1)
         sel = model.fixed_block == block
         if np.any(sel):
             dst = model.fixed_dst[sel]
             mismatch = np.any(block_perm[block][:, dst] != model.fixed_perm[sel][None], axis=2)
-            total += (mismatch * (2 * block_bytes[block][:, dst] / HBM_BYTES_NS + COPY_LAUNCH_NS)).sum(axis=1)
+            total += (mismatch * (p.fixed_copy_passes * block_bytes[block][:, dst] / hbm
+                                  + p.copy_launch_ns)).sum(axis=1)
     off_default = np.any(r.p_out != model.defaults[None, :, 0:6], axis=2)
-    total += (off_default * model.out_fanout * (2 * out_b / HBM_BYTES_NS + COPY_LAUNCH_NS)).sum(axis=1)
+    total += (off_default * model.out_fanout * (p.fixed_copy_passes * out_b / hbm + p.copy_launch_ns)).sum(axis=1)
     return total + model.base_ns
 
 
@@ -413,8 +540,9 @@ def _tile_padded(bounds: np.ndarray) -> np.ndarray:
     return np.prod(bounds[:, :-2], axis=1) * _ceil_to(bounds[:, -2], 8) * minor
 
 
-def tile_costs(kernel: TileKernel, config_feat: np.ndarray) -> np.ndarray:
+def tile_costs(kernel: TileKernel, config_feat: np.ndarray, params: CostParams = DEFAULT_PARAMS) -> np.ndarray:
     """Noise-free runtime (ns, one kernel run) of each tile config (c, 24) of ``kernel``."""
+    p = params
     out_rank, in_rank = len(kernel.out_shape), len(kernel.in_shape)
     ker_rank = (len(kernel.window) + 2 if kernel.kind == "conv" else 2) if kernel.contract else 0
     ker_t = config_feat[:, 0:ker_rank].astype(np.float64)
@@ -424,24 +552,24 @@ def tile_costs(kernel: TileKernel, config_feat: np.ndarray) -> np.ndarray:
     # output tiles are shared out over the chip's cores; one big tile leaves the other cores idle
     n_tiles = np.ceil(np.prod(np.ceil(out_shape / out_t), axis=1) / TILE_CORES)
     eb = float(kernel.elem_bytes)
-    peak = PEAK_FLOPS_NS / (F32_SLOWDOWN if eb >= 4 else 1.0)
+    peak = p.peak_flops_ns / (F32_SLOWDOWN if eb >= 4 else 1.0)
     out_pad, in_pad = _tile_padded(out_t), _tile_padded(in_t)
     if kernel.contract:
         k_tile = ker_t[:, -2]  # contracted (input-feature) bound of the kernel tile
         k_steps = np.ceil(kernel.contract / k_tile)
         ker_pad = _tile_padded(ker_t)
         window = float(math.prod(kernel.window)) if kernel.window else 1.0
-        compute = 2.0 * out_pad * k_tile * window / peak + kernel.epilogue * out_pad / VPU_OPS_NS / k_steps
+        compute = 2.0 * out_pad * k_tile * window / peak + kernel.epilogue * out_pad / p.vpu_ops_ns / k_steps
     else:
         k_steps = np.ones(len(config_feat))
         ker_pad = np.zeros(len(config_feat))
-        compute = (kernel.epilogue + 1) * np.maximum(in_pad, out_pad) / VPU_OPS_NS
-    memory = ((in_pad + ker_pad) * eb + out_pad * eb / k_steps) / HBM_BYTES_NS
+        compute = (kernel.epilogue + 1) * np.maximum(in_pad, out_pad) / p.vpu_ops_ns
+    memory = ((in_pad + ker_pad) * eb + out_pad * eb / k_steps) / p.hbm_bytes_ns
     working_set = 2.0 * (in_pad + ker_pad) * eb + out_pad * 4.0
-    spill = 1.0 + SPILL_SLOPE * np.maximum(0.0, working_set / VMEM_BYTES - 1.0)
-    step = np.maximum(compute, memory * spill) + TILE_STEP_NS
+    spill = 1.0 + p.spill_slope * np.maximum(0.0, working_set / p.vmem_bytes - 1.0)
+    step = np.maximum(compute, memory * spill) + p.tile_step_ns
     # the first tile's loads and the last tile's store are not overlapped (pipeline fill and drain)
-    return n_tiles * k_steps * step + memory * spill + TILE_LAUNCH_NS
+    return n_tiles * k_steps * step + memory * spill + p.tile_launch_ns
 
 
 # ----------------------------------------------------------------------------- measurement

@@ -104,7 +104,11 @@ def random_search(model: LayoutCostModel, count: int, rng: np.random.Generator) 
 
 def default_search(model: LayoutCostModel, count: int, rng: np.random.Generator,
                    duplicate_share: float, mutations: float) -> np.ndarray:
-    """``count`` configs clustered near the default and padding-minimal configs (see module doc)."""
+    """``count`` configs clustered near the default and padding-minimal configs (see module doc).
+
+    The mix (anchor shares, mutation choices) comes from the world's constants, ``model.params``.
+    """
+    mix = model.params
     table, offsets = permutation_table()
     nc = model.num_configurable
     ranks = block_ranks(model)
@@ -115,10 +119,10 @@ def default_search(model: LayoutCostModel, count: int, rng: np.random.Generator,
     for start in range(1, count, step):
         rows = min(step, count - start)
         # parents: an anchor, or a row generated before this chunk (recent rows preferred)
-        from_anchor = rng.random(rows) < 0.35
+        from_anchor = rng.random(rows) < mix.from_anchor
         back = np.minimum(rng.geometric(1.0 / max(2.0, start / 4), size=rows), start)
         parent_rows = out[start - back]
-        anchor_pick = anchors[rng.choice(3, size=rows, p=[0.45, 0.45, 0.10])]
+        anchor_pick = anchors[rng.choice(3, size=rows, p=list(mix.anchor_mix))]
         chunk = np.where(from_anchor[:, None, None], anchor_pick, parent_rows)
         duplicate = (~from_anchor) & (rng.random(rows) < duplicate_share)
         num_mut = np.where(duplicate, 0, 1 + rng.poisson(mutations, size=rows))
@@ -130,8 +134,8 @@ def default_search(model: LayoutCostModel, count: int, rng: np.random.Generator,
             choice = rng.random(live.size)
             perms = _random_perms(ranks[node, block], rng, table, offsets)
             good = anchors[1][node, :].reshape(-1, 3, 6)[np.arange(live.size), block]
-            value = np.where((choice < 0.15)[:, None], np.int8(-1),
-                             np.where((choice < 0.45)[:, None], good, perms))
+            value = np.where((choice < mix.mutation_unset)[:, None], np.int8(-1),
+                             np.where((choice < mix.mutation_tuned)[:, None], good, perms))
             cols = block[:, None] * 6 + np.arange(6)[None, :]
             chunk[live[:, None], node[:, None], cols] = value
         out[start:start + rows] = chunk

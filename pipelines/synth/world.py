@@ -15,6 +15,9 @@ small     240 / 40 / 40          xla 24/5/5 (random 26/5/5),             layout 
                                  nlp 28/6/6 (random 30/6/6)              10-90 configurable, 300-2000
                                                                          configs (test 200);
                                                                          tile 10-300 configs
+medium    720 / 120 / 120        xla 72/15/15 (random 78/15/15),         layout ~200-2300 nodes,
+                                 nlp 84/18/18 (random 90/18/18)          300-2000 configs (test 200);
+                                                                         tile 10-400 configs
 full      5709 / 676 / 844       xla:default 61/7/8, xla:random 69/7/8,  layout up to ~44k nodes
                                  nlp:default 198/20/17,                  (xla mean ~13k, nlp ~6k),
                                  nlp:random 207/20/17                    up to 100,040 configs
@@ -29,8 +32,20 @@ Names. Tile train/valid stems are ``<model>_<train|inference>_batch_<b>_<signed 
 xla stems follow one of the real patterns per family (``resnet50.4x4.fp16``,
 ``inception_v3_batch_128_train``, ``mlperf_bert_batch_24_2x2``, ...); nlp stems are
 ``<model>_batch_size_<b>_<train|test>``; test stems are anonymous 32-hex. The family (the stem
-without batch, precision, topology, mode and hash parts, see :func:`family_of`) fixes a program's
+without batch, precision, topology, mode and hash parts, see :func:`pipelines.folds.program_family`) fixes a program's
 skeleton; its variants change sizes and add backward passes.
+
+Hidden labels. Next to ``npz_all/`` (never inside it) a world holds ``labels/``: per graph of
+every split, test included, ``labels/npz/<collection dir>/<split>/<stem>.npz`` with ``runtime``
+(int64, the measured runtimes; for train/valid exactly the file's ``config_runtime``),
+``noise_free`` (float64, the cost model's runtime before measurement noise, same units) and, for
+tile, ``normalizer`` (int64, measured); and ``labels/labels.json`` (scale, seed, variant and the
+cost-model constants of the world). ``pipelines.evaluate`` reads them; the reader never does, and
+the real-format files are the same bytes with or without them.
+
+Variants. ``variant`` picks the cost model's constants (:func:`costmodel.variant_params`; 0 is
+the original model). The programs, the tile configs and the random-search layout configs of a seed
+are the same under every variant; the ``default`` search's configs follow the variant's search mix.
 
 Determinism. Each file's randomness comes from ``SeedSequence((seed, collection, split, index))``
 (programs shared by a source's default and random collections from the source's key), so
@@ -43,9 +58,9 @@ from __future__ import annotations
 import json
 import math
 import os
-import re
 import tempfile
 import time
+import zipfile
 import zlib
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
@@ -55,7 +70,7 @@ import numpy as np
 
 from pipelines.atomic import chmod_like_new_file
 from pipelines.collections import ALL_COLLECTIONS, SPLITS, TILE_XLA, Collection, parse_collections
-from pipelines.errors import ConfigError
+from pipelines.errors import ConfigError, FormatError
 from pipelines.synth import costmodel, searches
 from pipelines.synth.programs import Family, Variant, build_program, build_tile_kernel
 from pipelines.tpugraphs import LayoutGraph, TileGraph, save_graph
@@ -63,7 +78,9 @@ from pipelines.tpugraphs import LayoutGraph, TileGraph, save_graph
 SYNTH_VERSION = 1
 MARKER = "synth.json"
 PARTIAL_MARKER = ".synth-incomplete.json"
-REMEASURED_DUPLICATES = 0.05  # share of duplicate layout configs measured again (other runtime)
+LABELS_DIR = "labels"  # the hidden-label sidecar, a sibling of npz_all/
+LABELS_MARKER = "labels.json"
+LABELS_VERSION = 1
 
 
 # ----------------------------------------------------------------------------- scales
@@ -100,6 +117,13 @@ SCALES: dict[str, Scale] = {
         tile_nodes=(5, 60), tile_configs=(10, 300), tile_test_configs=(10, 200), tile_few_config_tests=2,
         layout_budget={"xla": (260, 0.5, 600), "nlp": (150, 0.4, 400)},
         layout_configs=(300, 2000), layout_test_configs=200, max_config_cells=2000 * 60),
+    "medium": Scale(
+        "medium", (720, 120, 120),
+        {"layout:xla:default": (72, 15, 15), "layout:xla:random": (78, 15, 15),
+         "layout:nlp:default": (84, 18, 18), "layout:nlp:random": (90, 18, 18)},
+        tile_nodes=(5, 70), tile_configs=(10, 400), tile_test_configs=(10, 250), tile_few_config_tests=4,
+        layout_budget={"xla": (550, 0.5, 1400), "nlp": (320, 0.4, 900)},
+        layout_configs=(300, 2000), layout_test_configs=200, max_config_cells=2000 * 100),
     "full": Scale(
         "full", (5709, 676, 844),
         {"layout:xla:default": (61, 7, 8), "layout:xla:random": (69, 7, 8),
@@ -163,20 +187,6 @@ _TILE_KINDS = {"cnn": ("conv", "conv", "conv", "reduce", "eltwise", "eltwise", "
                "mlp": ("dot", "dot", "eltwise", "reduce")}
 _PRECISION = {"fp16": "f16", "fp32": "f32", "bf16": "bf16"}
 _TOPOLOGIES = ("2x2", "4x4", "8x8")
-
-_FAMILY_SUFFIX = re.compile(
-    r"[._](?:batch_size_\d+|batch_\d+|train|test|eval|inference|\d+x\d+|fp16|fp32|bf16)(?=[._]|$)")
-_HASH_SUFFIX = re.compile(r"_-?[0-9a-f]{16}$")
-
-
-def family_of(stem: str) -> str:
-    """The program family of a stem: drop hash, batch, precision, topology and mode parts.
-
-    ``alexnet_train_batch_32_-1bae27a41d70f4dc`` -> ``alexnet``; ``resnet50.4x4.fp16`` ->
-    ``resnet50``; ``bert_en_cased_L-12_H-768_A-12_batch_size_16_train`` ->
-    ``bert_en_cased_L-12_H-768_A-12``. (For this module's tests; the folds use their own.)
-    """
-    return _FAMILY_SUFFIX.sub("", _HASH_SUFFIX.sub("", stem))
 
 
 def _variants(pattern: str) -> list[tuple[str, Variant]]:
@@ -352,29 +362,47 @@ def tile_specs(scale: Scale, seed: int) -> dict[str, list[FileSpec]]:
 # ----------------------------------------------------------------------------- generating one file
 
 
-def make_tile_graph(spec: FileSpec, seed: int) -> TileGraph:
-    """The tile graph of ``spec`` (pure: no I/O)."""
+@dataclass(frozen=True)
+class Labels:
+    """The hidden labels of one graph (see the module docstring, "Hidden labels")."""
+
+    runtime: np.ndarray  # int64 (c,) measured
+    noise_free: np.ndarray  # float64 (c,) before measurement noise, same units
+    normalizer: np.ndarray | None = None  # int64 (c,) tile only
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        out = {"runtime": self.runtime, "noise_free": self.noise_free}
+        if self.normalizer is not None:
+            out["normalizer"] = self.normalizer
+        return out
+
+
+def make_tile_graph(spec: FileSpec, seed: int,
+                    params: costmodel.CostParams = costmodel.DEFAULT_PARAMS) -> tuple[TileGraph, Labels]:
+    """The tile graph of ``spec`` and its labels (pure: no I/O). Test files hold no runtimes."""
     rng = _rng(seed, spec.collection, spec.split, spec.index)
     program, kernel = build_tile_kernel(spec.family, spec.variant, spec.kind, spec.nodes, rng)
     minimum = 1 if spec.num_configs < 5 else 5
     config_feat = searches.tile_configs(kernel, max(spec.num_configs, minimum), rng)
     c = config_feat.shape[0]
-    if spec.split == "test":
+    costs = costmodel.tile_costs(kernel, config_feat, params)
+    sigma = rng.uniform(*params.tile_noise)
+    runtime = costmodel.noisy(costs, costmodel.TILE_REPEATS, sigma, rng)
+    normalizer = costmodel.noisy(np.full(c, np.median(costs)), costmodel.TILE_REPEATS, 0.01, rng)
+    labels = Labels(runtime, costs * costmodel.TILE_REPEATS, normalizer)
+    if spec.split == "test":  # measured after everything the file holds was drawn: the file is unchanged
         runtime, normalizer = np.zeros(c, np.int64), np.ones(c, np.int64)
-    else:
-        costs = costmodel.tile_costs(kernel, config_feat)
-        sigma = rng.uniform(0.005, 0.02)
-        runtime = costmodel.noisy(costs, costmodel.TILE_REPEATS, sigma, rng)
-        normalizer = costmodel.noisy(np.full(c, np.median(costs)), costmodel.TILE_REPEATS, 0.01, rng)
-    return TileGraph(spec.stem, program.node_feat, program.node_opcode, program.edge_index, config_feat,
-                     runtime, normalizer)
+    graph = TileGraph(spec.stem, program.node_feat, program.node_opcode, program.edge_index, config_feat,
+                      runtime, normalizer)
+    return graph, labels
 
 
-def make_layout_graph(spec: FileSpec, seed: int, scale: Scale) -> LayoutGraph:
-    """The layout graph of ``spec`` (pure: no I/O). Its program is shared by both searches."""
+def make_layout_graph(spec: FileSpec, seed: int, scale: Scale,
+                      params: costmodel.CostParams = costmodel.DEFAULT_PARAMS) -> tuple[LayoutGraph, Labels]:
+    """The layout graph of ``spec`` and its labels (pure: no I/O). Its program is shared by both searches."""
     collection = parse_collections(spec.collection)[0]
     program = build_program(spec.family, spec.variant, _rng(seed, "layout", collection.source, spec.split, spec.index))
-    model = costmodel.layout_cost_model(program)
+    model = costmodel.layout_cost_model(program, params)
     rng = _rng(seed, spec.collection, spec.split, spec.index)
     count = spec.num_configs  # fixed for test files
     if not count:
@@ -384,50 +412,109 @@ def make_layout_graph(spec: FileSpec, seed: int, scale: Scale) -> LayoutGraph:
         count = max(2, min(_loguniform(rng, low, int(high * 1.5)), high, cap))
     if collection.search == "random":
         configs = searches.random_search(model, count, rng)
+        noise = params.random_noise
     else:
-        duplicate_share = float(rng.choice([0.05, 0.3, 0.6, 0.9, 0.99]))
-        configs = searches.default_search(model, count, rng, duplicate_share, float(rng.uniform(0.5, 3.0)))
-    if spec.split == "test":
-        runtime = np.zeros(count, dtype=np.int64)
-    else:
-        runtime = measure_layout(model, configs, rng)
-    return LayoutGraph(spec.stem, program.node_feat, program.node_opcode, program.edge_index, program.config_ids,
-                       configs, runtime, program.node_splits)
+        duplicate_share = float(rng.choice(list(params.duplicate_shares)))
+        configs = searches.default_search(model, count, rng, duplicate_share, float(rng.uniform(*params.mutations)))
+        noise = params.default_noise
+    measured, noise_free = measure_layout(model, configs, rng, noise, params.remeasured_duplicates)
+    # test files: measured after everything the file holds was drawn, so the file is unchanged
+    runtime = np.zeros(count, dtype=np.int64) if spec.split == "test" else measured
+    graph = LayoutGraph(spec.stem, program.node_feat, program.node_opcode, program.edge_index, program.config_ids,
+                        configs, runtime, program.node_splits)
+    return graph, Labels(measured, noise_free)
 
 
-def measure_layout(model: costmodel.LayoutCostModel, configs: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-    """Runtimes of configs: duplicates share a measurement, except a few that were measured again."""
+def measure_layout(model: costmodel.LayoutCostModel, configs: np.ndarray, rng: np.random.Generator,
+                   noise: tuple[float, float], remeasured: float) -> tuple[np.ndarray, np.ndarray]:
+    """Measured (int64) and noise-free (float64) runtimes of configs, both over the benchmark loop.
+
+    Duplicates share a measurement, except a ``remeasured`` share that was measured again; the
+    noise width is drawn per file from ``noise``.
+    """
     hashes = searches.row_hashes(configs)
     _, first, inverse = np.unique(hashes, return_index=True, return_inverse=True)
     costs = np.empty(first.shape[0], dtype=np.float64)
     rows = max(1, 1_000_000 // max(model.num_configurable, 1))
     for start in range(0, first.shape[0], rows):
         costs[start:start + rows] = costmodel.layout_costs(model, configs[first[start:start + rows]])
-    sigma = rng.uniform(0.006, 0.015)
+    sigma = rng.uniform(*noise)
     runtime = costmodel.noisy(costs, costmodel.LAYOUT_REPEATS, sigma, rng)[inverse]
     duplicate = np.arange(len(configs)) != first[inverse]
-    repeated = np.flatnonzero(duplicate & (rng.random(len(configs)) < REMEASURED_DUPLICATES))
+    repeated = np.flatnonzero(duplicate & (rng.random(len(configs)) < remeasured))
     runtime[repeated] = costmodel.noisy(costs[inverse[repeated]], costmodel.LAYOUT_REPEATS, sigma, rng)
-    return runtime
+    return runtime, costs[inverse] * costmodel.LAYOUT_REPEATS
 
 
-def _write_file(out: str, scale_name: str, seed: int, spec: FileSpec) -> tuple[str, str, int, int, int]:
-    """Generate and write one file; returns (collection, split, nodes, configurable, configs)."""
+def _write_file(out: str, scale_name: str, seed: int, variant: int,
+                spec: FileSpec) -> tuple[str, str, int, int, int]:
+    """Generate one graph, write its file (unless present) and its labels; returns
+    (collection, split, nodes, configurable, configs)."""
     collection = parse_collections(spec.collection)[0]
     path = collection_dir_path(Path(out), collection, spec.split) / f"{spec.stem}.npz"
+    params = costmodel.variant_params(variant)
     if collection.is_tile:
-        graph = make_tile_graph(spec, seed)
+        graph, labels = make_tile_graph(spec, seed, params)
         nc = 0
     else:
-        graph = make_layout_graph(spec, seed, SCALES[scale_name])
+        graph, labels = make_layout_graph(spec, seed, SCALES[scale_name], params)
         nc = int(graph.node_config_ids.shape[0])
-    save_graph(path, graph)
+    if not path.is_file():
+        save_graph(path, graph)
+    write_labels(label_path(Path(out), collection, spec.split, spec.stem), labels)
     return spec.collection, spec.split, graph.num_nodes, nc, graph.num_configs
 
 
 def collection_dir_path(out: Path, collection: Collection, split: str) -> Path:
     """Where a collection's split lives under a world root (also before the root exists)."""
     return out.joinpath("npz_all", "npz", *collection.relative_dir.parts, split)
+
+
+# ----------------------------------------------------------------------------- the label sidecar
+
+
+def label_path(root: Path, collection: Collection, split: str, stem: str) -> Path:
+    """Where the hidden labels of one graph live (outside ``npz_all/``)."""
+    return root.joinpath(LABELS_DIR, "npz", *collection.relative_dir.parts, split, f"{stem}.npz")
+
+
+def write_labels(path: Path, labels: Labels) -> None:
+    """Write one graph's labels atomically (a temporary file renamed into place)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.stem}.", suffix=".npz", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            np.savez(handle, **labels.arrays())
+        chmod_like_new_file(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def labels_marker(root: Path | str) -> dict | None:
+    """The sidecar's ``labels.json`` of a world root, or None when the root has no (complete) sidecar."""
+    return _read_json(Path(root) / LABELS_DIR / LABELS_MARKER)
+
+
+def read_labels(root: Path | str, collection: Collection, split: str, stem: str) -> Labels:
+    """The hidden labels of one graph; a missing or malformed file raises FormatError naming it."""
+    path = label_path(Path(root), collection, split, stem)
+    try:
+        with np.load(path, allow_pickle=False) as archive:
+            arrays = {name: archive[name] for name in archive.files}
+    except FileNotFoundError:
+        raise FormatError(path, "no hidden labels for this graph (sidecar incomplete?)") from None
+    except (OSError, ValueError, zipfile.BadZipFile) as exc:
+        raise FormatError(path, f"unreadable label file ({exc})") from None
+    runtime, noise_free = arrays.get("runtime"), arrays.get("noise_free")
+    if runtime is None or noise_free is None or runtime.ndim != 1 or runtime.shape != noise_free.shape:
+        raise FormatError(path, "expected 1-D arrays 'runtime' and 'noise_free' of one length")
+    normalizer = arrays.get("normalizer")
+    if collection.is_tile and (normalizer is None or normalizer.shape != runtime.shape):
+        raise FormatError(path, "a tile label file needs 'normalizer' of the runtimes' length")
+    return Labels(runtime.astype(np.int64), noise_free.astype(np.float64),
+                  None if normalizer is None else normalizer.astype(np.int64))
 
 
 # ----------------------------------------------------------------------------- the world
@@ -444,9 +531,12 @@ def world_specs(scale: Scale, seed: int, collections: tuple[Collection, ...],
     return files
 
 
-def _marker(scale: str, seed: int, limit: int | None, collections: tuple[Collection, ...]) -> dict:
-    return {"generator": "pipelines.synth", "version": SYNTH_VERSION, "scale": scale, "seed": seed,
-            "limit": limit, "collections": [c.name for c in collections]}
+def _marker(scale: str, seed: int, limit: int | None, collections: tuple[Collection, ...], variant: int = 0) -> dict:
+    marker = {"generator": "pipelines.synth", "version": SYNTH_VERSION, "scale": scale, "seed": seed,
+              "limit": limit, "collections": [c.name for c in collections]}
+    if variant:  # variant 0 keeps the marker worlds had before variants existed
+        marker["variant"] = variant
+    return marker
 
 
 def _read_json(path: Path) -> dict | None:
@@ -484,14 +574,17 @@ def submission_rows(out: Path, specs: list[FileSpec]) -> list[str]:
 
 
 def generate_world(out: Path | str, *, scale: str, seed: int, limit: int | None = None,
-                   collections: str | list[str] | None = None, jobs: int = 1) -> str:
-    """Write a synthetic world under ``out``; returns a printable summary.
+                   collections: str | list[str] | None = None, jobs: int = 1, variant: int = 0) -> str:
+    """Write a synthetic world and its hidden-label sidecar under ``out``; returns a printable summary.
 
     Refuses a non-empty ``out`` unless it is (part of) a world of the same arguments: a complete
-    one is left alone, an interrupted one is completed.
+    one is left alone, an interrupted one is completed (a world written before the sidecar existed
+    gets its labels; its files are left as they are).
     """
     if scale not in SCALES:
         raise ConfigError(f"unknown scale {scale!r}; expected one of {', '.join(SCALES)}")
+    if variant < 0:
+        raise ConfigError(f"--variant must be 0 or more, got {variant}")
     if limit is not None and limit < 1:
         raise ConfigError(f"--limit must be at least 1, got {limit}")
     if jobs < 1:
@@ -499,16 +592,24 @@ def generate_world(out: Path | str, *, scale: str, seed: int, limit: int | None 
     chosen = parse_collections(collections)
     chosen = tuple(c for c in ALL_COLLECTIONS if c in chosen)  # canonical order
     out = Path(out)
-    marker = _marker(scale, seed, limit, chosen)
+    marker = _marker(scale, seed, limit, chosen, variant)
     specs = world_specs(SCALES[scale], seed, chosen, limit)
     submission = out / "sample_submission.csv"
     paths = [collection_dir_path(out, parse_collections(s.collection)[0], s.split) / f"{s.stem}.npz" for s in specs]
+    labels = [label_path(out, parse_collections(s.collection)[0], s.split, s.stem) for s in specs]
+    sidecar = {**marker, "labels_version": LABELS_VERSION, "variant": variant,
+               "cost_params": costmodel.params_dict(costmodel.variant_params(variant)),
+               "layout": f"{LABELS_DIR}/npz/<collection dir>/<split>/<stem>.npz",
+               "arrays": {"runtime": "int64 measured runtimes (train/valid: the file's config_runtime)",
+                          "noise_free": "float64 runtimes before measurement noise, same units",
+                          "normalizer": "int64 measured normalizers (tile only)"}}
 
     if out.exists() and not out.is_dir():
         raise ConfigError(f"{out}: exists and is not a directory")
     if out.is_dir() and any(out.iterdir()):
         done, partial = _read_json(out / MARKER), _read_json(out / PARTIAL_MARKER)
-        if done == marker and submission.is_file() and all(p.is_file() for p in paths):
+        if (done == marker and submission.is_file() and labels_marker(out) == sidecar
+                and all(p.is_file() for p in paths + labels)):
             return f"{out}: synthetic world (scale={scale}, seed={seed}) is already complete; nothing written"
         if marker not in (done, partial):
             found = done or partial
@@ -519,18 +620,22 @@ def generate_world(out: Path | str, *, scale: str, seed: int, limit: int | None 
     (out / MARKER).unlink(missing_ok=True)  # only the partial marker may exist while writing
 
     started = time.perf_counter()
-    todo = [s for s, p in zip(specs, paths) if not p.is_file()]
+    (out / LABELS_DIR / LABELS_MARKER).unlink(missing_ok=True)  # present only while the sidecar is complete
+    todo = [s for s, p, q in zip(specs, paths, labels) if not (p.is_file() and q.is_file())]
     for collection in chosen:
         for split in SPLITS:
             collection_dir_path(out, collection, split).mkdir(parents=True, exist_ok=True)
     if jobs == 1:
-        results = [_write_file(str(out), scale, seed, spec) for spec in todo]
+        results = [_write_file(str(out), scale, seed, variant, spec) for spec in todo]
     else:
         with ProcessPoolExecutor(max_workers=jobs) as pool:
-            results = list(pool.map(_write_file, [str(out)] * len(todo), [scale] * len(todo), [seed] * len(todo),
+            n = len(todo)
+            results = list(pool.map(_write_file, [str(out)] * n, [scale] * n, [seed] * n, [variant] * n,
                                     todo, chunksize=1))
     header = "ID,TopConfigs"
     _write_text_atomic(submission, "\n".join([header, *submission_rows(out, specs)]) + "\n")
+    (out / LABELS_DIR).mkdir(exist_ok=True)
+    _write_text_atomic(out / LABELS_DIR / LABELS_MARKER, json.dumps(sidecar, indent=2))
     _write_text_atomic(out / MARKER, json.dumps(marker, indent=2))
     (out / PARTIAL_MARKER).unlink(missing_ok=True)
     return _summary(out, marker, specs, results, len(specs) - len(todo), time.perf_counter() - started)
@@ -538,7 +643,8 @@ def generate_world(out: Path | str, *, scale: str, seed: int, limit: int | None 
 
 def _summary(out: Path, marker: dict, specs: list[FileSpec], results: list[tuple[str, str, int, int, int]],
              skipped: int, seconds: float) -> str:
-    lines = [f"synthetic world at {out} (scale={marker['scale']}, seed={marker['seed']}, limit={marker['limit']}): "
+    lines = [f"synthetic world at {out} (scale={marker['scale']}, seed={marker['seed']}, "
+             f"variant={marker.get('variant', 0)}, limit={marker['limit']}): "
              f"{len(specs)} files, {len(results)} written, {skipped} already present, {seconds:.1f} s"]
     groups: dict[tuple[str, str], list[tuple[int, int, int]]] = {}
     for collection, split, n, nc, c in results:

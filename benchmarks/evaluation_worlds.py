@@ -1,0 +1,125 @@
+"""Test scores on several cost-model variant worlds: floor, each model, ensemble and ceiling per collection.
+
+For each variant: ``synth --scale SCALE --variant N`` (timed), ``run`` with the given config (timed:
+the wall time of one full run), then ``evaluate`` on the world's hidden test labels. Prints (and writes
+to ``benchmarks/results/``) the table floor / each model / ensemble / ceiling per collection and
+combined, as mean +- spread (standard deviation) over the worlds, and the wall times.
+
+    python -m benchmarks.evaluation_worlds                          # base config, variants 1,2,3, medium
+    python -m benchmarks.evaluation_worlds --variants 1 --config demo --models gbdt
+
+Worlds, the stage cache and the runs go under ``benchmarks/worlds/`` (not committed); a world or a
+cached stage made earlier is reused (its generation time is then reported as 0).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+import numpy as np
+
+from benchmarks.common import RESULTS, WORLDS, machine, markdown_table
+
+
+def _spread(values: list[float]) -> str:
+    values = [v for v in values if v is not None and not math.isnan(v)]
+    if not values:
+        return "-"
+    if len(values) == 1:
+        return f"{values[0]:.4f}"
+    return f"{np.mean(values):.4f} +- {np.std(values):.4f}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--scale", default="medium")
+    parser.add_argument("--seed", type=int, default=0, help="world seed (the same graphs under every variant)")
+    parser.add_argument("--variants", default="1,2,3", help="comma-separated cost-model variants")
+    parser.add_argument("--config", default=None, help="run config (default: base)")
+    parser.add_argument("--set", dest="overrides", action="append", default=[])
+    parser.add_argument("--models", default=None, help="comma-separated models (default: the config's)")
+    parser.add_argument("--jobs", type=int, default=2, help="synth worker processes")
+    parser.add_argument("--root", type=Path, default=WORLDS)
+    parser.add_argument("--out", type=Path, default=None, help="results file (default: benchmarks/results/...)")
+    args = parser.parse_args(argv)
+
+    from pipelines.config import load_config
+    from pipelines.evaluate import CEILING, FLOOR, SUBMISSION, evaluate_run
+    from pipelines.run import parse_models, run_pipeline
+    from pipelines.synth import generate_world
+
+    host = machine()
+    started = time.perf_counter()
+    config = load_config(args.config, args.overrides)
+    variants = [int(v) for v in args.variants.split(",") if v.strip()]
+    work, submissions = args.root / "work", args.root / "submissions"
+    results, timings = [], []
+    for variant in variants:
+        world = args.root / f"{args.scale}-seed{args.seed}-variant{variant}"
+        t0 = time.perf_counter()
+        print(generate_world(world, scale=args.scale, seed=args.seed, variant=variant, jobs=args.jobs), flush=True)
+        synth_s = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        run = run_pipeline(config, world, work_dir=work, models=parse_models(args.models),
+                           submissions_dir=submissions, log=lambda line: print(line, flush=True))
+        run_s = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        evaluation, path = evaluate_run(run.run_id, world, submissions_dir=submissions)
+        evaluate_s = time.perf_counter() - t0
+        print(evaluation.to_text(), flush=True)
+        print(f"variant {variant}: synth {synth_s:.0f} s, run {run_s:.0f} s, evaluate {evaluate_s:.0f} s; {path}",
+              flush=True)
+        results.append(evaluation)
+        timings.append((variant, world, run.run_id, synth_s, run_s, evaluate_s))
+
+    entries = [FLOOR, *results[0].model_names, SUBMISSION, CEILING]
+    header = ["collection", *[("ensemble" if e == SUBMISSION else e) for e in entries], "ensemble/ceiling"]
+    rows = []
+    names = list(results[0].collection_scores(CEILING))
+    for name in names:
+        row = [name]
+        for entry in entries:
+            row.append(_spread([r.collection_scores(entry).get(name, math.nan) for r in results]))
+        row.append(_spread([r.collection_scores(SUBMISSION)[name] / r.collection_scores(CEILING)[name]
+                            for r in results]))
+        rows.append(row)
+    row = ["combined"]
+    for entry in entries:
+        row.append(_spread([r.reports[entry].combined.value for r in results]))
+    row.append(_spread([r.reports[SUBMISSION].combined.value / r.reports[CEILING].combined.value for r in results]))
+    rows.append(row)
+    floors = {v: r.floor_by_collection for (v, *_), r in zip(timings, results)}
+
+    command = "python -m benchmarks.evaluation_worlds " + " ".join(argv if argv is not None else __import__("sys").argv[1:])
+    lines = [f"# Evaluation worlds {datetime.now(timezone.utc).isoformat(timespec='minutes')}", "",
+             "## Machine", "", *host.describe(), "",
+             f"## Test scores ({args.scale} scale, seed {args.seed}, variants {', '.join(map(str, variants))}; "
+             f"config {args.config or 'base'} {' '.join('--set ' + o for o in args.overrides)}; "
+             f"mean +- std over {len(results)} world(s))", "",
+             f"Command: `{command.strip()}`", "",
+             "floor: best heuristic per collection, picked on the test labels; ceiling: configs ranked by their "
+             "noise-free runtime, scored against the measured ones; tile: top-5 slowdown score, layout: Kendall tau-b.",
+             "", *markdown_table(header, rows), "",
+             "Floor heuristic per world: " + "; ".join(f"variant {v}: " + ", ".join(f"{c} {h}" for c, h in f.items())
+                                                      for v, f in floors.items()), "",
+             "## Wall times", "",
+             *markdown_table(["variant", "world", "run-id", "synth s", "full run s", "evaluate s"],
+                             [[v, str(w), rid, s, r, e] for v, w, rid, s, r, e in timings]), "",
+             f"benchmark wall time {(time.perf_counter() - started) / 60:.1f} min"]
+    text = "\n".join(lines) + "\n"
+    print(text)
+    out = args.out or RESULTS / f"{datetime.now(timezone.utc):%Y-%m-%d-%H%M}-evaluation-worlds.md"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    if out.exists():
+        raise SystemExit(f"{out} exists; pass --out")
+    out.write_text(text)
+    print(out)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

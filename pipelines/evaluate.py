@@ -1,0 +1,373 @@
+"""Score a run's test submission on a synthetic world's hidden labels, next to a floor and a ceiling.
+
+``python -m pipelines evaluate RUN_ID --data-root WORLD`` needs a world written by ``synth`` (it
+carries the ``labels/`` sidecar, see :mod:`pipelines.synth.world`); the real data has no test
+labels and is refused. Every test graph is scored with the competition metric
+(:mod:`pipelines.metric`: top-5 slowdown for tile, Kendall tau-b for layout) against the measured
+runtimes, for:
+
+* ``submission``: the run's ``submission.csv`` (the ensemble);
+* each model of the run alone (its test predictions from the run's training stages, normalised per
+  fold model and averaged over folds and seeds exactly as the ensemble does before blending);
+* the heuristics, no learning and no runtime read: ``identity`` (file order), ``random`` (a
+  permutation seeded by the graph's stem), ``baseline`` (:mod:`pipelines.baseline`), and the
+  single hand-made features of :mod:`pipelines.features` that price a layout by what it wastes:
+  ``violation_ratio`` (layout) and ``padding_waste`` (layout ``f_pad_waste``, tile
+  ``f_tile_waste``). The **floor** of a collection is its best heuristic. It is picked on the test
+  labels themselves, so it is an optimistic floor: a model has to beat the best of them in
+  hindsight;
+* the **ceiling**: configs ranked by their noise-free runtime, scored against the measured ones
+  (the best any predictor can do in expectation; below 1 because of measurement noise).
+
+The ratio ``submission / ceiling`` is reported per collection and for the combined score (the
+unweighted mean of the five collections). The result goes to ``<run folder>/evaluation.json``,
+written atomically; a file of that name this module did not write is never replaced.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import zlib
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import polars as pl
+
+from pipelines.collections import ALL_COLLECTIONS, Collection
+from pipelines.errors import FormatError, PipelineError
+from pipelines.metric import GraphScore, ScoreReport, kendall_tau_b, ordered_pair_accuracy, ranks_from_order, \
+    summarize, tile_score
+from pipelines.tpugraphs import Graph, list_graphs, load_ref
+
+EVALUATION_FILE = "evaluation.json"
+GENERATOR = "pipelines.evaluate"
+EVALUATION_VERSION = 1
+SUBMISSION = "submission"
+CEILING = "ceiling"
+FLOOR = "floor"
+HEURISTIC = "heuristic:"  # entry-name prefix of the heuristics (a model may be called "random" too)
+
+Heuristic = Callable[[Graph], np.ndarray]
+
+
+# ----------------------------------------------------------------------------- heuristics (pure)
+
+
+def _identity(graph: Graph) -> np.ndarray:
+    return np.arange(graph.num_configs, dtype=np.float64)
+
+
+def _random(graph: Graph) -> np.ndarray:
+    return np.random.default_rng(zlib.crc32(graph.stem.encode())).random(graph.num_configs)
+
+
+def _layout_feature(column: str) -> Heuristic:
+    def costs(graph: Graph) -> np.ndarray:
+        from pipelines.features import layout_config_features
+        from pipelines.prune import prune_layout_graph
+
+        pruned, _ = prune_layout_graph(graph, 0, "config_only")  # these features read configurable nodes only
+        return layout_config_features(pruned, value_frequency=False)[column].astype(np.float64)
+    return costs
+
+
+def _tile_feature(column: str) -> Heuristic:
+    def costs(graph: Graph) -> np.ndarray:
+        from pipelines.features import tile_config_features
+
+        return tile_config_features(graph.config_feat, graph.node_feat)[column].astype(np.float64)
+    return costs
+
+
+def _baseline(graph: Graph) -> np.ndarray:
+    from pipelines.baseline import baseline_costs
+
+    return baseline_costs(graph)
+
+
+def heuristics(collection: Collection) -> dict[str, Heuristic]:
+    """The non-learned rankers of a collection (costs: lower = predicted faster; ties by index)."""
+    out: dict[str, Heuristic] = {"identity": _identity, "random": _random, "baseline": _baseline}
+    if collection.is_tile:
+        out["padding_waste"] = _tile_feature("f_tile_waste")
+    else:
+        out["violation_ratio"] = _layout_feature("f_violation_ratio")
+        out["padding_waste"] = _layout_feature("f_pad_waste")
+    return out
+
+
+# ----------------------------------------------------------------------------- scoring (pure)
+
+
+def truth_of(collection: Collection, runtime: np.ndarray, normalizer: np.ndarray | None) -> np.ndarray:
+    """What the metric ranks: runtime / normalizer (tile), the runtime itself (layout)."""
+    if collection.is_tile:
+        return runtime.astype(np.float64) / normalizer.astype(np.float64)
+    return runtime
+
+
+def score_row(collection: Collection, stem: str, indices: Sequence[int], truth: np.ndarray) -> GraphScore:
+    """The competition metric of one submission row (tile: top configs; layout: a full order)."""
+    if collection.is_tile:
+        return GraphScore(collection.name, stem, truth.shape[0], tile_score(np.asarray(indices, np.int64), truth))
+    ranks = ranks_from_order(indices)
+    return GraphScore(collection.name, stem, truth.shape[0], kendall_tau_b(ranks, truth),
+                      ordered_pair_accuracy(ranks, truth))
+
+
+def costs_row(collection: Collection, costs: np.ndarray) -> list[int]:
+    from pipelines.submission import submission_row
+
+    return submission_row(collection, costs)
+
+
+# ----------------------------------------------------------------------------- the evaluation
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """Per entry (submission, models, heuristics, floor, ceiling): a score report over the test split."""
+
+    reports: dict[str, ScoreReport]
+    floor_by_collection: dict[str, str]  # collection -> name of its best heuristic
+    heuristic_names: tuple[str, ...]
+    model_names: tuple[str, ...]
+
+    def collection_scores(self, entry: str) -> dict[str, float]:
+        frame = self.reports[entry].per_collection
+        return dict(zip(frame["collection"].to_list(), frame["score"].to_list()))
+
+    def to_dict(self) -> dict[str, Any]:
+        ceiling = self.collection_scores(CEILING)
+        rows: dict[str, dict[str, Any]] = {}
+        for name in ceiling:
+            row: dict[str, Any] = {entry: self.collection_scores(entry).get(name) for entry in self.reports}
+            row["floor_heuristic"] = self.floor_by_collection[name]
+            row["ratio_to_ceiling"] = {entry: _ratio(row[entry], ceiling[name]) for entry in self.reports}
+            row["graphs"] = int(self.reports[CEILING].per_collection.filter(
+                self.reports[CEILING].per_collection["collection"] == name)["graphs"][0])
+            rows[name] = row
+        combined = {entry: {"value": r.combined.value, "complete": r.combined.complete}
+                    for entry, r in self.reports.items()}
+        return {"collections": rows, "combined": combined,
+                "combined_ratio_to_ceiling": {e: _ratio(c["value"], combined[CEILING]["value"])
+                                              for e, c in combined.items()},
+                "heuristics": list(self.heuristic_names), "models": list(self.model_names)}
+
+    def to_text(self) -> str:
+        entries = [FLOOR, *self.model_names, SUBMISSION, CEILING]
+        width = max(12, *(len(e) for e in entries))
+        lines = [f"{'collection':<20} " + " ".join(f"{e:>{width}}" for e in entries)
+                 + f" {'sub/ceiling':>11}  floor heuristic"]
+        scores = {e: self.collection_scores(e) for e in entries}
+        for name in scores[CEILING]:
+            cells = " ".join(f"{_num(scores[e].get(name)):>{width}}" for e in entries)
+            lines.append(f"{name:<20} {cells} {_num(_ratio(scores[SUBMISSION].get(name), scores[CEILING][name])):>11}"
+                         f"  {self.floor_by_collection[name]}")
+        combined = {e: self.reports[e].combined for e in entries}
+        cells = " ".join(f"{_num(combined[e].value):>{width}}" for e in entries)
+        ratio = _ratio(combined[SUBMISSION].value, combined[CEILING].value)
+        note = "" if combined[CEILING].complete else "  (NOT the competition score: collections missing)"
+        lines.append(f"{'combined':<20} {cells} {_num(ratio):>11}{note}")
+        heur = ", ".join(f"{h} {_num(self.reports[HEURISTIC + h].combined.value)}" for h in self.heuristic_names)
+        lines.append(f"heuristics (combined, over the collections each applies to): {heur}")
+        return "\n".join(lines)
+
+
+def _ratio(score: float | None, ceiling: float | None) -> float | None:
+    if score is None or ceiling is None or math.isnan(score) or math.isnan(ceiling) or ceiling == 0:
+        return None
+    return score / ceiling
+
+
+def _num(value: float | None) -> str:
+    return "-" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:.4f}"
+
+
+def require_sidecar(data_root: Path | str) -> dict[str, Any]:
+    """The world's label record; a data root without the sidecar (e.g. the real data) is refused."""
+    from pipelines.synth.world import LABELS_DIR, LABELS_MARKER, labels_marker
+
+    marker = labels_marker(data_root)
+    if marker is None:
+        raise PipelineError(
+            f"{data_root}: no hidden test labels ({LABELS_DIR}/{LABELS_MARKER} is missing): evaluate needs a "
+            "synthetic world written by `python -m pipelines synth` (the real data has no test labels; "
+            "re-running synth on an older world of the same arguments adds the sidecar)")
+    return marker
+
+
+def evaluate_rows(data_root: Path | str, rows: Mapping[str, Mapping[str, Sequence[int]]], *,
+                  collections: Sequence[Collection] = ALL_COLLECTIONS,
+                  heuristic_sets: Callable[[Collection], dict[str, Heuristic]] = heuristics) -> Evaluation:
+    """Score submission rows (``rows[entry][submission_id]``) plus heuristics and the ceiling on the
+    test split of a world with hidden labels. Graphs are loaded one at a time."""
+    from pipelines.synth.world import read_labels
+
+    require_sidecar(data_root)
+    scored: dict[str, list[GraphScore]] = {entry: [] for entry in rows}
+    scored[CEILING] = []
+    heuristic_names: list[str] = []
+    for collection in collections:
+        named = heuristic_sets(collection)
+        heuristic_names += [h for h in named if h not in heuristic_names]
+        for ref in list_graphs(data_root, collection, "test"):
+            labels = read_labels(data_root, collection, "test", ref.stem)
+            graph = load_ref(ref)
+            if labels.runtime.shape[0] != graph.num_configs:
+                raise FormatError(ref.path, f"{graph.num_configs} configs but {labels.runtime.shape[0]} hidden labels")
+            truth = truth_of(collection, labels.runtime, labels.normalizer)
+            for entry, entry_rows in rows.items():
+                if ref.submission_id not in entry_rows:
+                    raise PipelineError(f"{entry}: no row for test graph {ref.submission_id}")
+                scored[entry].append(score_row(collection, ref.stem, entry_rows[ref.submission_id], truth))
+            scored[CEILING].append(score_row(collection, ref.stem, costs_row(collection, labels.noise_free), truth))
+            for name, costs in named.items():
+                scored.setdefault(HEURISTIC + name, []).append(score_row(collection, ref.stem, costs_row(collection, costs(graph)),
+                                                             truth))
+    reports = {entry: summarize(graph_scores) for entry, graph_scores in scored.items()}
+    floor_by_collection: dict[str, str] = {}
+    floor_scores: list[GraphScore] = []
+    for collection in collections:
+        applicable = list(heuristic_sets(collection))
+        means = {h: _collection_mean(reports[HEURISTIC + h], collection.name) for h in applicable}
+        best = max(applicable, key=lambda h: -math.inf if math.isnan(means[h]) else means[h])
+        floor_by_collection[collection.name] = best
+        floor_scores += [g for g in scored[HEURISTIC + best] if g.collection == collection.name]
+    reports[FLOOR] = summarize(floor_scores)
+    models = tuple(e for e in rows if e != SUBMISSION)  # everything else the caller passed
+    return Evaluation(reports, floor_by_collection, tuple(heuristic_names), models)
+
+
+def _collection_mean(report: ScoreReport, collection: str) -> float:
+    part = report.per_collection.filter(report.per_collection["collection"] == collection)
+    return float(part["score"][0]) if part.height else math.nan
+
+
+# ----------------------------------------------------------------------------- a run's entries
+
+
+def model_rows(manifest: Mapping[str, Any], work_dir: Path | None) -> dict[str, dict[str, list[int]]]:
+    """Submission rows of each model of a run alone, from its saved training stages (see module doc)."""
+    from pipelines.engine import load_stage
+    from pipelines.ensemble import prepare_model_scores
+    from pipelines.run import submission_rows
+    from pipelines.train import load_predictions
+
+    method = (manifest.get("config") or {}).get("ensemble", {}).get("method", "minmax")
+    out: dict[str, dict[str, list[int]]] = {}
+    for collection, stages in manifest["stages"].items():
+        for model, where in stages.get("train", {}).items():
+            folder = work_dir if work_dir is not None else Path(where["work_dir"])
+            try:
+                output = load_stage(folder, where["stage"], where["key"])
+            except PipelineError:
+                raise PipelineError(f"the saved {model} training output of {collection} is gone: "
+                                    f"{folder / where['stage'] / where['key']} (pass --work-dir, or re-run)") from None
+            test = load_predictions(output)
+            test = test.filter(test["split"] == "test").with_columns(pl.lit(model).alias("model"))
+            out.setdefault(model, {}).update(submission_rows(prepare_model_scores(test, method)))
+    return out
+
+
+def evaluate_run(run_id: str, data_root: Path | str, *, submissions_dir: Path | str = "submissions",
+                 work_dir: Path | str | None = None, with_models: bool = True) -> tuple[Evaluation, Path]:
+    """Evaluate a run on a world with hidden labels and write ``evaluation.json`` into its folder."""
+    from pipelines.run import RUN_MANIFEST, SUBMISSION_FILE, read_run_manifest
+    from pipelines.submission import read_submission, validate_submission
+
+    data_root = Path(data_root)
+    marker = require_sidecar(data_root)
+    run_dir = Path(submissions_dir) / run_id
+    manifest = read_run_manifest(submissions_dir, run_id)
+    submission = run_dir / SUBMISSION_FILE
+    if not submission.is_file():
+        raise PipelineError(f"{submission}: the run has no submission file")
+    out = run_dir / EVALUATION_FILE
+    _check_ours(out)
+    validate_submission(submission, data_root, split="test")  # other IDs: the run was made for another world
+    rows: dict[str, Mapping[str, Sequence[int]]] = {}
+    if with_models:
+        rows.update(model_rows(manifest, None if work_dir is None else Path(work_dir)))
+    rows[SUBMISSION] = read_submission(submission)
+    evaluation = evaluate_rows(data_root, rows)
+    record = {
+        "generator": GENERATOR, "version": EVALUATION_VERSION, "run_id": run_id,
+        "run_manifest": RUN_MANIFEST, "submission_sha256": (manifest.get("submission") or {}).get("sha256"),
+        "data_root": str(data_root.resolve()),
+        "world": {k: marker.get(k) for k in ("scale", "seed", "variant", "limit", "collections")},
+        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        **evaluation.to_dict(),
+    }
+    _write_evaluation(out, record)
+    return evaluation, out
+
+
+def _check_ours(path: Path) -> None:
+    """An existing evaluation file may be replaced only when this module wrote it."""
+    if not path.exists():
+        return
+    try:
+        found = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        found = None
+    if not isinstance(found, dict) or found.get("generator") != GENERATOR:
+        raise PipelineError(f"{path}: exists and was not written by `evaluate`; refusing to overwrite it")
+
+
+def _write_evaluation(path: Path, record: dict[str, Any]) -> None:
+    from pipelines.engine import write_json_atomic
+
+    _check_ours(path)
+    write_json_atomic(path, record)
+
+
+def read_evaluation(run_dir: Path | str) -> dict[str, Any] | None:
+    """A run folder's evaluation record, or None when it has none (for the report)."""
+    path = Path(run_dir) / EVALUATION_FILE
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:
+        raise FormatError(path, f"unreadable evaluation ({exc})") from None
+    return record if isinstance(record, dict) and record.get("generator") == GENERATOR else None
+
+
+def evaluation_table(record: Mapping[str, Any]) -> pl.DataFrame:
+    """One row per collection (and ``combined``): floor, each model, submission, ceiling, ratio."""
+    models = list(record.get("models") or [])
+    entries = [FLOOR, *models, SUBMISSION, CEILING]
+    rows = []
+    for name, row in (record.get("collections") or {}).items():
+        rows.append({"collection": name, **{e: row.get(e) for e in entries},
+                     "submission/ceiling": (row.get("ratio_to_ceiling") or {}).get(SUBMISSION),
+                     "floor heuristic": row.get("floor_heuristic")})
+    combined = record.get("combined") or {}
+    rows.append({"collection": "combined", **{e: (combined.get(e) or {}).get("value") for e in entries},
+                 "submission/ceiling": (record.get("combined_ratio_to_ceiling") or {}).get(SUBMISSION),
+                 "floor heuristic": "-"})
+    schema = {"collection": pl.Utf8, **{e: pl.Float64 for e in entries}, "submission/ceiling": pl.Float64,
+              "floor heuristic": pl.Utf8}
+    return pl.DataFrame(rows, schema=schema)
+
+
+def evaluation_sections(run_dir: Path | str) -> list:
+    """The report's "Test evaluation" section when ``evaluate`` has scored the run, else nothing."""
+    from pipelines.report import Section
+
+    record = read_evaluation(run_dir)
+    if record is None:
+        return []
+    world = record.get("world") or {}
+    return [Section("Test evaluation (hidden labels)", [
+        f"Scored by `evaluate` on {record.get('data_root')} (scale {world.get('scale')}, seed {world.get('seed')}, "
+        f"variant {world.get('variant')}) on {record.get('created')}: the test split's measured runtimes. floor: "
+        "the best heuristic per collection (picked on these labels); ceiling: configs ranked by their noise-free "
+        "runtime; each model alone and the submitted ensemble in between."],
+        [("test scores", evaluation_table(record))])]

@@ -1,0 +1,132 @@
+"""``evaluate``: a run's test submission scored on the tiny world's hidden labels, next to the
+heuristics (floor) and the noise-free ranking (ceiling); refusal of a world without labels; the run
+folder's evaluation file and its report section."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from pipelines.cli import main
+from pipelines.collections import ALL_COLLECTIONS, TILE_XLA
+from pipelines.config import load_config
+from pipelines.errors import PipelineError
+from pipelines.evaluate import (CEILING, EVALUATION_FILE, FLOOR, HEURISTIC, SUBMISSION, costs_row, evaluate_rows,
+                                evaluate_run, heuristics)
+from pipelines.synth.world import read_labels
+from pipelines.tpugraphs import list_graphs
+
+
+
+@pytest.fixture(scope="module")
+def run(tiny_world: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    from pipelines.run import run_pipeline
+
+    root = tmp_path_factory.mktemp("evaluate")
+    result = run_pipeline(load_config("smoke", ["gbdt.n_estimators=10"]), tiny_world, work_dir=root / "work", models=["gbdt", "feature"],
+                          submissions_dir=root / "submissions", log=lambda _: None)
+    return root / "submissions", result.run_id
+
+
+def _rows_from(world: Path, array: str) -> dict[str, list[int]]:
+    """Submission rows ranking every test graph by one of its hidden label arrays."""
+    rows = {}
+    for collection in ALL_COLLECTIONS:
+        for ref in list_graphs(world, collection, "test"):
+            labels = read_labels(world, collection, "test", ref.stem)
+            values = labels.runtime / labels.normalizer if collection.is_tile and array == "runtime" \
+                else getattr(labels, array)
+            rows[ref.submission_id] = costs_row(collection, values)
+    return rows
+
+
+def test_ranking_by_the_labels_themselves_scores_the_top_and_the_ceiling(tiny_world: Path) -> None:
+    evaluation = evaluate_rows(tiny_world, {"measured": _rows_from(tiny_world, "runtime"),
+                                            "noise_free": _rows_from(tiny_world, "noise_free")})
+    measured = evaluation.collection_scores("measured")
+    assert measured[TILE_XLA.name] == 1.0  # the true fastest config is in every top 5
+    for name in ("layout:xla:random", "layout:nlp:random"):
+        assert measured[name] == pytest.approx(1.0), name  # no ties among random configs: tau-b of the truth is 1
+    # the ceiling is exactly the noise-free ranking; noise keeps it below the measured truth's own order
+    # (default-search files repeat configs, whose shared measurements tie: their tau-b stays below 1 even then)
+    assert evaluation.collection_scores("noise_free") == evaluation.collection_scores(CEILING)
+    ceiling = evaluation.collection_scores(CEILING)
+    assert all(measured[name] >= value for name, value in ceiling.items())
+    assert all(0.5 < value <= 1.0 for value in ceiling.values())
+    assert any(value < 1.0 for value in ceiling.values())
+
+
+def test_floor_is_the_best_heuristic_of_each_collection(tiny_world: Path) -> None:
+    evaluation = evaluate_rows(tiny_world, {})
+    floor = evaluation.collection_scores(FLOOR)
+    for collection in ALL_COLLECTIONS:
+        scores = {h: evaluation.collection_scores(HEURISTIC + h)[collection.name] for h in heuristics(collection)}
+        assert set(scores) >= {"identity", "random", "baseline", "padding_waste"}
+        assert floor[collection.name] == max(scores.values())
+        assert evaluation.floor_by_collection[collection.name] == max(scores, key=scores.get)
+    assert "violation_ratio" in evaluation.heuristic_names
+
+
+def test_evaluate_command_scores_the_run_and_writes_its_folder(run, tiny_world: Path, capsys) -> None:
+    submissions, run_id = run
+    args = ["evaluate", run_id, "--data-root", str(tiny_world), "--submissions-dir", str(submissions)]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert "combined" in out and "floor" in out and "ceiling" in out and "gbdt" in out
+    record = json.loads((submissions / run_id / EVALUATION_FILE).read_text())
+    assert record["run_id"] == run_id and record["world"]["variant"] == 0 and sorted(record["models"]) == ["feature", "gbdt"]
+    assert set(record["collections"]) == {c.name for c in ALL_COLLECTIONS}
+    for row in record["collections"].values():
+        for entry in (FLOOR, "gbdt", "feature", SUBMISSION, CEILING):
+            assert -1.0 <= row[entry] <= 1.0
+        assert row["ratio_to_ceiling"][SUBMISSION] == pytest.approx(row[SUBMISSION] / row[CEILING])
+    combined = record["combined"]
+    assert combined[CEILING]["complete"] and combined[CEILING]["value"] > combined["heuristic:random"]["value"]
+    # the submission's rows are the run's: scoring them directly gives the same figures
+    from pipelines.submission import read_submission
+
+    direct = evaluate_rows(tiny_world, {SUBMISSION: read_submission(submissions / run_id / "submission.csv")})
+    assert direct.collection_scores(SUBMISSION) == {k: v[SUBMISSION] for k, v in record["collections"].items()}
+
+    # a second evaluation replaces its own file; the report shows it
+    assert main(args) == 0
+    assert main(["report", run_id, "--submissions-dir", str(submissions)]) == 0
+    html = (submissions / run_id / "report.html").read_text()
+    assert "Test evaluation (hidden labels)" in html and "submission/ceiling" in html
+
+
+def test_evaluate_never_overwrites_a_file_it_did_not_write(run, tiny_world: Path, tmp_path: Path) -> None:
+    submissions, run_id = run
+    copy = tmp_path / "submissions"
+    shutil.copytree(submissions / run_id, copy / run_id)
+    (copy / run_id / EVALUATION_FILE).write_text("my notes\n")
+    with pytest.raises(PipelineError, match="not written by `evaluate`"):
+        evaluate_run(run_id, tiny_world, submissions_dir=copy, with_models=False)
+    assert (copy / run_id / EVALUATION_FILE).read_text() == "my notes\n"
+
+
+def test_a_world_without_hidden_labels_is_refused(run, tiny_world: Path, tmp_path: Path, capsys) -> None:
+    submissions, run_id = run
+    real_like = tmp_path / "real"
+    shutil.copytree(tiny_world, real_like, ignore=shutil.ignore_patterns("labels"))
+    code = main(["evaluate", run_id, "--data-root", str(real_like), "--submissions-dir", str(submissions)])
+    assert code == 2
+    assert "no hidden test labels" in capsys.readouterr().err
+    assert not (submissions / run_id / EVALUATION_FILE).exists() or \
+        json.loads((submissions / run_id / EVALUATION_FILE).read_text())["data_root"] != str(real_like.resolve())
+
+
+def test_a_run_made_for_another_world_is_refused(run, tmp_path: Path) -> None:
+    from pipelines.errors import SubmissionError
+    from pipelines.synth import generate_world
+
+    submissions, run_id = run
+    other = tmp_path / "other"
+    generate_world(other, scale="tiny", seed=7)
+    with pytest.raises(SubmissionError, match="unknown ID"):
+        evaluate_run(run_id, other, submissions_dir=submissions, with_models=False)
+    assert np.isfinite(0.0)
