@@ -114,7 +114,7 @@ def test_a_world_without_hidden_labels_is_refused(run, tiny_world: Path, tmp_pat
     real_like = tmp_path / "real"
     shutil.copytree(tiny_world, real_like, ignore=shutil.ignore_patterns("labels"))
     code = main(["evaluate", run_id, "--data-root", str(real_like), "--submissions-dir", str(submissions)])
-    assert code == 2
+    assert code == 1  # a data problem, not a usage error
     assert "no hidden test labels" in capsys.readouterr().err
     assert not (submissions / run_id / EVALUATION_FILE).exists() or \
         json.loads((submissions / run_id / EVALUATION_FILE).read_text())["data_root"] != str(real_like.resolve())
