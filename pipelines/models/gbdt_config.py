@@ -66,5 +66,7 @@ class GBDTConfig:
     # pairwise: configs of the same graph each config is compared with when scoring.
     pairwise_references: int = bounded(64, 1)
     # Evidence (small world, 5 folds x 3 seeds): pairwise is best on every layout collection,
-    # regression on tile (pairwise there is slow for little gain). See base.toml.
-    collections: dict[str, dict] = field(default_factory=lambda: {"tile:xla": {"objective": "regression"}})
+    # regression on tile (pairwise there is slow for little gain), with within-graph rank features
+    # (issue 17). See base.toml.
+    collections: dict[str, dict] = field(default_factory=lambda: {
+        "tile:xla": {"objective": "regression", "graph_rank_features": True}})
