@@ -357,6 +357,9 @@ def layout_config_features(graph: PrunedGraph, value_frequency: bool) -> dict[st
     * off-default outputs: configurable nodes whose chosen output layout differs from their default
       (non-configurable consumers expect the default, so this implies copies too), count and log of
       their total bytes;
+    * chains (``f_chain_*``): copies where layouts meet at the ends of elementwise chains, between
+      configurable nodes and against fixed producers and consumers, counted and weighted by the
+      (8, 128)-padded bytes they move (see :class:`_Chains` and :func:`_chain_copies`);
     * counts of each value 0..5 in slots 0 and 1 of each block, per opcode (conv/dot/reshape),
       and of default (-1) blocks;
     * with ``value_frequency``: share of this graph's configs that choose the same block at the
