@@ -14,9 +14,12 @@
 # # 03 Feature ablation
 #
 # The GBDT with all hand-made features, and without each group (`gbdt.exclude_features`, by
-# column prefix): violation ratio, padding cost, implied copies, value frequencies (the groups are
-# `pipelines.analysis.FEATURE_GROUPS`). A group is ablated only in the collections whose feature
-# tables have it (value frequencies: default-search layout only; tile: padding only). Scores are
+# column prefix): violation ratio, padding cost, implied copies, value frequencies, layout chains
+# (copies where layouts meet at the ends of elementwise chains, with their padded bytes) and tile
+# vector registers (tile fit to the 8x128 registers, bytes moved, working set); the groups are
+# `pipelines.analysis.FEATURE_GROUPS`. A group is ablated only in the collections whose feature
+# tables have it (value frequencies: default-search layout only; tile: padding and vector registers
+# only). Scores are
 # mean +- spread over folds x seeds; gain importances come from the full model's
 # `importance.parquet` (share of each fold model's total gain, averaged over fold models).
 

@@ -56,6 +56,8 @@ FEATURE_GROUPS: dict[str, tuple[str, ...]] = {
     "padding cost": ("f_pad_", "f_tile_waste", "f_tile_count"),
     "implied copies": ("f_implied_copies", "f_out_off_default"),
     "value frequencies": ("f_freq_",),
+    "layout chains": ("f_chain_",),
+    "tile vector registers": ("f_tile_out_", "f_tile_in_", "f_tile_kernel_", "f_tile_minor_", "f_tile_log_"),
 }
 
 

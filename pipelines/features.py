@@ -6,8 +6,10 @@ Two kinds of table:
   an opcode histogram, shape statistics and rough flops/bytes of the heavy ops;
 * per-config features (``f_*``), one row per config, vectorised over configs: for layout graphs
   the costs a layout choice implies (minor-most violations, 8x128 tile padding, copies between
-  disagreeing neighbours, counts of layout choices, how common each choice is); for tile graphs the
-  24 config values plus padding waste and tile count against the output shape.
+  disagreeing neighbours, copies where layouts meet at the ends of elementwise chains with their
+  padded bytes, counts of layout choices, how common each choice is); for tile graphs the 24 config
+  values plus padding waste and tile count against the output shape, and the tiles' fit to the
+  (8, 128) vector registers, bytes moved and per-step working set.
 
 Layout blocks hold a ``minor_to_major`` permutation of a tensor's dims (slot 0 = minor-most dim).
 An all ``-1`` block means "the compiler chooses"; such blocks are resolved to the node's default
@@ -26,6 +28,17 @@ from pipelines.tpugraphs import NodeFeat
 
 CONV, DOT, RESHAPE = 26, 34, 75
 LAYOUT_OPS = {"conv": CONV, "dot": DOT, "reshape": RESHAPE}
+# Elementwise HLO ops (TpuGraphs opcode ids): same shape in and out, and XLA's layout assignment
+# gives them their operand's layout, so a layout flows through them unchanged. Broadcasts change
+# the shape and are left out.
+ELEMENTWISE_OPCODES = frozenset({
+    1, 2, 15, 17, 20, 25, 30, 32, 37, 38, 40, 49, 50, 51, 52, 53, 54, 55, 57, 58, 59, 60, 66, 71, 73,
+    80, 81, 83, 87, 88, 89, 90, 91, 94, 95, 96, 103, 107, 118, 120,
+})  # abs add ceil clamp compare convert cosine divide exp expm1 floor is-finite log log1p and not or
+#     xor max min multiply negate power reduce-precision remainder round rsqrt select shifts sign sine
+#     sqrt subtract tanh cbrt logistic round-even tan
+# Producers materialised in whatever layout their consumer asks for (no copy ever needed).
+FREE_LAYOUT_OPCODES = frozenset({13, 24, 48})  # broadcast, constant, iota
 # Opcodes worth a histogram column (the configurable ones and the common structural ones).
 HISTOGRAM_OPCODES = {
     "add": 2, "broadcast": 13, "constant": 24, "convert": 25, "conv": 26, "copy": 27, "dot": 34,
@@ -137,22 +150,21 @@ def graph_aggregates(node_feat: np.ndarray, node_opcode: np.ndarray, edge_index:
 # ----------------------------------------------------------------------------- layout per-config
 
 
-def config_pairs(num_nodes: int, edge_index: np.ndarray, config_nodes: np.ndarray) -> np.ndarray:
-    """int64 (P, 2) pairs ``[producer, consumer]`` of configurable nodes (as positions in
-    ``config_nodes``) where the consumer reads the producer's output directly or through a chain
-    of non-configurable nodes of this graph.
+def chain_ends(num_nodes: int, edge_index: np.ndarray, sources: np.ndarray, passable: np.ndarray,
+               downstream: bool = True) -> np.ndarray:
+    """int64 (E, 2) unique pairs ``[i, end]``: node ``end`` is reached from ``sources[i]`` by one edge
+    or by a chain through ``passable`` nodes only, and is itself not passable (a path stops there).
 
-    Breadth-first over (source, node) pairs, all sources at once; a path stops at the first
-    configurable node it meets. Each (source, node) pair is expanded at most once.
+    ``downstream`` follows producer -> consumer edges, else consumer -> producer. Passable nodes at
+    the end of a chain (nothing further in this graph) end nowhere. Breadth-first over
+    (source, node) pairs, all sources at once; each pair is expanded at most once.
     """
-    nc = config_nodes.size
-    position = np.full(num_nodes, -1, dtype=np.int64)
-    position[config_nodes] = np.arange(nc)
-    order = np.argsort(edge_index[:, 1], kind="stable")
-    consumers = edge_index[order, 0]
-    starts = np.searchsorted(edge_index[order, 1], np.arange(num_nodes + 1))
+    step_from, step_to = (edge_index[:, 1], edge_index[:, 0]) if downstream else (edge_index[:, 0], edge_index[:, 1])
+    order = np.argsort(step_from, kind="stable")
+    targets = step_to[order]
+    starts = np.searchsorted(step_from[order], np.arange(num_nodes + 1))
 
-    source, node = np.arange(nc, dtype=np.int64), config_nodes.astype(np.int64)
+    source, node = np.arange(sources.size, dtype=np.int64), sources.astype(np.int64)
     visited = np.zeros(0, dtype=np.int64)
     found = []
     while source.size:
@@ -160,13 +172,13 @@ def config_pairs(num_nodes: int, edge_index: np.ndarray, config_nodes: np.ndarra
         total = int(degree.sum())
         if total == 0:
             break
-        # consumers of every frontier node, concatenated (vectorised ragged ranges)
+        # neighbours of every frontier node, concatenated (vectorised ragged ranges)
         first = np.repeat(starts[node] - np.cumsum(degree) + degree, degree)
-        nxt = consumers[first + np.arange(total)]
+        nxt = targets[first + np.arange(total)]
         src = np.repeat(source, degree)
-        hit = position[nxt] >= 0
-        found.append(np.stack([src[hit], position[nxt[hit]]], axis=1))
-        keys = np.unique(src[~hit] * num_nodes + nxt[~hit])
+        stop = ~passable[nxt]
+        found.append(np.stack([src[stop], nxt[stop]], axis=1))
+        keys = np.unique(src[~stop] * num_nodes + nxt[~stop])
         keys = keys[~np.isin(keys, visited, assume_unique=True)]
         visited = np.union1d(visited, keys)
         source, node = keys // num_nodes, keys % num_nodes
@@ -175,16 +187,38 @@ def config_pairs(num_nodes: int, edge_index: np.ndarray, config_nodes: np.ndarra
     return np.unique(np.concatenate(found), axis=0)
 
 
+def config_pairs(num_nodes: int, edge_index: np.ndarray, config_nodes: np.ndarray,
+                 passable: np.ndarray | None = None) -> np.ndarray:
+    """int64 (P, 2) pairs ``[producer, consumer]`` of configurable nodes (as positions in
+    ``config_nodes``) where the consumer reads the producer's output directly or through a chain
+    of non-configurable nodes of this graph (only ``passable`` ones when given).
+
+    A path stops at the first configurable node it meets (see :func:`chain_ends`).
+    """
+    position = np.full(num_nodes, -1, dtype=np.int64)
+    position[config_nodes] = np.arange(config_nodes.size)
+    through = position < 0 if passable is None else (position < 0) & passable
+    ends = chain_ends(num_nodes, edge_index, config_nodes, through)
+    ends = ends[position[ends[:, 1]] >= 0]
+    return np.stack([ends[:, 0], position[ends[:, 1]]], axis=1) if ends.size else np.zeros((0, 2), dtype=np.int64)
+
+
 def layout_feature_names(value_frequency: bool) -> list[str]:
     """The ``f_*`` columns :func:`layout_config_features` returns, in order."""
     names = ["f_violation_ratio", "f_pad_ratio_sum", "f_pad_ratio_mean", "f_pad_log_bytes", "f_pad_waste",
              "f_implied_copies", "f_implied_copies_explicit", "f_out_off_default", "f_out_off_default_log_bytes"]
     names += [f"f_default_{block}" for block in BLOCKS]
+    names += CHAIN_FEATURES
     names += [f"f_{op}_{block}_s{slot}_v{value}" for op in LAYOUT_OPS for block in BLOCKS
               for slot in (0, 1) for value in LAYOUT_VALUES]
     if value_frequency:
         names += ["f_freq_mean", "f_freq_min", "f_freq_logmean"]
     return names
+
+
+# Copies along chains of elementwise ops (see :class:`_Chains` and :func:`_chain_copies`).
+CHAIN_FEATURES = ["f_chain_copies", "f_chain_copies_tiled", "f_chain_in_fixed", "f_chain_out_fixed",
+                  "f_chain_copy_log_bytes", "f_chain_copy_share"]
 
 
 @dataclass(frozen=True)
@@ -214,6 +248,100 @@ class _ConfigNodes:
         )
 
 
+@dataclass(frozen=True)
+class _Chains:
+    """Where a configurable node's layout meets another layout through elementwise chains.
+
+    Elementwise ops take their operand's layout (:data:`ELEMENTWISE_OPCODES`), so a layout decided at
+    one node reaches, unchanged, every node at the end of an elementwise chain. At each end the
+    layouts must agree, or XLA inserts a copy (a transpose when the tiled minor dims differ):
+
+    * ``pair_*``: configurable producer -> configurable consumer: the producer's output layout vs.
+      the consumer's input block;
+    * ``fixed_in_*``: a non-configurable, non-elementwise producer (its layout is the file's, fixed
+      for every config; broadcasts, constants and iotas are laid out as asked and never count) ->
+      a configurable consumer's input block;
+    * ``fixed_out``: configurable nodes whose output reaches a non-configurable, non-elementwise
+      consumer, which keeps the layout it has under the default config (the producer's default).
+
+    Which input block a producer feeds is not in the file (edges are sorted, operand order is lost):
+    the kernel block when the consumer is a convolution or dot whose kernel block is explicit in
+    some config and has the producer's rank while the input block has not, else the input block.
+    """
+
+    pair_producer: np.ndarray  # int64 (P,) positions in config_nodes
+    pair_consumer: np.ndarray  # int64 (P,)
+    pair_kernel: np.ndarray  # bool (P,) the consumer's kernel block (else input block)
+    fixed_in_consumer: np.ndarray  # int64 (F,) positions in config_nodes
+    fixed_in_kernel: np.ndarray  # bool (F,)
+    fixed_in_layout: np.ndarray  # int8 (F, 6) the producer's layout (-1 past its rank)
+    fixed_in_dims: np.ndarray  # int64 (F, 6) the producer's shape
+    fixed_in_bytes: np.ndarray  # float64 (F,)
+    fixed_out: np.ndarray  # bool (nc,)
+
+    @classmethod
+    def of(cls, graph: PrunedGraph, nodes: _ConfigNodes) -> _Chains:
+        n, config_nodes = graph.num_nodes, graph.config_nodes
+        opcode = graph.node_opcode.astype(np.int64)
+        is_config = np.zeros(n, dtype=bool)
+        is_config[config_nodes] = True
+        elementwise = np.isin(opcode, list(ELEMENTWISE_OPCODES)) & ~is_config
+        free = np.isin(opcode, list(FREE_LAYOUT_OPCODES))
+        position = np.full(n, -1, dtype=np.int64)
+        position[config_nodes] = np.arange(config_nodes.size)
+        dims = node_dims(graph.node_feat)
+        rank = node_rank(dims)
+        in_rank, kernel_rank = _block_ranks(graph.config_feat)
+        kernel_capable = nodes.op_masks["conv"] | nodes.op_masks["dot"]
+
+        def kernel_block(consumer: np.ndarray, producer_rank: np.ndarray) -> np.ndarray:
+            k_rank, i_rank = kernel_rank[consumer], in_rank[consumer]
+            return kernel_capable[consumer] & (k_rank > 0) & (producer_rank == k_rank) & (producer_rank != i_rank)
+
+        down = chain_ends(n, graph.edge_index, config_nodes, elementwise, downstream=True)
+        to_config = is_config[down[:, 1]]
+        pair_producer, pair_consumer = down[to_config, 0], position[down[to_config, 1]]
+        fixed_out = np.zeros(config_nodes.size, dtype=bool)
+        fixed_out[down[~to_config & ~free[down[:, 1]], 0]] = True
+
+        up = chain_ends(n, graph.edge_index, config_nodes, elementwise, downstream=False)
+        up = up[~is_config[up[:, 1]] & ~free[up[:, 1]] & (rank[up[:, 1]] > 0)]
+        producer = up[:, 1]
+        feat = graph.node_feat[producer]
+        elems = np.maximum(feat[:, DIM_PRODUCT].astype(np.float64), 1.0)
+        return cls(
+            pair_producer=pair_producer, pair_consumer=pair_consumer,
+            pair_kernel=kernel_block(pair_consumer, node_rank(nodes.dims)[pair_producer]),
+            fixed_in_consumer=up[:, 0], fixed_in_kernel=kernel_block(up[:, 0], rank[producer]),
+            fixed_in_layout=default_layouts(feat, rank[producer]), fixed_in_dims=dims[producer],
+            fixed_in_bytes=elems * np.maximum(element_bytes(feat), 1.0), fixed_out=fixed_out,
+        )
+
+
+def _block_ranks(configs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """int64 (nc,) each: the most slots any config sets in a node's input and kernel blocks."""
+    nc = configs.shape[1]
+    in_rank, kernel_rank = np.zeros(nc, dtype=np.int64), np.zeros(nc, dtype=np.int64)
+    step = max(1, CELLS_PER_CHUNK // max(nc, 1))
+    for start in range(0, configs.shape[0], step):
+        cfg = configs[start : start + step]
+        in_rank = np.maximum(in_rank, (cfg[:, :, 6:12] >= 0).sum(axis=2).max(axis=0, initial=0))
+        kernel_rank = np.maximum(kernel_rank, (cfg[:, :, 12:18] >= 0).sum(axis=2).max(axis=0, initial=0))
+    return in_rank, kernel_rank
+
+
+def tile_padding(dims: np.ndarray, layouts: np.ndarray) -> np.ndarray:
+    """float64 (k, m): padded / actual elements of m tensors (``dims`` (m, 6)) laid out as ``layouts``
+    (k, m, 6) in (8, 128) tiles over the two minor-most dims; rank-1 tensors pad the minor dim only,
+    and a scalar (slot 0 = -1) counts as one element in a 128-lane row."""
+    row = np.arange(dims.shape[0])[None, :]
+    minor_slot, second_slot = layouts[..., 0].astype(np.int64), layouts[..., 1].astype(np.int64)
+    minor = np.maximum(np.where(minor_slot >= 0, dims[row, np.maximum(minor_slot, 0)], 1), 1).astype(np.float64)
+    second = np.maximum(np.where(second_slot >= 0, dims[row, np.maximum(second_slot, 0)], 1), 1).astype(np.float64)
+    padded = np.ceil(minor / TILE_MINOR) * TILE_MINOR / minor
+    return padded * np.where(second_slot >= 0, np.ceil(second / TILE_SECOND) * TILE_SECOND / second, 1.0)
+
+
 def layout_config_features(graph: PrunedGraph, value_frequency: bool) -> dict[str, np.ndarray]:
     """Per-config features of a layout graph: name -> float32 (c,), see :func:`layout_feature_names`.
 
@@ -229,6 +357,9 @@ def layout_config_features(graph: PrunedGraph, value_frequency: bool) -> dict[st
     * off-default outputs: configurable nodes whose chosen output layout differs from their default
       (non-configurable consumers expect the default, so this implies copies too), count and log of
       their total bytes;
+    * chains (``f_chain_*``): copies where layouts meet at the ends of elementwise chains, between
+      configurable nodes and against fixed producers and consumers, counted and weighted by the
+      (8, 128)-padded bytes they move (see :class:`_Chains` and :func:`_chain_copies`);
     * counts of each value 0..5 in slots 0 and 1 of each block, per opcode (conv/dot/reshape),
       and of default (-1) blocks;
     * with ``value_frequency``: share of this graph's configs that choose the same block at the
@@ -239,6 +370,7 @@ def layout_config_features(graph: PrunedGraph, value_frequency: bool) -> dict[st
     configs = graph.config_feat
     count, nc = configs.shape[0], configs.shape[1]
     nodes = _ConfigNodes.of(graph)
+    chains = _Chains.of(graph, nodes)
     columns = {name: np.zeros(count, dtype=np.float32) for name in layout_feature_names(value_frequency)}
     step = max(1, CELLS_PER_CHUNK // max(nc, 1))
     for start in range(0, count, step):
@@ -249,6 +381,7 @@ def layout_config_features(graph: PrunedGraph, value_frequency: bool) -> dict[st
             **_output_costs(resolved, nodes),
             **_implied_copies(cfg, resolved, out_default, nodes),
             **_choice_counts(cfg, nodes),
+            **_chain_copies(cfg, resolved, nodes, chains),
         }
         for name, values in chunk.items():
             columns[name][start : start + cfg.shape[0]] = values
@@ -261,13 +394,9 @@ def _output_costs(resolved: np.ndarray, nodes: _ConfigNodes) -> dict[str, np.nda
     """Violation ratio, (8, 128) padding and off-default outputs of resolved output blocks (k, nc, 6)."""
     nc = resolved.shape[1]
     row = np.arange(nc)[None, :]
-    minor_slot, second_slot = resolved[:, :, 0].astype(np.int64), resolved[:, :, 1].astype(np.int64)
+    minor_slot = resolved[:, :, 0].astype(np.int64)
     minor = np.where(minor_slot >= 0, nodes.dims[row, np.maximum(minor_slot, 0)], 0)
-    second = np.where(second_slot >= 0, nodes.dims[row, np.maximum(second_slot, 0)], 1)
-    minor_f = np.maximum(minor, 1).astype(np.float64)
-    second_f = np.maximum(second, 1).astype(np.float64)
-    padded = np.ceil(minor_f / TILE_MINOR) * TILE_MINOR / minor_f
-    padded *= np.where(second_slot >= 0, np.ceil(second_f / TILE_SECOND) * TILE_SECOND / second_f, 1.0)
+    padded = tile_padding(nodes.dims, resolved)
     padded_bytes = padded @ nodes.nbytes
     off_default = (resolved != nodes.default[None]).any(axis=2)
     return {
@@ -293,6 +422,44 @@ def _implied_copies(cfg: np.ndarray, resolved: np.ndarray, out_default: np.ndarr
     differ = (resolved[:, producer] != wanted).any(axis=2)
     explicit = ~out_default[:, producer] & ~in_default
     return {"f_implied_copies": differ.sum(axis=1), "f_implied_copies_explicit": (differ & explicit).sum(axis=1)}
+
+
+def _chain_copies(cfg: np.ndarray, resolved: np.ndarray, nodes: _ConfigNodes, chains: _Chains) -> dict[str, np.ndarray]:
+    """Copies where layouts meet at the ends of elementwise chains (see :class:`_Chains`).
+
+    A default (all -1) input block lets the compiler pick the operand's layout: no copy. A copy
+    reads the tensor in its source layout and writes it in its destination layout, both padded to
+    (8, 128) tiles; ``copy_log_bytes`` sums those bytes over every copy, ``copy_share`` divides the
+    sum by the configurable nodes' unpadded output bytes. ``copies_tiled`` counts the pairs whose
+    minor-most or second-minor dim differs (the tiled dims: a real transpose, not a strided copy).
+    """
+    rows = cfg.shape[0]
+    moved = np.zeros(rows)
+
+    def wanted(consumer: np.ndarray, kernel: np.ndarray) -> np.ndarray:
+        return np.where(kernel[None, :, None], cfg[:, consumer, 12:18], cfg[:, consumer, 6:12])
+
+    src = resolved[:, chains.pair_producer]
+    dst = wanted(chains.pair_consumer, chains.pair_kernel)
+    explicit = dst[:, :, 0] >= 0
+    differ = explicit & (src != dst).any(axis=2)
+    tiled = explicit & (src[:, :, :2] != dst[:, :, :2]).any(axis=2)
+    dims = nodes.dims[chains.pair_producer]
+    moved += (differ * (tile_padding(dims, src) + tile_padding(dims, dst))) @ nodes.nbytes[chains.pair_producer]
+
+    dst = wanted(chains.fixed_in_consumer, chains.fixed_in_kernel)
+    fixed = chains.fixed_in_layout[None]
+    differ_in = (dst[:, :, 0] >= 0) & (dst != fixed).any(axis=2)
+    moved += (differ_in * (tile_padding(chains.fixed_in_dims, dst) + tile_padding(chains.fixed_in_dims, fixed))
+              ) @ chains.fixed_in_bytes
+
+    off = (resolved != nodes.default[None]).any(axis=2) & chains.fixed_out[None]
+    moved += (off * (tile_padding(nodes.dims, resolved) + tile_padding(nodes.dims, nodes.default[None]))) @ nodes.nbytes
+    return {
+        "f_chain_copies": differ.sum(axis=1), "f_chain_copies_tiled": tiled.sum(axis=1),
+        "f_chain_in_fixed": differ_in.sum(axis=1), "f_chain_out_fixed": off.sum(axis=1),
+        "f_chain_copy_log_bytes": np.log1p(moved), "f_chain_copy_share": moved / nodes.nbytes.sum(),
+    }
 
 
 def _choice_counts(cfg: np.ndarray, nodes: _ConfigNodes) -> dict[str, np.ndarray]:
@@ -354,7 +521,13 @@ def value_frequencies(configs: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.n
 
 def tile_feature_names() -> list[str]:
     return [f"f_cfg_{i}" for i in range(24)] + [
-        "f_log_kernel_prod", "f_log_output_prod", "f_log_input_prod", "f_tile_count_log", "f_tile_waste"]
+        "f_log_kernel_prod", "f_log_output_prod", "f_log_input_prod", "f_tile_count_log", "f_tile_waste"
+    ] + TILE_VREG_FEATURES
+
+
+# Tile features against the (8, 128) vector-register tile (see tile_vreg_features).
+TILE_VREG_FEATURES = ["f_tile_out_lane_pad", "f_tile_out_sublane_pad", "f_tile_out_vreg_pad", "f_tile_in_vreg_pad",
+                      "f_tile_kernel_vreg_pad", "f_tile_minor_waste", "f_tile_log_traffic", "f_tile_log_working_set"]
 
 
 def output_node(node_feat: np.ndarray) -> int:
@@ -392,7 +565,73 @@ def tile_config_features(config_feat: np.ndarray, node_feat: np.ndarray) -> dict
     columns["f_log_input_prod"] = np.log1p(np.maximum(config[:, 23], 0)).astype(np.float32)
     columns["f_tile_count_log"] = np.log(counts.prod(axis=1)).astype(np.float32)
     columns["f_tile_waste"] = (np.where(used[None, :], padded, 1.0).prod(axis=1) / actual).astype(np.float32)
+    columns.update(tile_vreg_features(config, node_feat[output_node(node_feat)], counts.prod(axis=1)))
     return columns
+
+
+def _vreg_pad(minor: np.ndarray, second: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Padded / used share of the 128 lanes (minor) and 8 sublanes (second-minor) of tiles with these
+    extents (float64, >= 1 each); an extent below 1 counts as 1."""
+    minor, second = np.maximum(minor, 1.0), np.maximum(second, 1.0)
+    return np.ceil(minor / TILE_MINOR) * TILE_MINOR / minor, np.ceil(second / TILE_SECOND) * TILE_SECOND / second
+
+
+def _row_major_minor(bounds: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Minor-most and second-minor extents of tile ``bounds`` (c, 6) read row-major: the last and
+    next-to-last used (> 0) slots; 1 where there is none."""
+    used = bounds > 0
+    count = used.sum(axis=1)
+    rows = np.arange(bounds.shape[0])
+    # slots of the used bounds in order: the last used slot is the (count-1)-th used one
+    order = np.argsort(~used, axis=1, kind="stable")
+    last = order[rows, np.maximum(count - 1, 0)]
+    previous = order[rows, np.maximum(count - 2, 0)]
+    return (np.where(count >= 1, bounds[rows, last], 1.0), np.where(count >= 2, bounds[rows, previous], 1.0))
+
+
+def tile_vreg_features(config: np.ndarray, output: np.ndarray, tile_count: np.ndarray) -> dict[str, np.ndarray]:
+    """What a tile size costs against the TPU's (8, 128) vector registers (float32 (c,) each).
+
+    * ``out_lane_pad`` / ``out_sublane_pad`` / ``out_vreg_pad``: padded / used lanes, sublanes and
+      both, of one output tile over the output node's minor-most and second-minor dims (from its
+      layout; an unused bound means the whole dim);
+    * ``in_vreg_pad`` / ``kernel_vreg_pad``: the same for the input and kernel tiles, whose layouts
+      the file does not give: read row-major (last used slot minor-most); 1 when the tile is unused;
+      a tile without a second-minor extent fills one of the 8 sublanes (as a rank-1 output tile does);
+    * ``minor_waste``: padded / actual extent of the output's minor-most dim when cut into tiles;
+    * ``log_traffic``: log bytes read and written, every output tile reading one input and one
+      kernel tile: ``tile_count * (input + kernel) + output``, elements times the output's bytes;
+    * ``log_working_set``: log bytes of one step's input, kernel and output tiles, register-padded.
+    """
+    dims = node_dims(output[None, :])[0].astype(np.float64)
+    rank = int(node_rank(dims[None, :].astype(np.int64))[0])
+    layout = default_layouts(output[None, :], np.array([rank]))[0]
+    bounds = config[:, 8:14]
+    whole = np.where(bounds > 0, bounds, np.maximum(dims, 1.0)[None, :])
+
+    def extent(slot: int) -> np.ndarray:
+        return whole[:, layout[slot]] if slot < rank and layout[slot] >= 0 else np.ones(config.shape[0])
+
+    lane, sublane = _vreg_pad(extent(0), extent(1))
+    in_lane, in_sublane = _vreg_pad(*_row_major_minor(config[:, 16:22]))
+    kernel_lane, kernel_sublane = _vreg_pad(*_row_major_minor(config[:, 0:6]))
+    minor_dim = dims[layout[0]] if rank and layout[0] >= 0 else 1.0
+    minor_tile = extent(0)
+    minor_waste = np.ceil(max(minor_dim, 1.0) / minor_tile) * minor_tile / max(minor_dim, 1.0)
+    nbytes = max(float(element_bytes(output[None, :])[0]), 1.0)
+    in_prod, kernel_prod, out_prod = (np.maximum(config[:, k], 0.0) for k in (23, 7, 15))
+    out_elems = float(np.prod(np.maximum(dims[:rank], 1.0)))
+    traffic = (tile_count * (in_prod + kernel_prod) + out_elems) * nbytes
+    working = (in_prod * in_lane * in_sublane + kernel_prod * kernel_lane * kernel_sublane
+               + out_prod * lane * sublane) * nbytes
+    has_input, has_kernel = (config[:, 16:22] > 0).any(axis=1), (config[:, 0:6] > 0).any(axis=1)
+    return {name: values.astype(np.float32) for name, values in {
+        "f_tile_out_lane_pad": lane, "f_tile_out_sublane_pad": sublane, "f_tile_out_vreg_pad": lane * sublane,
+        "f_tile_in_vreg_pad": np.where(has_input, in_lane * in_sublane, 1.0),
+        "f_tile_kernel_vreg_pad": np.where(has_kernel, kernel_lane * kernel_sublane, 1.0),
+        "f_tile_minor_waste": minor_waste, "f_tile_log_traffic": np.log1p(traffic),
+        "f_tile_log_working_set": np.log1p(working),
+    }.items()}
 
 
 # ----------------------------------------------------------------------------- tables

@@ -244,3 +244,124 @@ def test_shape_and_layout_recover_the_raw_dims_and_layouts():
     expected = np.maximum(raw[:, 21:27], 0)
     np.testing.assert_array_equal(dims, expected)
     np.testing.assert_array_equal(layout, raw[:, 134:140])
+
+
+# ----------------------------------------------------------------------------- chains of elementwise ops
+
+PARAMETER, BROADCAST, TUPLE, NEGATE = 63, 13, 100, 60
+
+
+def chain_graph() -> PrunedGraph:
+    """parameter(8x256) -> dot c0 (8x256) -> add -> dot c1 (8x128) -> tuple, a broadcast into the add.
+
+    Defaults are all (1, 0). Configs (out, in) of (c0, c1), kernel blocks all default:
+      A: (1,0) (1,0) | (1,0) (1,0)   layouts agree everywhere
+      B: (0,1) (0,1) | -     (1,0)   c0 -> c1 disagree (tiled dims), c0's input disagrees with the parameter
+      C: (1,0) -     | (0,1) -       default inputs adapt; c1's output feeds the tuple off its default
+    """
+    node_feat = np.stack([node((8, 256), (1, 0)), node((8, 256), (1, 0)), node((8, 256), (1, 0)),
+                          node((8, 256), (1, 0)), node((8, 128), (1, 0)), node(())])
+    rows = {
+        "A": [block(1, 0) + block(1, 0) + DEFAULT, block(1, 0) + block(1, 0) + DEFAULT],
+        "B": [block(0, 1) + block(0, 1) + DEFAULT, DEFAULT + block(1, 0) + DEFAULT],
+        "C": [block(1, 0) + DEFAULT + DEFAULT, block(0, 1) + DEFAULT + DEFAULT],
+    }
+    return PrunedGraph(
+        stem="chain", kind="layout", node_feat=node_feat,
+        node_opcode=np.array([PARAMETER, DOT, ADD, BROADCAST, DOT, TUPLE], np.uint8),
+        edge_index=np.array([[1, 0], [2, 1], [2, 3], [4, 2], [5, 4]]), node_ids=np.arange(6),
+        config_nodes=np.array([1, 4]), config_feat=np.array([rows[k] for k in "ABC"], dtype=np.int8),
+        config_index=np.arange(3), target=np.array([1.0, 2.0, 3.0]), file_target=np.zeros(3),
+    )
+
+
+def test_chain_ends_stop_at_the_first_non_passable_node() -> None:
+    from pipelines.features import chain_ends
+
+    graph = chain_graph()
+    elementwise = np.isin(graph.node_opcode, [ADD])
+    down = chain_ends(6, graph.edge_index, np.array([1, 4]), elementwise, downstream=True)
+    np.testing.assert_array_equal(down, [[0, 4], [1, 5]])  # c0 reaches c1 through the add; c1 the tuple
+    up = chain_ends(6, graph.edge_index, np.array([1, 4]), elementwise, downstream=False)
+    np.testing.assert_array_equal(up, [[0, 0], [1, 1], [1, 3]])  # parameter; c0 and the broadcast via the add
+    # a chain through a non-passable node ends there
+    np.testing.assert_array_equal(chain_ends(6, graph.edge_index, np.array([1]), np.zeros(6, bool)), [[0, 2]])
+
+
+def test_chain_copies_count_and_bytes() -> None:
+    features = layout_config_features(chain_graph(), value_frequency=False)
+    np.testing.assert_array_equal(features["f_chain_copies"], [0, 1, 0])
+    np.testing.assert_array_equal(features["f_chain_copies_tiled"], [0, 1, 0])
+    np.testing.assert_array_equal(features["f_chain_in_fixed"], [0, 1, 0])  # the broadcast never counts
+    np.testing.assert_array_equal(features["f_chain_out_fixed"], [0, 0, 1])
+    # B: 8x256 f32 (8192 bytes) as (0,1) puts 8 on the 128 lanes (16x padding), as (1,0) none: each
+    # copy reads one layout and writes the other, 8192 * (16 + 1) bytes, twice (c0 -> c1, parameter -> c0).
+    # C: 8x128 f32 (4096 bytes) moved from (0,1) (16x) to the tuple's (1,0): 4096 * 17.
+    moved = np.array([0.0, 2 * 8192 * 17, 4096 * 17])
+    np.testing.assert_allclose(features["f_chain_copy_log_bytes"], np.log1p(moved), rtol=1e-6)
+    np.testing.assert_allclose(features["f_chain_copy_share"], moved / (8192 + 4096), rtol=1e-6)
+
+
+def test_chain_copies_tiled_dims_and_kernel_block() -> None:
+    """parameter(16x256) and c0 (rank 4) feed dot c1 through a negate; c1's kernel block is rank 2.
+
+    c0's rank-4 output goes to c1's input block, the rank-2 parameter to its kernel block.
+    """
+    node_feat = np.stack([node((2, 4, 8, 256), (3, 2, 1, 0)), node((16, 256), (1, 0)),
+                          node((2, 4, 8, 256), (3, 2, 1, 0)), node((8, 256), (1, 0))])
+    configs = np.array([
+        # c0 out (3,2,1,0) vs c1 in (3,2,0,1): major dims only; kernel (1,0) agrees with the parameter
+        [block(3, 2, 1, 0) + DEFAULT + DEFAULT, DEFAULT + block(3, 2, 0, 1) + block(1, 0)],
+        # c0 out (2,3,1,0) vs (3,2,1,0): the tiled dims; kernel (0,1) disagrees with the parameter
+        [block(2, 3, 1, 0) + DEFAULT + DEFAULT, DEFAULT + block(3, 2, 1, 0) + block(0, 1)],
+    ], dtype=np.int8)
+    graph = PrunedGraph(
+        stem="k", kind="layout", node_feat=node_feat, node_opcode=np.array([DOT, PARAMETER, NEGATE, DOT], np.uint8),
+        edge_index=np.array([[2, 0], [3, 1], [3, 2]]), node_ids=np.arange(4), config_nodes=np.array([0, 3]),
+        config_feat=configs, config_index=np.arange(2), target=np.array([1.0, 2.0]), file_target=np.zeros(2))
+    features = layout_config_features(graph, value_frequency=False)
+    np.testing.assert_array_equal(features["f_chain_copies"], [1, 1])
+    np.testing.assert_array_equal(features["f_chain_copies_tiled"], [0, 1])
+    np.testing.assert_array_equal(features["f_chain_in_fixed"], [0, 1])
+    # config 0: 2x4x8x256 f32 = 65536 bytes, both layouts keep 256 x 8 minor (no padding): 2 * 65536.
+    # config 1: (2,3,1,0) puts dim 2 (8) on the 128 lanes (16x) and 256 on the sublanes (1x), plus 1x
+    # for (3,2,1,0); the 16x256 parameter (16384 bytes) as (0,1) pads 16 -> 128 lanes (8x), as (1,0) 1x.
+    moved = np.array([2 * 65536, 65536 * (16 + 1) + 16384 * (8 + 1)])
+    np.testing.assert_allclose(features["f_chain_copy_log_bytes"], np.log1p(moved), rtol=1e-6)
+
+
+def test_chain_pairs_only_through_elementwise_nodes() -> None:
+    # c0 -> transpose -> c1: config_pairs (any non-configurable chain) pairs them, the elementwise-only
+    # chains do not: the transpose decides its own output layout.
+    edges = np.array([[1, 0], [2, 1]])
+    np.testing.assert_array_equal(config_pairs(3, edges, np.array([0, 2])), [[0, 1]])
+    passable = np.array([False, False, False])  # a transpose is not elementwise
+    assert config_pairs(3, edges, np.array([0, 2]), passable).shape == (0, 2)
+
+
+def test_tile_vreg_features_by_hand() -> None:
+    output = node((100, 300), (1, 0))  # minor-most dim 1 (300), second-minor dim 0 (100)
+    output[0] = 1  # is_root
+    node_feat = np.stack([node((7,)), output])
+    config = np.zeros((2, 24), dtype=np.float32)
+    # 0: output tile 64x128 (2 x 3 tiles), input tile 8x32x512, a rank-1 kernel tile of 5
+    config[0, 8:10], config[0, 15] = (64, 128), 64 * 128
+    config[0, 16:19], config[0, 23] = (8, 32, 512), 8 * 32 * 512
+    config[0, 0], config[0, 7] = 5, 5
+    # 1: one whole 100x300 output tile, input tile 3x100, no kernel
+    config[1, 8:10], config[1, 15] = (100, 300), 30000
+    config[1, 16:18], config[1, 23] = (3, 100), 300
+    features = tile_config_features(config, node_feat)
+    lane, sublane = 384 / 300, 104 / 100  # 300 -> 3 x 128 lanes, 100 -> 13 x 8 sublanes
+    np.testing.assert_allclose(features["f_tile_out_lane_pad"], [1.0, lane], rtol=1e-6)
+    np.testing.assert_allclose(features["f_tile_out_sublane_pad"], [1.0, sublane], rtol=1e-6)
+    np.testing.assert_allclose(features["f_tile_out_vreg_pad"], [1.0, lane * sublane], rtol=1e-6)
+    in_pad = 128 / 100 * 8 / 3  # minor 100 -> 128 lanes, second 3 -> 8 sublanes
+    np.testing.assert_allclose(features["f_tile_in_vreg_pad"], [1.0, in_pad], rtol=1e-6)
+    kernel_pad = 128 / 5 * 8  # a rank-1 tile of 5: one sublane of 8, 5 of 128 lanes
+    np.testing.assert_allclose(features["f_tile_kernel_vreg_pad"], [kernel_pad, 1.0], rtol=1e-6)
+    np.testing.assert_allclose(features["f_tile_minor_waste"], [384 / 300, 1.0], rtol=1e-6)
+    traffic = np.array([6 * (131072 + 5) + 30000, 300 + 30000]) * 4.0  # f32
+    np.testing.assert_allclose(features["f_tile_log_traffic"], np.log1p(traffic), rtol=1e-6)
+    working = np.array([131072 + 5 * kernel_pad + 8192, 300 * in_pad + 30000 * lane * sublane]) * 4.0
+    np.testing.assert_allclose(features["f_tile_log_working_set"], np.log1p(working), rtol=1e-6)

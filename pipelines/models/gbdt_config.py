@@ -71,14 +71,17 @@ class GBDTConfig:
     # Validation pairs per graph for the OPA early-stopping metric (layout; fixed once per fit).
     stopping_pairs_per_graph: int = bounded(2000, 1)
     # Evidence (small world, 5 folds x 3 seeds): pairwise is best on every layout collection,
-    # regression on tile (pairwise there is slow for little gain). See base.toml.
-    collections: dict[str, dict] = field(default_factory=lambda: {"tile:xla": {"objective": "regression"}})
+    # regression on tile (pairwise there is slow for little gain), with within-graph rank features
+    # (issue 17). See base.toml.
+    collections: dict[str, dict] = field(default_factory=lambda: {
+        "tile:xla": {"objective": "regression", "graph_rank_features": True}})
 
     def __post_init__(self) -> None:
         """Rules that relate two fields (single-field bounds are metadata, checked on load)."""
         if self.objective in ("lambdarank", "xendcg") and self.max_configs_per_graph >= LIGHTGBM_MAX_QUERY_ROWS:
             raise ConfigError(f"max_configs_per_graph must be below {LIGHTGBM_MAX_QUERY_ROWS} for ranking "
                               f"objectives (LightGBM's query limit), got {self.max_configs_per_graph}")
+
 
 # What ``python -m pipelines tune --model gbdt`` searches (pipelines.tune): field -> ("int" | "float",
 # low, high, log scale) or ("categorical", choices). Trees and regularisation only: the objective per
