@@ -27,15 +27,13 @@ from __future__ import annotations
 import json
 import logging
 import math
-import os
-import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from pipelines.atomic import chmod_like_new_file
+from pipelines.atomic import write_text_atomic
 from pipelines.collections import Collection
 from pipelines.errors import ConfigError, PipelineError
 
@@ -221,12 +219,4 @@ def _check_ours(path: Path) -> None:
 def _write_text(path: Path, text: str) -> None:
     _check_ours(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-        chmod_like_new_file(tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_text_atomic(path, text)

@@ -68,7 +68,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pipelines.atomic import chmod_like_new_file
+from pipelines.atomic import chmod_like_new_file, write_text_atomic
 from pipelines.collections import ALL_COLLECTIONS, SPLITS, TILE_XLA, Collection, parse_collections
 from pipelines.errors import ConfigError, FormatError
 from pipelines.synth import costmodel, searches
@@ -546,18 +546,6 @@ def _read_json(path: Path) -> dict | None:
         return None
 
 
-def _write_text_atomic(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as handle:
-            handle.write(text)
-        chmod_like_new_file(tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def submission_rows(out: Path, specs: list[FileSpec]) -> list[str]:
     """Sample-submission rows for the test files: tile ``0;1;2;3;4`` (fewer if c<5), layout identity."""
     rows = []
@@ -616,7 +604,7 @@ def generate_world(out: Path | str, *, scale: str, seed: int, limit: int | None 
             why = f"its {MARKER} was written with other arguments ({found})" if found else "it is not a synth world"
             raise ConfigError(f"{out}: refusing to write into a non-empty directory: {why}")
     out.mkdir(parents=True, exist_ok=True)
-    _write_text_atomic(out / PARTIAL_MARKER, json.dumps(marker, indent=2))
+    write_text_atomic(out / PARTIAL_MARKER, json.dumps(marker, indent=2))
     (out / MARKER).unlink(missing_ok=True)  # only the partial marker may exist while writing
 
     started = time.perf_counter()
@@ -633,10 +621,10 @@ def generate_world(out: Path | str, *, scale: str, seed: int, limit: int | None 
             results = list(pool.map(_write_file, [str(out)] * n, [scale] * n, [seed] * n, [variant] * n,
                                     todo, chunksize=1))
     header = "ID,TopConfigs"
-    _write_text_atomic(submission, "\n".join([header, *submission_rows(out, specs)]) + "\n")
+    write_text_atomic(submission, "\n".join([header, *submission_rows(out, specs)]) + "\n")
     (out / LABELS_DIR).mkdir(exist_ok=True)
-    _write_text_atomic(out / LABELS_DIR / LABELS_MARKER, json.dumps(sidecar, indent=2))
-    _write_text_atomic(out / MARKER, json.dumps(marker, indent=2))
+    write_text_atomic(out / LABELS_DIR / LABELS_MARKER, json.dumps(sidecar, indent=2))
+    write_text_atomic(out / MARKER, json.dumps(marker, indent=2))
     (out / PARTIAL_MARKER).unlink(missing_ok=True)
     return _summary(out, marker, specs, results, len(specs) - len(todo), time.perf_counter() - started)
 
