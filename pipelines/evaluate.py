@@ -40,8 +40,7 @@ import polars as pl
 
 from pipelines.collections import ALL_COLLECTIONS, Collection
 from pipelines.errors import FormatError, PipelineError
-from pipelines.metric import GraphScore, ScoreReport, kendall_tau_b, ordered_pair_accuracy, ranks_from_order, \
-    summarize, tile_score
+from pipelines.metric import GraphScore, ScoreReport, score_submission_row, summarize
 from pipelines.tpugraphs import Graph, list_graphs, load_ref
 
 EVALUATION_FILE = "evaluation.json"
@@ -109,15 +108,6 @@ def truth_of(collection: Collection, runtime: np.ndarray, normalizer: np.ndarray
     if collection.is_tile:
         return runtime.astype(np.float64) / normalizer.astype(np.float64)
     return runtime
-
-
-def score_row(collection: Collection, stem: str, indices: Sequence[int], truth: np.ndarray) -> GraphScore:
-    """The competition metric of one submission row (tile: top configs; layout: a full order)."""
-    if collection.is_tile:
-        return GraphScore(collection.name, stem, truth.shape[0], tile_score(np.asarray(indices, np.int64), truth))
-    ranks = ranks_from_order(indices)
-    return GraphScore(collection.name, stem, truth.shape[0], kendall_tau_b(ranks, truth),
-                      ordered_pair_accuracy(ranks, truth))
 
 
 def costs_row(collection: Collection, costs: np.ndarray) -> list[int]:
@@ -222,14 +212,17 @@ def evaluate_rows(data_root: Path | str, rows: Mapping[str, Mapping[str, Sequenc
             if labels.runtime.shape[0] != graph.num_configs:
                 raise FormatError(ref.path, f"{graph.num_configs} configs but {labels.runtime.shape[0]} hidden labels")
             truth = truth_of(collection, labels.runtime, labels.normalizer)
+
+            def score(indices: Sequence[int]) -> GraphScore:
+                return score_submission_row(collection.name, ref.stem, indices, truth)
+
             for entry, entry_rows in rows.items():
                 if ref.submission_id not in entry_rows:
                     raise PipelineError(f"{entry}: no row for test graph {ref.submission_id}")
-                scored[entry].append(score_row(collection, ref.stem, entry_rows[ref.submission_id], truth))
-            scored[CEILING].append(score_row(collection, ref.stem, costs_row(collection, labels.noise_free), truth))
+                scored[entry].append(score(entry_rows[ref.submission_id]))
+            scored[CEILING].append(score(costs_row(collection, labels.noise_free)))
             for name, costs in named.items():
-                scored.setdefault(HEURISTIC + name, []).append(score_row(collection, ref.stem, costs_row(collection, costs(graph)),
-                                                             truth))
+                scored.setdefault(HEURISTIC + name, []).append(score(costs_row(collection, costs(graph))))
     reports = {entry: summarize(graph_scores) for entry, graph_scores in scored.items()}
     floor_by_collection: dict[str, str] = {}
     floor_scores: list[GraphScore] = []

@@ -237,6 +237,17 @@ class GraphScore:
     opa: float | None = None
 
 
+def score_submission_row(collection: str, graph: str, indices: Sequence[int] | np.ndarray,
+                         truth: np.ndarray) -> GraphScore:
+    """The competition metric of one submission row: the slowdown score of the listed top configs
+    (tile) or Kendall tau-b, with OPA, of the full order (layout)."""
+    indices = np.asarray(indices, dtype=np.int64)
+    if parse_collection(collection).is_tile:
+        return GraphScore(collection, graph, truth.shape[0], tile_score(indices, truth))
+    ranks = ranks_from_order(indices)
+    return GraphScore(collection, graph, truth.shape[0], kendall_tau_b(ranks, truth), ordered_pair_accuracy(ranks, truth))
+
+
 @dataclass(frozen=True)
 class CombinedScore:
     """The final score: the unweighted mean of the five collection means.

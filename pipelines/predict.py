@@ -99,7 +99,7 @@ def prepare_test_graphs(config: Any, collection: Collection, data_root: Path, wo
     import dataclasses
 
     from pipelines.prepare import (GRAPHS_TABLE, Prepared, raw_data_key, run_features, run_node_arrays,
-                                   run_prune)
+                                   run_prune, tagged_log)
 
     from pipelines.collections import SPLITS
     from pipelines.tpugraphs import list_graphs
@@ -110,7 +110,7 @@ def prepare_test_graphs(config: Any, collection: Collection, data_root: Path, wo
         raise PipelineError(f"{data_root}: no {collection.name} {split} graphs to rank (the run has models for it; "
                             f"the data root must hold its {split} files in the Kaggle layout)")
     data_key = raw_data_key(data_root, refs)
-    tagged = (lambda message: log(f"{collection.name} {message}"))
+    tagged = tagged_log(log, collection)
     prune, _ = run_prune(config, collection, work_dir, refs, data_key, False, tagged)
     graphs = pl.read_parquet(prune.file(GRAPHS_TABLE))
     kept = set(graphs["graph"].to_list())

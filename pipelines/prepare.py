@@ -506,7 +506,7 @@ def check_folds(config: PipelineConfig, collection: Collection, refs: dict[str, 
 def prepare_collection(config: PipelineConfig, collection: Collection, data_root: Path, work_dir: Path,
                        force: bool = False, log: Log = print,
                        refs: dict[str, list[GraphRef]] | None = None) -> Prepared:
-    tagged = _tagged(log, collection)
+    tagged = tagged_log(log, collection)
     refs = collection_refs(data_root, collection) if refs is None else refs
     if not refs["train"]:
         raise FormatError(collection_dir(data_root, collection, "train"), f"{collection.name}: no train graphs")
@@ -547,5 +547,6 @@ def _is_complete(work_dir: Path, stage: str, key: str) -> bool:
     return True
 
 
-def _tagged(log: Log, collection: Collection) -> Log:
+def tagged_log(log: Log, collection: Collection) -> Log:
+    """``log`` with every message prefixed by the collection name."""
     return lambda message: log(f"{collection.name} {message}")

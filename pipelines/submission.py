@@ -23,14 +23,10 @@ from pipelines.collections import ALL_COLLECTIONS, SPLITS, Collection, split_sub
 from pipelines.errors import ConfigError, FormatError, PipelineError, SubmissionError
 from pipelines.metric import (
     TILE_TOP_K,
-    GraphScore,
     ScoreReport,
-    kendall_tau_b,
     order_from_scores,
-    ordered_pair_accuracy,
-    ranks_from_order,
+    score_submission_row,
     summarize,
-    tile_score,
     tile_top_k,
 )
 from pipelines.tpugraphs import (
@@ -417,10 +413,5 @@ def score_submission(path: Path | str, data_root: Path | str, split: str = "vali
         truth = graph.target if ref.collection.is_tile else graph.config_runtime
         if truth.shape[0] != num_configs[sid]:
             raise FormatError(ref.path, f"{truth.shape[0]} runtimes for {num_configs[sid]} configs")
-        if ref.collection.is_tile:
-            results.append(GraphScore(ref.collection.name, ref.stem, truth.shape[0], tile_score(indices, truth)))
-        else:
-            ranks = ranks_from_order(indices)
-            results.append(GraphScore(ref.collection.name, ref.stem, truth.shape[0], kendall_tau_b(ranks, truth),
-                                      ordered_pair_accuracy(ranks, truth)))
+        results.append(score_submission_row(ref.collection.name, ref.stem, indices, truth))
     return summarize(results)
