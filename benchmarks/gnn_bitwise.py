@@ -37,10 +37,12 @@ def fingerprints(world: Path, work: Path, overrides: list[str]) -> dict[str, str
         valid = [item.load_graph_arrays(g) for g in item.graphs("valid")]
         test = [item.load_graph_arrays(g) for g in item.graphs("test")]
         ranker = GNNRanker(settings, collection=item.collection).fit(train, valid, seed=0)
-        digest = hashlib.sha256()  # the graphs' costs one after another: the same bytes as before the flat output
-        digest.update(np.ascontiguousarray(ranker.predict(test), dtype=np.float64).tobytes())
-        digest.update(np.array([h["loss"] for h in ranker.history_], dtype=np.float64).tobytes())
-        out[name] = digest.hexdigest()[:16]
+        # the graphs' costs one after another, then the per-epoch losses: which of the two moved, if any
+        predictions = np.ascontiguousarray(ranker.predict(test), dtype=np.float64).tobytes()
+        losses = np.array([h["loss"] for h in ranker.history_], dtype=np.float64).tobytes()
+        out[name] = (f"{hashlib.sha256(predictions + losses).hexdigest()[:16]} "
+                     f"(predictions {hashlib.sha256(predictions).hexdigest()[:8]}, "
+                     f"losses {hashlib.sha256(losses).hexdigest()[:8]})")
     return out
 
 

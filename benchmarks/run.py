@@ -90,9 +90,9 @@ def main(argv: Sequence[str] | None = None) -> Path:
     print(f"benchmark worlds under {WORLDS} (layout limit {args.limit}, tile limit {args.tile_limit})")
     roots = {}
     if TILE in collections:
-        roots[TILE] = build_world(TILE, args.tile_limit)
+        roots[TILE] = build_world(TILE, args.tile_limit, jobs=os.cpu_count() or 1)
     if any(c in LAYOUT for c in collections):
-        layout_root = build_world("all", args.limit)
+        layout_root = build_world("all", args.limit, jobs=os.cpu_count() or 1)
         roots.update({c: layout_root for c in collections if c in LAYOUT})
     work = WORLDS / "work"
 

@@ -143,7 +143,8 @@ class GNNRanker:
         out = []
         device = resolve_device(self.config.device)
         self.model_.to(device)
-        with _torch_threads(self.config.num_threads):
+        # deterministic scoring too: on CUDA the message passing sums with atomics otherwise
+        with _torch_threads(self.config.num_threads), deterministic(self.config.deterministic):
             for g in graphs:
                 where = f"{g.collection}:{g.stem}"
                 if graph_kind(g) != self.kind_ or g.node_feat.shape[1] != self.node_feat_dim_:
