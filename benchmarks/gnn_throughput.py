@@ -84,7 +84,7 @@ if {mode!r} == "train":
     torch.stack(losses).tolist()  # what the trainer reads back, once per epoch
     sync()
     seconds = time.perf_counter() - started
-    sample = gather_configs([prepared], [sample_configs(rng, graph.num_configs, cfg.configs_per_graph)])
+    sample = gather_configs([prepared], [sample_configs(rng, graph.num_configs, cfg.configs_per_graph)], cfg.config_pairs)
     h2d = sum(t.nbytes for t in vars(sample).values() if isinstance(t, torch.Tensor))
     result.update(seconds=seconds, configs_per_s=cfg.configs_per_graph * {steps} / seconds, h2d_kb=h2d / 1024)
 else:

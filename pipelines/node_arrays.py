@@ -6,13 +6,14 @@ pruned, de-duplicated and transformed, so a model only has to tensorise it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from pipelines.errors import FormatError
+from pipelines.features import _Chains, _ConfigNodes
 from pipelines.tpugraphs import GraphSize, NodeFeat
 
 if TYPE_CHECKING:  # the prune module is only needed for type hints here
@@ -31,6 +32,17 @@ class GraphArrays(GraphSize):
     config_feat: np.ndarray  # int8 (c, nc, 18) for layout; float32 (c, 24) for tile
     runtime: np.ndarray  # float64 (c,): runtime (layout) or runtime/normalizer (tile); zeros on test
     config_index: np.ndarray  # int64 (c,): row of each config in the original file (after de-duplication)
+    # Layout: where two layouts meet, directly or through elementwise chains (features._Chains), one
+    # row per "chain end" e: configurable producer -> configurable consumer, fixed producer (-1) ->
+    # configurable consumer, configurable producer -> fixed consumer (-1). Empty for tile graphs.
+    chain_src: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # (E,) position in config_nodes or -1
+    chain_dst: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # (E,) position in config_nodes or -1
+    chain_kernel: np.ndarray = field(default_factory=lambda: np.zeros(0, bool))  # (E,) consumer's kernel block, else input
+    # (E, 6) the producer's layout where no config decides it: a configurable producer's default
+    # (its all -1 output block resolves to it), a fixed producer's layout; -1 past the rank
+    chain_src_layout: np.ndarray = field(default_factory=lambda: np.zeros((0, 6), np.int8))
+    chain_dims: np.ndarray = field(default_factory=lambda: np.zeros((0, 6), np.int64))  # (E, 6) the tensor's shape
+    chain_bytes: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float64))  # (E,) its unpadded bytes
 
 
 _ARRAY_FIELDS = [f.name for f in fields(GraphArrays) if f.name not in ("collection", "stem", "split")]
@@ -109,13 +121,34 @@ def shape_and_layout(transformed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return np.maximum(quotient * 128.0 + remainder, 0.0), np.clip(np.rint(layout), -1, 5).astype(np.int64)
 
 
+def chain_end_arrays(graph: PrunedGraph) -> dict[str, np.ndarray]:
+    """The ``chain_*`` fields of a layout graph: the ends of :class:`pipelines.features._Chains` (the
+    GBDT's chain features use the same ones), as rows ``src -> dst`` with -1 for a fixed-layout end."""
+    nodes = _ConfigNodes.of(graph)
+    chains = _Chains.of(graph, nodes)
+    fixed_out = np.flatnonzero(chains.fixed_out)
+    none = np.full(fixed_out.size, -1, np.int64)
+    src = np.concatenate([chains.pair_producer, np.full(chains.fixed_in_consumer.size, -1, np.int64), fixed_out])
+    return {
+        "chain_src": src.astype(np.int64),
+        "chain_dst": np.concatenate([chains.pair_consumer, chains.fixed_in_consumer, none]).astype(np.int64),
+        "chain_kernel": np.concatenate([chains.pair_kernel, chains.fixed_in_kernel, np.zeros(fixed_out.size, bool)]),
+        "chain_src_layout": np.concatenate([nodes.default[chains.pair_producer], chains.fixed_in_layout,
+                                            nodes.default[fixed_out]]).astype(np.int8).reshape(-1, 6),
+        "chain_dims": np.concatenate([nodes.dims[chains.pair_producer], chains.fixed_in_dims,
+                                      nodes.dims[fixed_out]]).astype(np.int64).reshape(-1, 6),
+        "chain_bytes": np.concatenate([nodes.nbytes[chains.pair_producer], chains.fixed_in_bytes,
+                                       nodes.nbytes[fixed_out]]).astype(np.float64),
+    }
+
+
 def make_graph_arrays(graph: PrunedGraph, collection: str, split: str) -> GraphArrays:
     """The GNN arrays of one pruned (and, for labelled splits, de-duplicated) graph.
 
     Edges turn from the file convention (row ``[consumer, producer]``) into PyG's ``(2, m)`` with
     row 0 = producer (message source) and row 1 = consumer. Configs keep their raw values: int8
     (c, nc, 18) layout blocks (the model embeds them) or float32 (c, 24) tile values (the model
-    scales them itself, sign * log1p).
+    scales them itself, sign * log1p). Layout graphs also carry their chain ends (``chain_*``).
     """
     edges = graph.edge_index.reshape(-1, 2)
     config_feat = (graph.config_feat.astype(np.float32, copy=False) if graph.kind == "tile"
@@ -131,4 +164,5 @@ def make_graph_arrays(graph: PrunedGraph, collection: str, split: str) -> GraphA
         config_feat=config_feat,
         runtime=graph.target.astype(np.float64),
         config_index=graph.config_index.astype(np.int64),
+        **(chain_end_arrays(graph) if graph.kind == "layout" else {}),
     )

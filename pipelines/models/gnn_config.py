@@ -36,6 +36,9 @@ class GNNConfig:
     gat_heads: int = bounded(2, 1)
     layout_physics: bool = True  # layout: add the padding the chosen layouts imply (batch.layout_physics)
     cross_config_attention: bool = False  # transformer layer across the K pooled configs of a graph
+    # layout: a message per config and chain end (configurable nodes whose layouts meet, directly or
+    # through elementwise chains, or one and a fixed-layout node), added at both ends and pooled
+    config_pairs: bool = False
     attention_heads: int = bounded(4, 1)
     # --- loss and sampling
     loss: str = choice("hinge", LOSSES)  # "hinge" (all pairs with different runtimes) or "listmle"

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -24,11 +25,8 @@ def subsample_configs(graph: GraphArrays, max_configs: int, seed: int) -> GraphA
         return graph
     rng = np.random.default_rng([seed, *graph.stem.encode()])
     keep = np.sort(rng.choice(graph.num_configs, size=max_configs, replace=False))
-    return GraphArrays(
-        collection=graph.collection, stem=graph.stem, split=graph.split, opcode=graph.opcode,
-        node_feat=graph.node_feat, edge_index=graph.edge_index, config_nodes=graph.config_nodes,
-        config_feat=graph.config_feat[keep], runtime=graph.runtime[keep], config_index=graph.config_index[keep],
-    )
+    return replace(graph, config_feat=graph.config_feat[keep], runtime=graph.runtime[keep],
+                   config_index=graph.config_index[keep])
 
 
 class GNNAdapter:

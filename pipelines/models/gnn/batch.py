@@ -5,6 +5,11 @@ Layout graphs carry, besides the full graph, the *hop levels* used by the fused 
 ``D_{j-1}``. After ``j`` config-dependent layers only nodes in ``D_j`` can differ between configs,
 so config layer ``j`` needs per-config states only on ``D_j`` and messages only from ``D_{j-1}``
 (see ``model.py``). Everything here is computed once per graph with vectorised numpy.
+
+Layout graphs also carry their *chain ends* (``GraphArrays.chain_*``): where the layouts of two
+configurable nodes (or of one and a fixed-layout node) meet, directly or through elementwise chains.
+Per config, ``chain_layouts`` says what each end sees: the two layouts and whether they disagree (a
+copy) with the copy's (8, 128)-padded bytes; the model's config-pair term reads them (O(ends x K)).
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ import numpy as np
 import torch
 
 from pipelines.errors import FormatError
+from pipelines.features import tile_padding
 from pipelines.node_arrays import NODE_FEATURE_DIM, GraphArrays, shape_and_layout
 from pipelines.tpugraphs import GraphSize
 
@@ -22,6 +28,9 @@ LAYOUT_VALUE_OFFSET = 1  # layout config values -1..5 become embedding ids 0..6
 LAYOUT_NUM_VALUES = 7
 PHYSICS_DIM = 12  # per configurable node and config: 6 values for the output and 6 for the input tensor
 TPU_TILE = (128, 8)  # HBM tiles pad the minor-most dim to a multiple of 128, the second-minor to 8
+# per chain end and config: disagree, tiled dims disagree, log copy bytes, log tensor bytes, consumer
+# block explicit, producer block explicit, end kind (config->config, fixed->config, config->fixed)
+CHAIN_DIM = 9
 
 
 def graph_kind(graph: GraphArrays) -> str:
@@ -60,6 +69,12 @@ class PreparedGraph(GraphSize):
     config_layouts: np.ndarray  # int64 (nc, 2, 6): their default minor_to_major (node features 134-139)
     config_feat: np.ndarray  # int8 (c, nc, 18) or float32 (c, 24)
     runtime: np.ndarray  # float64 (c,)
+    chain_src: np.ndarray  # int64 (E,) chain ends, see GraphArrays.chain_*
+    chain_dst: np.ndarray
+    chain_kernel: np.ndarray
+    chain_src_layout: np.ndarray
+    chain_dims: np.ndarray
+    chain_bytes: np.ndarray
 
 
 def _check(graph: GraphArrays) -> None:
@@ -189,6 +204,8 @@ def prepare_graph(graph: GraphArrays, config_layers: int) -> PreparedGraph:
         config_nodes=config_nodes, levels=levels, config_in_final=config_in_final,
         config_shapes=config_shapes, config_layouts=config_layouts,
         config_feat=graph.config_feat, runtime=graph.runtime.astype(np.float64, copy=False),
+        chain_src=graph.chain_src, chain_dst=graph.chain_dst, chain_kernel=graph.chain_kernel,
+        chain_src_layout=graph.chain_src_layout, chain_dims=graph.chain_dims, chain_bytes=graph.chain_bytes,
     )
 
 
@@ -245,6 +262,11 @@ class GraphBatch:
     node_counts: list[int]  # nodes per graph
     final_counts: list[int]  # rows of the last level per graph
     outside_counts: list[int]  # nodes outside D_L per graph
+    chain_graph: torch.Tensor | None = None  # (E,) graph of each chain end
+    chain_src_at: torch.Tensor | None = None  # ends whose producer is configurable ...
+    chain_src_row: torch.Tensor | None = None  # ... and its row among the configurable nodes (R0)
+    chain_dst_at: torch.Tensor | None = None  # ends whose consumer is configurable ...
+    chain_dst_row: torch.Tensor | None = None  # ... and its row
 
     def to(self, device: torch.device | str, non_blocking: bool = False) -> GraphBatch:
         """This batch with every tensor on ``device`` (once per graph batch, not per config chunk)."""
@@ -289,6 +311,9 @@ def collate(graphs: list[PreparedGraph]) -> GraphBatch:
     outside = torch.ones(int(node_off[-1]), dtype=torch.bool)
     outside[final_rows] = False
     node_counts = [g.num_nodes for g in graphs]
+    config_off = np.cumsum([0] + [g.config_nodes.shape[0] for g in graphs])
+    chain_src = np.concatenate([np.where(g.chain_src >= 0, g.chain_src + config_off[i], -1) for i, g in enumerate(graphs)])
+    chain_dst = np.concatenate([np.where(g.chain_dst >= 0, g.chain_dst + config_off[i], -1) for i, g in enumerate(graphs)])
     final_counts = [g.levels[-1].rows.shape[0] if num_levels else 0 for g in graphs]
     return GraphBatch(
         num_graphs=b,
@@ -310,6 +335,11 @@ def collate(graphs: list[PreparedGraph]) -> GraphBatch:
         node_counts=node_counts,
         final_counts=final_counts,
         outside_counts=[n - f for n, f in zip(node_counts, final_counts)],
+        chain_graph=_cat([np.full(g.chain_src.shape[0], i, np.int64) for i, g in enumerate(graphs)], torch.long),
+        chain_src_at=torch.from_numpy(np.flatnonzero(chain_src >= 0)),
+        chain_src_row=torch.from_numpy(chain_src[chain_src >= 0]),
+        chain_dst_at=torch.from_numpy(np.flatnonzero(chain_dst >= 0)),
+        chain_dst_row=torch.from_numpy(chain_dst[chain_dst >= 0]),
     )
 
 
@@ -328,14 +358,17 @@ class ConfigBatch:
     runtime: torch.Tensor  # float64 (B, K)
     inverse: torch.Tensor | None = None  # layout: long (R0, K) row of ``values`` of each node and config
     physics: torch.Tensor | None = None  # layout: float (R0, K, PHYSICS_DIM), see ``layout_physics``
+    chain_ids: torch.Tensor | None = None  # layout with chains: long (E, K, 12) both layouts at each end, ids 0..6
+    chain_feat: torch.Tensor | None = None  # ... float (E, K, CHAIN_DIM), see ``chain_layouts``
 
     def to(self, device: torch.device | str, non_blocking: bool = False) -> ConfigBatch:
         """This batch on ``device``: the only host-to-device copy of a training step (K sampled configs)."""
         return _to_device(self, torch.device(device), non_blocking)
 
 
-def gather_configs(graphs: list[PreparedGraph], indices: list[np.ndarray]) -> ConfigBatch:
-    """Configs ``indices[i]`` of graph i, padded to a common K by repeating the first one (masked)."""
+def gather_configs(graphs: list[PreparedGraph], indices: list[np.ndarray], chains: bool = False) -> ConfigBatch:
+    """Configs ``indices[i]`` of graph i, padded to a common K by repeating the first one (masked);
+    ``chains``: also what each chain end sees under each config (``chain_layouts``)."""
     k = max(idx.shape[0] for idx in indices)
     mask = np.zeros((len(graphs), k), bool)
     padded = []
@@ -350,8 +383,20 @@ def gather_configs(graphs: list[PreparedGraph], indices: list[np.ndarray]) -> Co
         blocks, inverse = distinct_blocks(node_values)
         physics = layout_physics(node_values, np.concatenate([g.config_shapes for g in graphs]),
                                  np.concatenate([g.config_layouts for g in graphs]))
+        extra = {}
+        if chains:
+            off = np.cumsum([0] + [g.config_nodes.shape[0] for g in graphs])
+            ids, feat = chain_layouts(
+                node_values,
+                np.concatenate([np.where(g.chain_src >= 0, g.chain_src + off[i], -1) for i, g in enumerate(graphs)]),
+                np.concatenate([np.where(g.chain_dst >= 0, g.chain_dst + off[i], -1) for i, g in enumerate(graphs)]),
+                np.concatenate([g.chain_kernel for g in graphs]),
+                np.concatenate([g.chain_src_layout for g in graphs]),
+                np.concatenate([g.chain_dims for g in graphs]),
+                np.concatenate([g.chain_bytes for g in graphs]))
+            extra = {"chain_ids": torch.from_numpy(ids), "chain_feat": torch.from_numpy(feat)}
         return ConfigBatch(values=torch.from_numpy(blocks), mask=torch.from_numpy(mask), runtime=runtime,
-                           inverse=torch.from_numpy(inverse), physics=torch.from_numpy(physics))
+                           inverse=torch.from_numpy(inverse), physics=torch.from_numpy(physics), **extra)
     raw = np.stack([g.config_feat[p] for g, p in zip(graphs, padded)]).astype(np.float32)
     values = torch.from_numpy(np.sign(raw) * np.log1p(np.abs(raw)))
     return ConfigBatch(values=values, mask=torch.from_numpy(mask), runtime=runtime)
@@ -367,3 +412,40 @@ def distinct_blocks(config_values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     keys, inverse = np.unique(ids @ powers, return_inverse=True)
     blocks = (keys[:, None] // powers) % LAYOUT_NUM_VALUES
     return blocks, inverse.reshape(ids.shape[:-1])
+
+
+def chain_layouts(values: np.ndarray, src: np.ndarray, dst: np.ndarray, kernel: np.ndarray,
+                  src_layout: np.ndarray, dims: np.ndarray, nbytes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """What each chain end (E of them) sees under each config, from the node-major layout values (R, K, 18).
+
+    The producer's layout is its output block, or ``src_layout`` where the block is all -1 or the
+    producer is fixed (``src`` -1). The consumer wants its input (or kernel) block; an all -1 block
+    lets the compiler take the operand's layout (no copy); a fixed consumer (``dst`` -1) keeps the
+    producer's default. A copy where they disagree reads and writes the tensor in (8, 128) tiles, as
+    the GBDT's chain features count it (``features._chain_copies``). Returns long (E, K, 12) ids
+    0..6 of the producer's and the consumer's layout, and float32 (E, K, CHAIN_DIM) features.
+    """
+    e, k = src.shape[0], values.shape[1]
+    if e == 0:
+        return np.zeros((0, k, 12), np.int64), np.zeros((0, k, CHAIN_DIM), np.float32)
+    fixed_src, fixed_dst = src < 0, dst < 0
+    default = np.broadcast_to(src_layout[:, None, :].astype(np.int64), (e, k, 6))
+    out = values[np.maximum(src, 0), :, 0:6].astype(np.int64)
+    src_chosen = ~fixed_src[:, None] & (out[..., 0] >= 0)
+    produced = np.where(src_chosen[..., None], out, default)
+    block = values[np.maximum(dst, 0)].astype(np.int64)
+    block = np.where(kernel[:, None, None], block[..., 12:18], block[..., 6:12])
+    wanted = np.where(fixed_dst[:, None, None], default, block)
+    explicit = fixed_dst[:, None] | (wanted[..., 0] >= 0)
+    differ = explicit & (produced != wanted).any(-1)
+    tiled = explicit & (produced[..., :2] != wanted[..., :2]).any(-1)
+    moved = (tile_padding(dims, produced.transpose(1, 0, 2)) + tile_padding(dims, wanted.transpose(1, 0, 2))).T
+    copy_bytes = differ * moved * nbytes[:, None]
+    kind = np.stack([~fixed_src & ~fixed_dst, fixed_src, fixed_dst], axis=1).astype(np.float32)  # (E, 3)
+    feat = np.concatenate([
+        np.stack([differ, tiled, np.log1p(copy_bytes) / 10.0,
+                  np.broadcast_to(np.log1p(nbytes)[:, None] / 10.0, (e, k)), explicit, src_chosen], axis=-1),
+        np.broadcast_to(kind[:, None, :], (e, k, 3)),
+    ], axis=-1).astype(np.float32)
+    ids = np.concatenate([produced, wanted], axis=-1) + LAYOUT_VALUE_OFFSET
+    return ids, feat

@@ -17,6 +17,12 @@ Layout, per step (one or more graphs, K configs each):
    K x |D_{j-1}| rows and only cheap elementwise work touches K x |D_j|. With one config layer
    (the default) the matrix work per config is K x (number of configurable nodes); the rest is
    O(K x |D_1|) elementwise, i.e. K times the pruned graph at most, never the original graph.
+   With ``config_pairs``, each *chain end* (two configurable nodes whose layouts meet directly or
+   through elementwise chains, or one and a fixed-layout node; ``batch.chain_layouts``) gets, per
+   config, an MLP message over the embedded layouts of both sides and the copy they imply. The
+   message is added to both endpoint nodes before the config layers (so a layout reaches the node
+   it meets, however many hops apart) and summed per config into the pooled representation (a copy
+   costs time wherever it is). O(ends x K): ends are about twice the configurable nodes.
 3. Pooling per config: mean and max over all nodes (nodes outside ``D_L`` contribute their shared
    state once) and mean over the configurable nodes; a linear layer, optionally a transformer
    encoder layer across the K configs of a graph ("cross-config attention"), and an MLP head give
@@ -39,7 +45,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from pipelines.models.gnn.batch import LAYOUT_NUM_VALUES, PHYSICS_DIM, ConfigBatch, GraphBatch, Level
+from pipelines.models.gnn.batch import CHAIN_DIM, LAYOUT_NUM_VALUES, PHYSICS_DIM, ConfigBatch, GraphBatch, Level
 from pipelines.models.gnn_config import GNNConfig
 
 NUM_OPCODES = 121  # opcode ids 0..120
@@ -207,7 +213,13 @@ class GNNModel(nn.Module):
             self.config_layers = nn.ModuleList()
             config_in = TILE_CONFIG_DIM
         self.config_proj = nn.Sequential(nn.Linear(config_in, hidden), nn.GELU(), nn.Linear(hidden, hidden))
-        self.combine = nn.Sequential(nn.Linear(3 * hidden, hidden), nn.LayerNorm(hidden))
+        self.chains = kind == "layout" and cfg.config_pairs
+        if self.chains:
+            self.chain_slot_embed = nn.Parameter(0.1 * torch.randn(2 * 6, cfg.config_value_dim))
+            self.chain_mlp = nn.Sequential(nn.Linear(12 * cfg.config_value_dim + CHAIN_DIM, hidden), nn.GELU(),
+                                           nn.Linear(hidden, hidden))
+            self.chain_to_node = nn.Linear(hidden, 2 * hidden, bias=False)  # producer's and consumer's share
+        self.combine = nn.Sequential(nn.Linear((4 if self.chains else 3) * hidden, hidden), nn.LayerNorm(hidden))
         self.attention = (
             nn.TransformerEncoderLayer(hidden, cfg.attention_heads, 2 * hidden, cfg.dropout,
                                        batch_first=True, norm_first=True)
@@ -260,6 +272,23 @@ class GNNModel(nn.Module):
             embedded = embedded + self.physics_proj(configs.physics)
         return embedded
 
+    def inject(self, ctx: Context, configs: ConfigBatch) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """States (R0, K, H) of the configurable nodes with their configs injected, and (with
+        ``config_pairs``) the per-config sum of the chain-end messages (B, K, H), else None."""
+        x = ctx.config_states.unsqueeze(1) + self.embed_layout_configs(configs)
+        if not self.chains:
+            return x, None
+        batch = ctx.batch
+        if configs.chain_ids is None:
+            raise ValueError("config_pairs is on: gather the configs with chains=True")
+        e = self.value_embed(configs.chain_ids) + self.chain_slot_embed  # (E, K, 12, dv)
+        msg = self.chain_mlp(torch.cat([e.flatten(-2), configs.chain_feat.to(e.dtype)], dim=-1))  # (E, K, H)
+        at_producer, at_consumer = self.chain_to_node(msg).chunk(2, dim=-1)
+        x = x.index_add(0, batch.chain_src_row, at_producer.index_select(0, batch.chain_src_at).to(x.dtype))
+        x = x.index_add(0, batch.chain_dst_row, at_consumer.index_select(0, batch.chain_dst_at).to(x.dtype))
+        pooled = segment_sum(msg, batch.chain_graph, batch.num_graphs)
+        return x, pooled / batch.num_config_nodes.clamp(min=1)[:, None, None]
+
     def score(self, ctx: Context, configs: ConfigBatch, fused: bool = True) -> torch.Tensor:
         """Costs (B, K) of the configs of each graph; padded slots hold meaningless values."""
         batch = ctx.batch
@@ -276,16 +305,17 @@ class GNNModel(nn.Module):
         return self.head(z).squeeze(-1)
 
     def _pool_layout(self, batch: GraphBatch, total: torch.Tensor, maximum: torch.Tensor,
-                     at_config: torch.Tensor) -> torch.Tensor:
+                     at_config: torch.Tensor, chain_sum: torch.Tensor | None) -> torch.Tensor:
         mean = total / batch.num_nodes[:, None, None]
         config_mean = segment_sum(at_config, batch.config_graph, batch.num_graphs)
         config_mean = config_mean / batch.num_config_nodes.clamp(min=1)[:, None, None]
-        return torch.cat([mean, maximum, config_mean], dim=-1)
+        parts = [mean, maximum, config_mean] + ([chain_sum.to(mean.dtype)] if chain_sum is not None else [])
+        return torch.cat(parts, dim=-1)
 
     def _layout_fused(self, ctx: Context, configs: ConfigBatch) -> torch.Tensor:
         batch = ctx.batch
         b = batch.num_graphs
-        x = ctx.config_states.unsqueeze(1) + self.embed_layout_configs(configs)  # (R0, K, H)
+        x, chain_sum = self.inject(ctx, configs)  # (R0, K, H)
         k = x.shape[1]
         prev_rows = batch.config_rows
         for layer, level, x_shared, pre_shared in zip(self.config_layers, batch.levels, ctx.shared_in,
@@ -297,16 +327,16 @@ class GNNModel(nn.Module):
         total = segment_sum(x, batch.final_graph, b) + ctx.outside_sum.unsqueeze(1)
         maximum = torch.maximum(segment_max_sorted(x, batch.final_graph, b, batch.final_counts),
                                 ctx.outside_max.unsqueeze(1))
-        return self._pool_layout(batch, total, maximum, x[batch.config_in_final])
+        return self._pool_layout(batch, total, maximum, x[batch.config_in_final], chain_sum)
 
     def _layout_unfused(self, ctx: Context, configs: ConfigBatch) -> torch.Tensor:
         """Reference path: K full copies of the graph (GAT, and the check of the fused path)."""
         batch = ctx.batch
-        injected = ctx.config_states.unsqueeze(1) + self.embed_layout_configs(configs)
+        injected, chain_sum = self.inject(ctx, configs)
         k = injected.shape[1]
         x = ctx.shared_in[0].unsqueeze(1).expand(-1, k, -1).index_copy(0, batch.config_rows, injected)
         for layer in self.config_layers:
             x = layer(x, batch)
         total = segment_sum(x, batch.node_graph, batch.num_graphs)
         maximum = segment_max_sorted(x, batch.node_graph, batch.num_graphs, batch.node_counts)
-        return self._pool_layout(batch, total, maximum, x[batch.config_rows])
+        return self._pool_layout(batch, total, maximum, x[batch.config_rows], chain_sum)
