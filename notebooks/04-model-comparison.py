@@ -16,8 +16,9 @@
 # GBDT vs. GNN vs. their ensemble per collection (with the `random` and single-`feature`
 # references every model must beat), then the GNN's options, one knob at a time from the config's
 # GNN: loss (`listmle` vs. `hinge`), layout physics on/off (layout collections: the padding the chosen
-# layouts imply, fed to the config embedding), cross-config attention on/off, autoencoder pre-training
-# on/off. Every number is a mean +- spread
+# layouts imply, fed to the config embedding), config pairs on/off (layout: a message per config at
+# every place two layouts meet, directly or through elementwise chains), cross-config attention
+# on/off, autoencoder pre-training on/off. Every number is a mean +- spread
 # over folds x seeds, read from the training stages' `scores.parquet`. The ensemble is blended seed
 # by seed from the saved out-of-fold predictions (`predictions.parquet`), weights fitted on them.
 # When the GNN is not registered in `pipelines.models.registry.MODELS`, its rows are skipped and the
@@ -68,7 +69,7 @@ fig = analysis.errorbar_plot(comparison, x="model", title="Models per collection
 analysis.save_figure(fig, figures / "04-models.png", close=False)
 
 # %% [markdown]
-# ## GNN options: loss, layout physics, cross-config attention, pre-training
+# ## GNN options: loss, layout physics, config pairs, cross-config attention, pre-training
 
 # %%
 if has_gnn:
@@ -79,6 +80,8 @@ if has_gnn:
         "listmle loss": ['gnn.loss="listmle"'],
         "layout physics on": ["gnn.layout_physics=true"],
         "layout physics off": ["gnn.layout_physics=false"],
+        "config pairs on": ["gnn.config_pairs=true"],
+        "config pairs off": ["gnn.config_pairs=false"],
         "cross-config attention on": ["gnn.cross_config_attention=true"],
         "cross-config attention off": ["gnn.cross_config_attention=false"],
         "pre-training on": ["gnn.pretrain=true"],
