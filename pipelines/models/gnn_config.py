@@ -38,7 +38,7 @@ class GNNConfig:
     cross_config_attention: bool = False  # transformer layer across the K pooled configs of a graph
     # layout: a message per config and chain end (configurable nodes whose layouts meet, directly or
     # through elementwise chains, or one and a fixed-layout node), added at both ends and pooled
-    config_pairs: bool = False
+    config_pairs: bool = True
     attention_heads: int = bounded(4, 1)
     # --- loss and sampling
     loss: str = choice("hinge", LOSSES)  # "hinge" (all pairs with different runtimes) or "listmle"
