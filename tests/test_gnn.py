@@ -483,6 +483,26 @@ def test_deterministic_mode_and_auto_device_change_nothing_on_cpu():
     assert not torch.are_deterministic_algorithms_enabled()  # restored after the fit
 
 
+def test_prediction_runs_in_deterministic_mode_when_asked(monkeypatch):
+    """On CUDA the scoring sums with atomics: predict must run under gnn.deterministic like the fit
+    (two H100 fits gave different test predictions before it did)."""
+    from pipelines.models.gnn import model as gnn_model
+
+    graphs = easy_world(8, "layout", 3)
+    ranker = gnn(epochs=1, deterministic=True).fit(graphs[:2], graphs[2:], seed=0)
+    modes = []
+    segment_sum = gnn_model.segment_sum
+
+    def recording_segment_sum(*args, **kwargs):
+        modes.append(torch.are_deterministic_algorithms_enabled())
+        return segment_sum(*args, **kwargs)
+
+    monkeypatch.setattr(gnn_model, "segment_sum", recording_segment_sum)
+    ranker.predict(graphs)
+    assert modes and all(modes)  # every pooling sum of the scoring ran with deterministic algorithms
+    assert not torch.are_deterministic_algorithms_enabled()  # and the switch is restored after
+
+
 def test_gpu_config_asks_for_auto_and_runs_anywhere():
     from pipelines.config import load_config
     from pipelines.models.gnn.device import resolve_device
