@@ -21,7 +21,7 @@ from typing import Any
 import polars as pl
 
 from pipelines.collections import Collection, parse_collection
-from pipelines.engine import StageOutput, code_version, fingerprint, library_versions, load_stage
+from pipelines.engine import StageOutput, code_version, file_sha256, fingerprint, library_versions, load_stage
 from pipelines.errors import ConfigError, PipelineError
 from pipelines.paths import SUBMISSIONS_DIR
 from pipelines.run import Log, RunResult, read_run_manifest, scores_from_manifest, write_run_report
@@ -49,7 +49,7 @@ def fold_models(output: StageOutput, *, num_threads: int = 1) -> list[tuple[int,
     """``(fold, seed, adapter, ranker)`` of every fold model saved in a training stage output, in the
     order the stage wrote its predictions (seed, then fold). Each file is checked against its hash."""
     from pipelines.models.registry import get_adapter
-    from pipelines.train import file_sha256, model_file_name
+    from pipelines.train import model_file_name
 
     config = output.manifest.get("config") or {}
     adapter = get_adapter(config.get("model", ""))
@@ -98,10 +98,8 @@ def prepare_test_graphs(config: Any, collection: Collection, data_root: Path, wo
     because a submission ranks every config of the file."""
     import dataclasses
 
-    from pipelines.prepare import (GRAPHS_TABLE, Prepared, raw_data_key, run_features, run_node_arrays,
-                                   run_prune, tagged_log)
-
     from pipelines.collections import SPLITS
+    from pipelines.prepare import Prepared, raw_data_key, run_data_stages
     from pipelines.tpugraphs import list_graphs
 
     refs = {name: [] for name in SPLITS}  # the other splits may be absent from a root of new graphs
@@ -109,15 +107,9 @@ def prepare_test_graphs(config: Any, collection: Collection, data_root: Path, wo
     if not refs["test"]:
         raise PipelineError(f"{data_root}: no {collection.name} {split} graphs to rank (the run has models for it; "
                             f"the data root must hold its {split} files in the Kaggle layout)")
-    data_key = raw_data_key(data_root, refs)
-    tagged = tagged_log(log, collection)
-    prune, _ = run_prune(config, collection, work_dir, refs, data_key, False, tagged)
-    graphs = pl.read_parquet(prune.file(GRAPHS_TABLE))
-    kept = set(graphs["graph"].to_list())
-    refs = {split: [ref for ref in items if ref.stem in kept] for split, items in refs.items()}
-    features, _ = run_features(config, collection, work_dir, refs, data_key, prune, False, tagged)
-    node_arrays, _ = run_node_arrays(collection, work_dir, graphs, prune, False, tagged)
-    return Prepared(collection, {"prune": prune, "features": features, "node_arrays": node_arrays})
+    stages = run_data_stages(config, collection, work_dir, refs, raw_data_key(data_root, refs), log=log,
+                             with_folds=False)
+    return Prepared(collection, stages)
 
 
 def _check_split(source: dict[str, Any], run_id: str, split: str) -> None:

@@ -27,13 +27,15 @@ import numpy as np
 import polars as pl
 import pytest
 
-import pipelines.prepare as prepare_module
+import pipelines.prune as prune_module
 from pipelines.cli import main
 from pipelines.collections import LAYOUT_XLA_DEFAULT, TILE_XLA
 from pipelines.config import load_config
 from pipelines.engine import TMP_PREFIX, list_stages
 from pipelines.errors import FormatError, PipelineError
-from pipelines.prepare import FOLDS_TABLE, GRAPHS_TABLE, prepare
+from pipelines.folds import FOLDS_TABLE
+from pipelines.prepare import prepare
+from pipelines.prune import GRAPHS_TABLE
 from pipelines.tpugraphs import list_graphs
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -194,7 +196,7 @@ def test_skip_option_is_a_no_op_on_good_data(tiny_world, tmp_path):
 def test_a_full_disk_in_the_middle_of_a_stage_is_a_clear_error_and_leaves_no_output(tiny_world, tmp_path,
                                                                                      monkeypatch):
     work = tmp_path / "work"
-    real_save = prepare_module.save_pruned
+    real_save = prune_module.save_pruned
     calls = []
 
     def save_until_full(path: Path, graph) -> None:
@@ -204,7 +206,7 @@ def test_a_full_disk_in_the_middle_of_a_stage_is_a_clear_error_and_leaves_no_out
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
         real_save(path, graph)
 
-    monkeypatch.setattr(prepare_module, "save_pruned", save_until_full)
+    monkeypatch.setattr(prune_module, "save_pruned", save_until_full)
     with pytest.raises(PipelineError) as raised:
         prepare(fast_config(), tiny_world, work, [LAYOUT_XLA_DEFAULT], log=quiet)
     message = str(raised.value)
@@ -212,7 +214,7 @@ def test_a_full_disk_in_the_middle_of_a_stage_is_a_clear_error_and_leaves_no_out
     assert complete_stages(work) == [] and leftovers(work) == []
     assert not any(p.is_file() for p in (work / "prune").rglob("*"))
 
-    monkeypatch.setattr(prepare_module, "save_pruned", real_save)  # space freed: the rerun completes
+    monkeypatch.setattr(prune_module, "save_pruned", real_save)  # space freed: the rerun completes
     prepared = prepare(fast_config(), tiny_world, work, [LAYOUT_XLA_DEFAULT], log=quiet)
     assert len(complete_stages(work)) == 4 and leftovers(work) == []
     assert prepared[LAYOUT_XLA_DEFAULT.name].graph_table.height == 10
@@ -226,7 +228,7 @@ def test_a_writer_error_without_errno_is_reported_as_disk_full_only_when_the_dis
     def failing_save(path: Path, graph) -> None:
         raise RuntimeError("parquet: File out of specification: Invalid thrift: transport error")
 
-    monkeypatch.setattr(prepare_module, "save_pruned", failing_save)
+    monkeypatch.setattr(prune_module, "save_pruned", failing_save)
     with pytest.raises(RuntimeError, match="thrift"):  # a disk with room: the error is not disguised
         prepare(fast_config(), tiny_world, tmp_path / "a", [LAYOUT_XLA_DEFAULT], log=quiet)
 
