@@ -76,9 +76,9 @@ def layout_graph(rng: np.random.Generator, n: int = 12, nc: int = 3, c: int = 24
     w = rng.normal(size=18) if weights is None else weights
     runtime = 1e9 + 1e6 * (config_feat.astype(np.float64) @ w).sum(1)
     return GraphArrays(
-        collection="layout:xla:random", stem=stem, split="train", opcode=rng.integers(0, 121, n),
-        node_feat=node_features(rng, n), edge_index=_edges(rng, n),
-        config_nodes=config_nodes, config_feat=config_feat, runtime=runtime, config_index=np.arange(c),
+        collection="layout:xla:random", stem=stem, split="train", node_opcode=rng.integers(0, 121, n),
+        node_feat=node_features(rng, n), message_edges=_edges(rng, n),
+        config_nodes=config_nodes, config_feat=config_feat, target=runtime, config_index=np.arange(c),
     )
 
 
@@ -88,9 +88,9 @@ def tile_graph(rng: np.random.Generator, n: int = 5, c: int = 16, stem: str = "t
     w = rng.normal(size=24) if weights is None else weights
     runtime = np.exp(0.3 * np.log(config_feat) @ w)
     return GraphArrays(
-        collection="tile:xla", stem=stem, split="train", opcode=rng.integers(0, 121, n),
-        node_feat=node_features(rng, n), edge_index=_edges(rng, n),
-        config_nodes=np.zeros(0, np.int64), config_feat=config_feat, runtime=runtime, config_index=np.arange(c),
+        collection="tile:xla", stem=stem, split="train", node_opcode=rng.integers(0, 121, n),
+        node_feat=node_features(rng, n), message_edges=_edges(rng, n),
+        config_nodes=np.zeros(0, np.int64), config_feat=config_feat, target=runtime, config_index=np.arange(c),
     )
 
 
@@ -102,7 +102,7 @@ def three_node(kind: str, c: int = 4) -> GraphArrays:
     else:
         g = layout_graph(rng, n=3, nc=1, c=c)
         g.config_nodes = np.array([1])
-    g.edge_index = np.array([[0, 1], [1, 2]])
+    g.message_edges = np.array([[0, 1], [1, 2]])
     return g
 
 
@@ -156,7 +156,7 @@ def test_three_node_shapes_and_gradients(kind, conv, attention, loss):
     scores = model.score(model.encode(collate(graphs)), configs)
     assert scores.shape == (2, 4)
     assert configs.mask.tolist() == [[True] * 4, [True, True, False, False]]
-    value = make_loss(loss, cfg.margin)(scores, configs.runtime, configs.mask)
+    value = make_loss(loss, cfg.margin)(scores, configs.target, configs.mask)
     value.backward()
     assert torch.isfinite(value)
     assert model.head[-1].weight.grad is not None and torch.isfinite(model.head[-1].weight.grad).all()
@@ -281,7 +281,7 @@ def test_learns_easy_layout_signal():
     graphs = easy_world(0, "layout", 10)
     ranker = gnn(epochs=30, lr=1e-2, configs_per_graph=16, patience=0)
     ranker.fit(graphs[:7], graphs[7:], seed=0)
-    taus = [kendalltau(p, g.runtime)[0] for p, g in zip(per_graph(ranker.predict(graphs[7:]), graphs[7:]), graphs[7:])]
+    taus = [kendalltau(p, g.target)[0] for p, g in zip(per_graph(ranker.predict(graphs[7:]), graphs[7:]), graphs[7:])]
     assert np.mean(taus) > 0.4, taus
     assert ranker.best_score_ == pytest.approx(max(h["valid"] for h in ranker.history_))
 
@@ -290,7 +290,8 @@ def test_learns_easy_tile_signal():
     graphs = easy_world(1, "tile", 40)
     ranker = gnn("tile", epochs=10, lr=3e-3, graphs_per_step=8, configs_per_graph=16, patience=0)
     ranker.fit(graphs[:30], seed=0)
-    taus = [kendalltau(p, g.runtime)[0] for p, g in zip(per_graph(ranker.predict(graphs[30:]), graphs[30:]), graphs[30:])]
+    taus = [kendalltau(p, g.target)[0]
+            for p, g in zip(per_graph(ranker.predict(graphs[30:]), graphs[30:]), graphs[30:])]
     assert np.mean(taus) > 0.4, taus
 
 
@@ -367,7 +368,7 @@ def test_pretraining_changes_only_the_encoder():
     # and the ranker runs it (on unlabeled graphs too) before supervised training
     messages = []
     unlabeled = easy_world(6, "layout", 1)
-    unlabeled[0].runtime[:] = 0
+    unlabeled[0].target[:] = 0
     gnn(pretrain=True, pretrain_epochs=1, epochs=1).fit(
         easy_world(5, "layout", 2), seed=0, log=messages.append, unlabeled=unlabeled)
     assert any(m.startswith("pretrain epoch 1/1") for m in messages)
@@ -391,7 +392,7 @@ def test_stage_adapter_flattens_predictions_in_index_order(monkeypatch):
     assert [g.num_configs for g in train] == [10, 10]
     kept = train[0].config_index
     assert np.all(np.diff(kept) > 0)  # a sample kept in file order, rows aligned with their runtimes
-    np.testing.assert_array_equal(train[0].runtime, graphs["layout0"].runtime[kept])
+    np.testing.assert_array_equal(train[0].target, graphs["layout0"].target[kept])
     ranker = adapter.make({**FAST, "epochs": 1}, LAYOUT_XLA_RANDOM, num_threads=1).fit(train, seed=0)
     test = adapter.load(FakePrepared(), ["layout2", "layout0"], settings={}, fit=False, seed=0)
     names, index = adapter.index(test)

@@ -114,7 +114,7 @@ def test_prepare_end_to_end_and_cache(world: Path, tmp_path: Path, quick) -> Non
     # node arrays
     arrays = layout.load_graph_arrays(stem)
     assert arrays.node_feat.shape[1] == NODE_FEATURE_DIM and arrays.num_configs == 12 - DUPLICATES
-    np.testing.assert_array_equal(arrays.runtime, raw_runtime[arrays.config_index])
+    np.testing.assert_array_equal(arrays.target, raw_runtime[arrays.config_index])
 
     # tile: target is runtime / normalizer; duplicate config row removed from labelled graphs
     tile_counts = dict(tile.graph_table.select("split", "configs_after").unique().iter_rows())

@@ -100,7 +100,7 @@ class GNNRanker:
         kind = str(_single_value(train + valid + unlabeled, "kind (tile or layout)", graph_kind))
         feat_dim = int(_single_value(train + valid + unlabeled, "node feature width", lambda g: g.node_feat.shape[1]))
         for g in train + valid:
-            if not np.any(g.runtime > 0):
+            if not np.any(g.target > 0):
                 raise FormatError(f"{g.collection}:{g.stem}", "training/validation graph has no runtimes")
         cfg = self.config
         device = resolve_device(cfg.device)

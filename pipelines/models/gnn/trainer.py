@@ -117,7 +117,7 @@ def graph_metric(kind: str, scores: np.ndarray, runtime: np.ndarray) -> float:
 def validation_score(model: GNNModel, graphs: list[PreparedGraph], subsets: list[np.ndarray], cfg: GNNConfig,
                      batches: DeviceBatches | None = None) -> float:
     batches = batches or DeviceBatches(model_device(model))
-    values = [graph_metric(g.kind, score_graph(model, g, cfg, idx, batches.get([g], i)), g.runtime[idx])
+    values = [graph_metric(g.kind, score_graph(model, g, cfg, idx, batches.get([g], i)), g.target[idx])
               for i, (g, idx) in enumerate(zip(graphs, subsets))]
     values = [v for v in values if not math.isnan(v)]
     return float(np.mean(values)) if values else math.nan
@@ -156,7 +156,7 @@ def train_step(model: GNNModel, graphs: list[PreparedGraph], indices: list[np.nd
     configs = gather_configs(graphs, indices).to(device, non_blocking=True)
     with autocast(device, precision):
         scores = model.score(model.encode(batch if batch is not None else collate(graphs).to(device)), configs)
-    loss = loss_fn(scores.float(), configs.runtime, configs.mask)
+    loss = loss_fn(scores.float(), configs.target, configs.mask)
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
     nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
