@@ -541,9 +541,7 @@ def submit_run(
     ``<run>/submitted.json`` gains one entry (time, message, file hash, data root, Kaggle's answer),
     which ``runs list`` shows.
     """
-    import hashlib
-
-    from pipelines.engine import write_json_atomic
+    from pipelines.engine import file_sha256, write_json_atomic
     from pipelines.runs import SUBMITTED_RECORD, load_manifest, read_submitted, run_summary
 
     run_dir = Path(submissions_dir) / run_id
@@ -552,7 +550,7 @@ def submit_run(
     file = run_dir / recorded.get("file", "submission.csv")
     if not file.is_file():
         raise PipelineError(f"{file}: run {run_id} has no submission file")
-    digest = hashlib.sha256(file.read_bytes()).hexdigest()
+    digest = file_sha256(file)
     if recorded.get("sha256") and digest != recorded["sha256"]:
         raise PipelineError(f"{file}: changed since run {run_id} published it (SHA-256 differs from its manifest); "
                             "refusing to upload it as this run")

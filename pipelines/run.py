@@ -320,34 +320,33 @@ def publish_submission(rows: Mapping[str, Sequence[int]], manifest: dict[str, An
     to the new run folder: a run folder always holds both, a killed publish leaves only a staging
     folder that the next publish (or ``status``) removes.
     """
-    from pipelines.engine import LOCK, _make_work_dir, _release
+    from pipelines.engine import make_locked_folder
     from pipelines.submission import format_submission, validate_submission, write_submission
 
     text = format_submission(rows)
     try:
         submissions_dir.mkdir(parents=True, exist_ok=True)
         tidy_submissions(submissions_dir)
-        staging, lock_fd = _make_work_dir(submissions_dir, "run")
+        staging = make_locked_folder(submissions_dir, "run")
     except OSError as exc:
         raise PipelineError(f"{submissions_dir}: cannot create a run folder: {exc.strerror or exc}") from None
     base = new_run_id({"config": manifest.get("config"), "stages": manifest.get("stages")}, datetime.now(timezone.utc))
     try:
-        path = write_submission(staging / SUBMISSION_FILE, rows)
+        path = write_submission(staging.path / SUBMISSION_FILE, rows)
         count = validate_submission(path, data_root, split=split)
         manifest = {**manifest, "run_id": base,
                     "submission": {"file": SUBMISSION_FILE, "rows": count, "validated_against": str(data_root),
                                    "sha256": hashlib.sha256(text.encode("ascii")).hexdigest()}}
         try:
-            run_id, run_dir = _publish_run_folder(staging, submissions_dir, base, manifest)
+            run_id, run_dir = _publish_run_folder(staging.path, submissions_dir, base, manifest)
         except OSError as exc:
             if exc.errno not in (errno.ENOSPC, errno.EROFS, errno.EDQUOT, errno.EACCES, errno.EPERM):
                 raise
             raise PipelineError(f"{submissions_dir}: cannot write the run folder: {exc.strerror or exc}") from None
     except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)  # our own staging folder: nothing else lives there
-        _release(lock_fd, None)
+        staging.discard()
         raise
-    _release(lock_fd, run_dir / LOCK)
+    staging.release(run_dir)
     path = run_dir / SUBMISSION_FILE
     log(f"submission {path}: {count} rows, valid")
     return run_id, path, manifest

@@ -50,6 +50,7 @@ from pipelines.collections import Collection
 from pipelines.config import PipelineConfig
 from pipelines.engine import Code, StageOutput, run_stage, stage_key, write_json_atomic
 from pipelines.errors import PipelineError
+from pipelines.machine import available_cores, available_memory
 from pipelines.models.contract import ModelAdapter, Ranker
 from pipelines.models.registry import adapter_module, get_adapter
 from pipelines.predictions import PREDICTION_SCHEMA, prediction_frame
@@ -295,13 +296,6 @@ def load_fold_result(folder: Path) -> FoldResult | None:
         return None
 
 
-def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
 
 
 # ----------------------------------------------------------------------------- summaries (pure)
@@ -340,25 +334,6 @@ def summarize_scores(scores: pl.DataFrame) -> dict[str, Any]:
 
 
 # ----------------------------------------------------------------------------- the stage
-
-
-def available_cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        return os.cpu_count() or 1
-
-
-def available_memory() -> int | None:
-    """Bytes of memory available to new work (Linux ``MemAvailable``); None where unknown."""
-    try:
-        with open("/proc/meminfo", encoding="ascii") as handle:
-            for line in handle:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return None
 
 
 def _job_memory(adapter: ModelAdapter, prepared: Any, plan: FoldPlan, settings: dict[str, Any]) -> int | None:
