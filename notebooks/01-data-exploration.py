@@ -17,7 +17,7 @@
 # and duplicate configs. Raw files are read one at a time (without their config arrays); the
 # duplicate counts come from the `prune` stage's `graphs.parquet`, found through its manifest.
 #
-# `TPUGRAPHS_SMOKE=1` runs it on the `tiny` world in a temporary folder (what the tests do);
+# `TPUGRAPHS_CONFIG=smoke` runs it on the `tiny` world in a temporary folder (what the tests do);
 # otherwise on the `small` synthetic world (`data/synthetic-small`, generated when missing).
 # See `pipelines.analysis.notebook_settings` for every switch.
 
