@@ -50,15 +50,14 @@ collection = parse_collection({collection!r})
 refs = p.collection_refs({root!r}, collection)
 key = p.raw_data_key({root!r}, refs)
 work, stage = __import__("pathlib").Path({work!r}), {stage!r}
-quiet = lambda message: None
 t0, c0 = time.perf_counter(), time.process_time()
-prune = run_prune(config, collection, work, refs, key, stage == "prune", quiet)
+prune = run_prune(config, collection, work, refs, key, stage == "prune")
 if stage != "prune":
     t0, c0 = time.perf_counter(), time.process_time()  # prune is cached: only this stage is timed
 if stage == "features":
-    run_features(config, collection, work, refs, key, prune, True, quiet)
+    run_features(config, collection, work, refs, key, prune, True)
 elif stage == "node_arrays":
-    run_node_arrays(collection, work, read_graph_table(prune), prune, True, quiet, config.run.n_jobs)
+    run_node_arrays(collection, work, read_graph_table(prune), prune, True, config.run.n_jobs)
 wall, cpu = time.perf_counter() - t0, time.process_time() - c0
 # stop the worker processes, so their CPU time and peak RSS show in RUSAGE_CHILDREN
 if config.run.n_jobs > 1:

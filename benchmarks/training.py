@@ -43,15 +43,15 @@ from pipelines.models.registry import get_adapter
 from pipelines.train import PREDICT_BATCH_GRAPHS, _predict_graphs
 config = load_config(None, {overrides!r})
 collection = parse_collection({collection!r})
-root, work, quiet = {root!r}, Path({work!r}), lambda message: None
+root, work = {root!r}, Path({work!r})
 refs = p.collection_refs(root, collection)
 key = p.raw_data_key(root, refs)
-prune = run_prune(config, collection, work, refs, key, False, quiet)
+prune = run_prune(config, collection, work, refs, key, False)
 stages = {{"prune": prune}}
 if {model!r} == "gnn":
-    stages["node_arrays"] = run_node_arrays(collection, work, read_graph_table(prune), prune, False, quiet)
+    stages["node_arrays"] = run_node_arrays(collection, work, read_graph_table(prune), prune, False)
 else:
-    stages["features"] = run_features(config, collection, work, refs, key, prune, False, quiet)
+    stages["features"] = run_features(config, collection, work, refs, key, prune, False)
 prepared = p.Prepared(collection, stages)  # no folds stage: the sample is split train / valid / test
 adapter = get_adapter({model!r})
 settings = adapter.settings(config, collection)

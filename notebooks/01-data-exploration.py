@@ -102,7 +102,7 @@ analysis.save_figure(fig, figures / "01-opcode-mix.png", close=False)
 
 # %%
 config = analysis.load_pipeline_config(settings)
-prepared = prepare(config, settings.data_root, settings.work_dir, settings.collections, log=analysis.quiet)
+prepared = prepare(config, settings.data_root, settings.work_dir, settings.collections)
 dedup = pl.concat([
     item.graph_table.with_columns(pl.lit(name).alias("collection"))
     .select("collection", "split", "graph", "configs_before", "configs_after")

@@ -41,7 +41,7 @@ if run_id is None:
     models = models if len(models) > 1 else ["gbdt", "feature"]
     config = analysis.load_pipeline_config(settings)
     run_id = run_pipeline(config, settings.data_root, work_dir=settings.work_dir, models=models,
-                          submissions_dir=settings.submissions_dir, log=analysis.quiet).run_id
+                          submissions_dir=settings.submissions_dir).run_id
 run = analysis.run_outputs(settings.submissions_dir, run_id)
 print(f"run {run_id}: models {run.manifest['models']}, weights {run.manifest['ensemble_weights']}")
 

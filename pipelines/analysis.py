@@ -26,10 +26,11 @@ standard error of the mean over cells.
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import tempfile
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -41,7 +42,7 @@ from pipelines import paths
 from pipelines.engine import StageOutput, load_stage
 from pipelines.errors import ConfigError, PipelineError
 
-Log = Callable[[str], None]
+logger = logging.getLogger(__name__)
 
 # One collection per kind: where the tile and the layout ablations differ.
 SMOKE_COLLECTIONS = ("tile:xla", "layout:xla:default")
@@ -168,10 +169,6 @@ def notebook_settings(environ: Mapping[str, str] | None = None) -> NotebookSetti
         models=tuple(config.run.models) if models_given else defaults["models"],
         run_id=str(notebook["run_id"]) if notebook.get("run_id") else None,
     )
-
-
-def quiet(_: str) -> None:
-    """A log that drops every message (stage progress would flood a notebook)."""
 
 
 # ----------------------------------------------------------------------------- pure tables
@@ -367,7 +364,7 @@ def graph_facts(data_root: Path | str, collections: Sequence[str]) -> tuple[pl.D
     return pl.DataFrame(rows), pl.DataFrame(opcodes)
 
 
-def prepare_world(settings: NotebookSettings, log: Log = quiet) -> str:
+def prepare_world(settings: NotebookSettings) -> str:
     """Generate the synthetic world at ``settings.data_root`` unless it is already there (a world of
     the same arguments is reused; the real data or a foreign folder is left alone)."""
     from pipelines.synth import generate_world
@@ -377,7 +374,7 @@ def prepare_world(settings: NotebookSettings, log: Log = quiet) -> str:
     if root.is_dir() and any(root.iterdir()) and not (root / MARKER).exists():
         return f"{root}: using the data found there (not a synthetic world; nothing generated)"
     summary = generate_world(root, scale=settings.scale, seed=0)
-    log(summary)
+    logger.info(summary)
     return summary.splitlines()[0]
 
 
@@ -400,7 +397,7 @@ def load_pipeline_config(settings: NotebookSettings, *extra: str) -> Any:
 
 
 def train_variants(settings: NotebookSettings, variants: Mapping[str, Sequence[str]], models: Sequence[str],
-                   collections: Sequence[str] | None = None, log: Log = quiet) -> list[Trained]:
+                   collections: Sequence[str] | None = None) -> list[Trained]:
     """Prepare and train every ``model`` for every variant (label -> extra config overrides) and
     collection; stages are cached by key, so a re-run (or another notebook) reuses them."""
     from pipelines.prepare import prepare
@@ -410,10 +407,10 @@ def train_variants(settings: NotebookSettings, variants: Mapping[str, Sequence[s
     out = []
     for label, extra in variants.items():
         config = load_pipeline_config(settings, *extra)
-        prepared = prepare(config, settings.data_root, settings.work_dir, chosen, log=log)
+        prepared = prepare(config, settings.data_root, settings.work_dir, chosen)
         for name in chosen:
             for model in models:
-                output = train_model(config, prepared[name], model=model, work_dir=settings.work_dir, log=log)
+                output = train_model(config, prepared[name], model=model, work_dir=settings.work_dir)
                 out.append(Trained(label, name, model, output, prepared[name]))
     return out
 
@@ -470,7 +467,7 @@ def registered_models() -> list[str]:
     return list(MODELS)
 
 
-def choose_models(settings: NotebookSettings, wanted: Sequence[str], log: Log = print) -> list[str]:
+def choose_models(settings: NotebookSettings, wanted: Sequence[str]) -> list[str]:
     """``wanted`` models that are registered and that ``settings.models`` allows; the others are
     named and skipped."""
     registered = registered_models()
@@ -478,8 +475,8 @@ def choose_models(settings: NotebookSettings, wanted: Sequence[str], log: Log = 
               and (settings.models is None or m in settings.models)]
     skipped = [m for m in wanted if m not in chosen]
     if skipped:
-        log(f"skipped model(s) {', '.join(skipped)} (not registered in pipelines.models.registry.MODELS, or left out by "
-            "the settings: TPUGRAPHS_MODELS)")
+        logger.warning(f"warning: skipped model(s) {', '.join(skipped)} (not registered in "
+                       "pipelines.models.registry.MODELS, or left out by the settings: run.models)")
     if not chosen:
         raise ConfigError(f"none of the models {list(wanted)} can be trained here")
     return chosen

@@ -35,6 +35,7 @@ import functools
 import hashlib
 import importlib.metadata
 import json
+import logging
 import os
 import platform
 import re
@@ -51,6 +52,9 @@ from typing import Any, Callable, Iterable, Iterator, Mapping
 
 from pipelines.atomic import write_text_atomic
 from pipelines.errors import PipelineError
+from pipelines.logs import with_tag
+
+logger = logging.getLogger(__name__)
 
 try:  # POSIX only; elsewhere abandoned folders are recognised by age alone
     import fcntl
@@ -342,7 +346,6 @@ def run_stage(
     compute: Callable[[Path], Mapping[str, Any] | None],
     seeds: Mapping[str, int] | None = None,
     force: bool = False,
-    log: Callable[[str], None] = print,
 ) -> StageOutput:
     """Return the output of ``stage`` for this config and these inputs, computing it if not cached.
 
@@ -360,7 +363,7 @@ def run_stage(
         if cached is not None:
             _check_seeds(cached, seeds)
             clean_abandoned(stage_dir)  # work folders of killed runs go also when the stage is reused
-            log(f"[{stage}] cached {key}")
+            logger.info(with_tag(f"[{stage}] cached {key}"))
             return StageOutput(stage, key, final, cached, cached=True)
 
     with _guard_writes(stage_dir):
@@ -370,7 +373,7 @@ def run_stage(
     staging = make_locked_folder(stage_dir, key)
     work = staging.path
     try:
-        log(f"[{stage}] computing {key}")
+        logger.info(with_tag(f"[{stage}] computing {key}"))
         started = datetime.now(timezone.utc)
         t0 = time.perf_counter()
         with _guard_writes(work, _FULL_OR_READ_ONLY):
@@ -403,14 +406,14 @@ def run_stage(
         raise
     if published:
         staging.release(final)
-        log(f"[{stage}] done {key} in {wall:.1f}s")
+        logger.info(with_tag(f"[{stage}] done {key} in {wall:.1f}s"))
         return StageOutput(stage, key, final, manifest)
     # Another process completed the same key first: its output is equivalent, keep it.
     staging.discard()
     theirs = _read_complete(final, stage, key)
     if theirs is None:  # pragma: no cover - only if a third party deletes it in between
         raise PipelineError(f"{final}: output of stage {stage!r} vanished while publishing")
-    log(f"[{stage}] {key} was completed concurrently by another run; using it")
+    logger.info(with_tag(f"[{stage}] {key} was completed concurrently by another run; using it"))
     return StageOutput(stage, key, final, theirs)
 
 

@@ -19,7 +19,7 @@ layout (``node_feat`` columns 134-139) wherever a concrete layout is needed.
 from __future__ import annotations
 
 import zlib
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -714,7 +714,7 @@ def _features_to(folder: Path, ref: GraphRef, prune_path: Path, config: Pipeline
 
 
 def run_features(config: PipelineConfig, collection: Collection, work_dir: Path, refs: dict[str, list[GraphRef]],
-                 data_key: str, prune: StageOutput, force: bool, log: Callable[[str], None]) -> StageOutput:
+                 data_key: str, prune: StageOutput, force: bool) -> StageOutput:
     """The features stage: prune output + raw structure -> per-graph config feature tables and one
     graph-aggregate table per split (read them back with :func:`read_feature_rows`)."""
     stage_config = features_config(config, collection)
@@ -722,7 +722,7 @@ def run_features(config: PipelineConfig, collection: Collection, work_dir: Path,
     def compute(folder: Path) -> dict[str, Any]:
         rows = 0
         columns: list[str] = []
-        progress = Progress(log, "[features]", sum(len(items) for items in refs.values()))
+        progress = Progress("[features]", sum(len(items) for items in refs.values()))
         for split, items in refs.items():
             (folder / split / "configs").mkdir(parents=True)
             aggregates = []
@@ -737,7 +737,7 @@ def run_features(config: PipelineConfig, collection: Collection, work_dir: Path,
 
     return run_stage(work_dir=work_dir, stage="features", config=stage_config,
                      inputs={"prune": prune.key, "data": data_key}, code=FEATURES_CODE, compute=compute,
-                     seeds={"features": config.features.seed}, force=force, log=log)
+                     seeds={"features": config.features.seed}, force=force)
 
 
 def read_feature_rows(features: StageOutput, graphs: Sequence[tuple[str, str]], max_configs: int | None = None,

@@ -12,7 +12,7 @@ family, about half of the nlp graphs, and leave no balanced folds.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -122,7 +122,7 @@ def folds_table(config: PipelineConfig, labelled: Sequence[tuple[str, str]]) -> 
 
 
 def run_folds(config: PipelineConfig, collection: Collection, work_dir: Path, labelled: Sequence[tuple[str, str]],
-              force: bool, log: Callable[[str], None]) -> StageOutput:
+              force: bool) -> StageOutput:
     """The folds stage: the labelled (stem, split) pairs -> ``folds.parquet`` (read back with
     :func:`read_folds`)."""
     labelled = list(labelled)
@@ -136,7 +136,7 @@ def run_folds(config: PipelineConfig, collection: Collection, work_dir: Path, la
 
     return run_stage(work_dir=work_dir, stage="folds", config={"collection": collection.name, **asdict(config.folds)},
                      inputs={"graphs": fingerprint(labelled)}, code=FOLDS_CODE, compute=compute,
-                     seeds={"folds": config.folds.seed}, force=force, log=log)
+                     seeds={"folds": config.folds.seed}, force=force)
 
 
 def read_folds(folds: StageOutput) -> pl.DataFrame:

@@ -6,7 +6,6 @@ pruned, de-duplicated and transformed, so a model only has to tensorise it.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -159,13 +158,13 @@ def _node_arrays_to(folder: Path, prune_path: Path, stem: str, split: str, colle
 
 
 def run_node_arrays(collection: Collection, work_dir: Path, graphs: pl.DataFrame, prune: StageOutput,
-                    force: bool, log: Callable[[str], None], n_jobs: int = 1) -> StageOutput:
+                    force: bool, n_jobs: int = 1) -> StageOutput:
     """The node-arrays stage: the ``graphs`` (``graph``, ``split`` rows of the prune stage's table)
     -> one :class:`GraphArrays` file each (read back with :func:`read_graph_arrays`)."""
     def compute(folder: Path) -> dict[str, Any]:
         for split in SPLITS:
             (folder / split).mkdir()
-        progress = Progress(log, "[node_arrays]", graphs.height)
+        progress = Progress("[node_arrays]", graphs.height)
         jobs = [(folder, prune.path, stem, split, collection.name)
                 for stem, split in graphs.select("graph", "split").iter_rows()]
         for _ in map_in_order(_node_arrays_to, jobs, n_jobs):
@@ -173,7 +172,7 @@ def run_node_arrays(collection: Collection, work_dir: Path, graphs: pl.DataFrame
         return {"graphs": graphs.height}
 
     return run_stage(work_dir=work_dir, stage="node_arrays", config={"collection": collection.name},
-                     inputs={"prune": prune.key}, code=NODE_ARRAYS_CODE, compute=compute, force=force, log=log)
+                     inputs={"prune": prune.key}, code=NODE_ARRAYS_CODE, compute=compute, force=force)
 
 
 def read_graph_arrays(node_arrays: StageOutput, split: str, stem: str) -> GraphArrays:

@@ -29,8 +29,9 @@ models load their data through.
 from __future__ import annotations
 
 import errno
+import logging
 import os
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -44,6 +45,7 @@ from pipelines.engine import StageOutput, data_fingerprint, fingerprint
 from pipelines.errors import ConfigError, FormatError, PipelineError
 from pipelines.features import layout_feature_names, read_feature_rows, run_features, tile_feature_names
 from pipelines.folds import folds_table, labelled_graphs, read_folds, run_folds
+from pipelines.logs import tagged, with_tag
 from pipelines.node_arrays import GraphArrays, read_graph_arrays, run_node_arrays
 from pipelines.prune import PrunedGraph, read_file_target, read_graph_table, read_pruned, run_prune
 from pipelines.tpugraphs import (
@@ -56,7 +58,7 @@ from pipelines.tpugraphs import (
     unreadable_reason,
 )
 
-Log = Callable[[str], None]
+logger = logging.getLogger(__name__)
 
 STAGES = ("prune", "features", "node_arrays", "folds")
 
@@ -117,8 +119,7 @@ def check_output_dir(folder: Path | str, data_root: Path | str, what: str = "--w
         raise ConfigError(f"{what} {folder}: cannot write in {existing}: {reason}")
 
 
-def check_data_root(data_root: Path | str, collections: Sequence[Collection], on_bad_file: str,
-                    log: Log = print) -> None:
+def check_data_root(data_root: Path | str, collections: Sequence[Collection], on_bad_file: str) -> None:
     """Structural checks of the raw data, run before the first stage (stat calls only, no file is opened):
 
     * every split directory of every chosen collection exists, train and test are not empty;
@@ -184,10 +185,10 @@ def check_data_root(data_root: Path | str, collections: Sequence[Collection], on
         raise FormatError(data_root, f"the data root is not usable ({len(problems)} problem(s)), nothing was "
                                      "computed:\n  " + "\n  ".join(problems[:30]) + more + hint)
     if sample_ids is None:
-        log(f"warning: {sample}: missing; test files are not checked against the official test IDs "
+        logger.warning(f"warning: {sample}: missing; test files are not checked against the official test IDs "
             "(a submission cannot be validated without it)")
     for warning in warnings:
-        log(f"warning: {warning} (left out: data.on_bad_file = \"skip\")")
+        logger.warning(f"warning: {warning} (left out: data.on_bad_file = \"skip\")")
 
 
 # ----------------------------------------------------------------------------- orchestration
@@ -245,8 +246,7 @@ class Prepared:
 
 
 def prepare(config: PipelineConfig, data_root: Path | str, work_dir: Path | str,
-            collections: Sequence[Collection | str] | None = None, force: bool = False,
-            log: Log = print) -> dict[str, Prepared]:
+            collections: Sequence[Collection | str] | None = None, force: bool = False) -> dict[str, Prepared]:
     """Run (or reuse) the four preparation stages for each collection; ``None`` = every collection
     with a train directory under ``data_root``."""
     data_root, work_dir = Path(data_root), Path(work_dir)
@@ -258,12 +258,12 @@ def prepare(config: PipelineConfig, data_root: Path | str, work_dir: Path | str,
         raise FormatError(data_root, "no collection to prepare (no train directory found)")
     check_feature_exclusions(config)
     check_output_dir(work_dir, data_root)
-    check_data_root(data_root, chosen, config.data.on_bad_file, log)
+    check_data_root(data_root, chosen, config.data.on_bad_file)
     # Every collection's file list and folds setting is checked before any stage writes anything.
     refs = {c.name: collection_refs(data_root, c) for c in chosen}
     for c in chosen:
         check_folds(config, c, refs[c.name])
-    return {c.name: prepare_collection(config, c, data_root, work_dir, force, log, refs=refs[c.name])
+    return {c.name: prepare_collection(config, c, data_root, work_dir, force, refs=refs[c.name])
             for c in chosen}
 
 
@@ -280,35 +280,30 @@ def check_folds(config: PipelineConfig, collection: Collection, refs: dict[str, 
 
 
 def prepare_collection(config: PipelineConfig, collection: Collection, data_root: Path, work_dir: Path,
-                       force: bool = False, log: Log = print,
-                       refs: dict[str, list[GraphRef]] | None = None) -> Prepared:
+                       force: bool = False, refs: dict[str, list[GraphRef]] | None = None) -> Prepared:
     refs = collection_refs(data_root, collection) if refs is None else refs
     if not refs["train"]:
         raise FormatError(collection_dir(data_root, collection, "train"), f"{collection.name}: no train graphs")
-    stages = run_data_stages(config, collection, work_dir, refs, raw_data_key(data_root, refs), force, log)
+    stages = run_data_stages(config, collection, work_dir, refs, raw_data_key(data_root, refs), force)
     return Prepared(collection, stages, {name: out.cached for name, out in stages.items()})
 
 
 def run_data_stages(config: PipelineConfig, collection: Collection, work_dir: Path, refs: dict[str, list[GraphRef]],
-                    data_key: str, force: bool = False, log: Log = print, with_folds: bool = True
-                    ) -> dict[str, StageOutput]:
+                    data_key: str, force: bool = False, with_folds: bool = True) -> dict[str, StageOutput]:
     """Prune, then features and node arrays over the graphs prune kept, then (``with_folds``) folds:
-    the one sequence of data stages, for training (:func:`prepare`) and for prediction."""
-    tagged = tagged_log(log, collection)
-    stages = {"prune": run_prune(config, collection, work_dir, refs, data_key, force, tagged)}
-    prune = stages["prune"]
-    for item in prune.metrics.get("skipped_files", []):  # warned on every run, cached or not
-        tagged(f"warning: skipped bad file {item['path']}: {item['reason']} (data.on_bad_file = \"skip\")")
-    graphs = read_graph_table(prune)
-    kept = set(graphs["graph"].to_list())
-    refs = {split: [ref for ref in items if ref.stem in kept] for split, items in refs.items()}
-    stages["features"] = run_features(config, collection, work_dir, refs, data_key, prune, force, tagged)
-    stages["node_arrays"] = run_node_arrays(collection, work_dir, graphs, prune, force, tagged, config.run.n_jobs)
-    if with_folds:
-        stages["folds"] = run_folds(config, collection, work_dir, labelled_graphs(refs), force, tagged)
+    the one sequence of data stages, for training (:func:`prepare`) and for prediction. Their
+    messages carry the collection's name."""
+    with tagged(collection.name):
+        stages = {"prune": run_prune(config, collection, work_dir, refs, data_key, force)}
+        prune = stages["prune"]
+        for item in prune.metrics.get("skipped_files", []):  # warned on every run, cached or not
+            logger.warning(with_tag(f"warning: skipped bad file {item['path']}: {item['reason']} "
+                                    "(data.on_bad_file = \"skip\")"))
+        graphs = read_graph_table(prune)
+        kept = set(graphs["graph"].to_list())
+        refs = {split: [ref for ref in items if ref.stem in kept] for split, items in refs.items()}
+        stages["features"] = run_features(config, collection, work_dir, refs, data_key, prune, force)
+        stages["node_arrays"] = run_node_arrays(collection, work_dir, graphs, prune, force, config.run.n_jobs)
+        if with_folds:
+            stages["folds"] = run_folds(config, collection, work_dir, labelled_graphs(refs), force)
     return stages
-
-
-def tagged_log(log: Log, collection: Collection) -> Log:
-    """``log`` with every message prefixed by the collection name."""
-    return lambda message: log(f"{collection.name} {message}")

@@ -11,7 +11,6 @@ The result of both steps is a :class:`PrunedGraph`, which the features and node-
 from __future__ import annotations
 
 import zipfile
-from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -349,7 +348,7 @@ def _prune_to(folder: Path, ref: GraphRef,
 
 
 def run_prune(config: PipelineConfig, collection: Collection, work_dir: Path, refs: dict[str, list[GraphRef]],
-              data_key: str, force: bool, log: Callable[[str], None]) -> StageOutput:
+              data_key: str, force: bool) -> StageOutput:
     """The prune stage: raw files -> per-graph pruned npz plus ``graphs.parquet`` (read them back with
     :func:`read_graph_table`, :func:`read_pruned`, :func:`read_file_target`)."""
     def compute(folder: Path) -> dict[str, Any]:
@@ -357,7 +356,7 @@ def run_prune(config: PipelineConfig, collection: Collection, work_dir: Path, re
         for split in refs:
             (folder / split).mkdir()
         every = [ref for items in refs.values() for ref in items]
-        progress = Progress(log, "[prune]", len(every))
+        progress = Progress("[prune]", len(every))
         results = map_in_order(_prune_to, [(folder, ref, config) for ref in every], config.run.n_jobs)
         for ref, (row, bad) in zip(every, results):
             progress.step()
@@ -382,7 +381,7 @@ def run_prune(config: PipelineConfig, collection: Collection, work_dir: Path, re
         }
 
     return run_stage(work_dir=work_dir, stage="prune", config=prune_config(config, collection),
-                     inputs={"data": data_key}, code=PRUNE_CODE, compute=compute, force=force, log=log)
+                     inputs={"data": data_key}, code=PRUNE_CODE, compute=compute, force=force)
 
 
 def read_graph_table(prune: StageOutput) -> pl.DataFrame:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import math
 import subprocess
 import sys
@@ -320,19 +321,31 @@ class _Interrupt(Exception):
     pass
 
 
-def test_resume_from_checkpoint_matches_uninterrupted_run(tmp_path):
+class _StopAfterTwo(logging.Filter):
+    """Kills the fit where it logs epoch 2 (after its checkpoint was saved)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.getMessage().startswith("epoch 2/"):
+            raise _Interrupt
+        return True
+
+
+def test_resume_from_checkpoint_matches_uninterrupted_run(tmp_path, caplog):
+    caplog.set_level(logging.DEBUG, logger="pipelines.models.gnn")  # epoch lines are DEBUG
     graphs = easy_world(3, "layout", 5)
     hp = dict(epochs=4, dropout=0.1, patience=0)
     straight = gnn(**hp).fit(graphs[:4], graphs[4:], seed=0)
 
-    def stop_after_two(message: str) -> None:
-        if message.startswith("epoch 2/"):
-            raise _Interrupt
-
-    with pytest.raises(_Interrupt):
-        gnn(**hp).fit(graphs[:4], graphs[4:], seed=0, checkpoint_dir=tmp_path, log=stop_after_two)
-    messages = []
-    resumed = gnn(**hp).fit(graphs[:4], graphs[4:], seed=0, checkpoint_dir=tmp_path, log=messages.append)
+    trainer_log, stop = logging.getLogger("pipelines.models.gnn.trainer"), _StopAfterTwo()
+    trainer_log.addFilter(stop)
+    try:
+        with pytest.raises(_Interrupt):
+            gnn(**hp).fit(graphs[:4], graphs[4:], seed=0, checkpoint_dir=tmp_path)
+    finally:
+        trainer_log.removeFilter(stop)
+    caplog.clear()
+    resumed = gnn(**hp).fit(graphs[:4], graphs[4:], seed=0, checkpoint_dir=tmp_path)
+    messages = caplog.messages
     assert messages[0].startswith("resumed") and "after epoch 2" in messages[0]
     assert [h["epoch"] for h in resumed.history_] == [1, 2, 3, 4]
     for (name, a), b in zip(straight.model_.state_dict().items(), resumed.model_.state_dict().values()):
@@ -353,25 +366,25 @@ def test_save_load_round_trip(tmp_path):
         GNNRanker.load(tmp_path, "junk")
 
 
-def test_pretraining_changes_only_the_encoder():
+def test_pretraining_changes_only_the_encoder(caplog):
     cfg = GNNConfig(pretrain=True, pretrain_epochs=2, **FAST)
     torch.manual_seed(0)
     model = GNNModel(cfg, FEAT, "layout")
     before = {k: v.clone() for k, v in model.state_dict().items()}
     encoder_ids = {id(p) for p in encoder_parameters(model)}
     graphs = [prepare_graph(g, 0) for g in easy_world(5, "layout", 3)]
-    losses = pretrain_encoder(model, graphs, cfg, np.random.default_rng(0), log=lambda m: None)
+    losses = pretrain_encoder(model, graphs, cfg, np.random.default_rng(0))
     assert len(losses) == 2 and all(math.isfinite(v) for v in losses)
     for name, param in model.named_parameters():
         changed = not torch.equal(before[name], param.detach())
         assert changed == (id(param) in encoder_ids), name
     # and the ranker runs it (on unlabeled graphs too) before supervised training
-    messages = []
+    caplog.set_level(logging.DEBUG, logger="pipelines.models.gnn")
     unlabeled = easy_world(6, "layout", 1)
     unlabeled[0].target[:] = 0
     gnn(pretrain=True, pretrain_epochs=1, epochs=1).fit(
-        easy_world(5, "layout", 2), seed=0, log=messages.append, unlabeled=unlabeled)
-    assert any(m.startswith("pretrain epoch 1/1") for m in messages)
+        easy_world(5, "layout", 2), seed=0, unlabeled=unlabeled)
+    assert any(m.startswith("pretrain epoch 1/1") for m in caplog.messages)
 
 
 def test_stage_adapter_flattens_predictions_in_index_order(monkeypatch):

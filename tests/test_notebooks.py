@@ -44,7 +44,7 @@ def test_settings_come_from_one_config_and_overrides(tmp_path):
     assert smoke.models == ("gbdt", "feature", "random") and default.models is None
     with_gnn = {"TPUGRAPHS_CONFIG": "smoke", "TPUGRAPHS_SET": f'{scratch}; run.models=["gbdt", "gnn"]'}
     assert analysis.notebook_settings(with_gnn).models == ("gbdt", "gnn")
-    assert analysis.choose_models(smoke, ["gbdt", "gnn", "no-such-model"], log=lambda _: None) == ["gbdt"]
+    assert analysis.choose_models(smoke, ["gbdt", "gnn", "no-such-model"]) == ["gbdt"]
     assert analysis.notebook_settings({}).folds == 5 and len(analysis.notebook_settings({}).seeds) == 3
     # every value is checked by the config's own checker before a notebook runs anything
     with pytest.raises(analysis.ConfigError, match="run.seeds"):

@@ -14,8 +14,8 @@ Runs on every graph handed to it (train, valid and test alike); the decoders are
 
 from __future__ import annotations
 
+import logging
 import math
-from typing import Callable
 
 import numpy as np
 import torch
@@ -25,6 +25,8 @@ from torch import nn
 from pipelines.models.gnn.batch import PreparedGraph, collate
 from pipelines.models.gnn.model import MASK_OPCODE, NUM_OPCODES, GNNModel
 from pipelines.models.gnn_config import GNNConfig
+
+logger = logging.getLogger(__name__)
 
 
 def encoder_parameters(model: GNNModel) -> list[nn.Parameter]:
@@ -41,8 +43,8 @@ def random_pairs(rng: np.random.Generator, node_offset: np.ndarray, graph_sizes:
     return pick + node_offset[graph]
 
 
-def pretrain_encoder(model: GNNModel, graphs: list[PreparedGraph], cfg: GNNConfig, rng: np.random.Generator,
-                     log: Callable[[str], None]) -> list[float]:
+def pretrain_encoder(model: GNNModel, graphs: list[PreparedGraph], cfg: GNNConfig,
+                     rng: np.random.Generator) -> list[float]:
     """Train the encoder of ``model`` in place on ``graphs``; returns the mean loss of each epoch."""
     device = next(model.parameters()).device
     decoder = nn.Linear(cfg.hidden, NUM_OPCODES).to(device)
@@ -79,5 +81,5 @@ def pretrain_encoder(model: GNNModel, graphs: list[PreparedGraph], cfg: GNNConfi
             optimizer.step()
             losses.append(loss.detach())
         history.append(float(np.mean(torch.stack(losses).tolist())))
-        log(f"pretrain epoch {epoch + 1}/{cfg.pretrain_epochs} loss {history[-1]:.4f}")
+        logger.debug(f"pretrain epoch {epoch + 1}/{cfg.pretrain_epochs} loss {history[-1]:.4f}")
     return history

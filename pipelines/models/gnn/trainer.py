@@ -8,6 +8,7 @@ are stored in the per-epoch checkpoint, so a resumed run continues exactly where
 from __future__ import annotations
 
 import copy
+import logging
 import math
 import os
 import sys
@@ -30,7 +31,9 @@ from pipelines.models.gnn.model import GNNModel
 from pipelines.models.gnn_config import GNNConfig
 
 CHECKPOINT_FORMAT = 1
-Log = Callable[[str], None]
+# Epoch lines are DEBUG: a fold job usually runs in a worker process, where nothing is printed, and
+# the stage logs each finished job; `--verbose` shows them for jobs run in the main process.
+logger = logging.getLogger(__name__)
 
 
 # ----------------------------------------------------------------------------- evaluation
@@ -237,7 +240,6 @@ def train_model(
     seed: int,
     fingerprint: str,
     checkpoint_path: Path | None,
-    log: Log,
     before_training: Callable[[np.random.Generator], None] | None = None,
 ) -> TrainState:
     """Train ``model`` in place; it ends holding the best-validation weights (or the last, without valid)."""
@@ -256,7 +258,7 @@ def train_model(
 
     if checkpoint_path is not None and checkpoint_path.exists():
         state = load_checkpoint(checkpoint_path, fingerprint, model, optimizer, scheduler, rng)
-        log(f"resumed from {checkpoint_path} after epoch {state.epoch}")
+        logger.debug(f"resumed from {checkpoint_path} after epoch {state.epoch}")
     else:
         state = TrainState()
         if before_training is not None:
@@ -301,9 +303,9 @@ def train_model(
                               "lr": scheduler.get_last_lr()[0], "seconds": seconds, "valid_seconds": valid_seconds})
         if checkpoint_path is not None:
             save_checkpoint(checkpoint_path, fingerprint, model, optimizer, scheduler, state, rng)
-        log(f"epoch {epoch}/{cfg.epochs} loss {np.mean(losses):.4f} valid {score:.4f} "
-            f"best {state.best_score:.4f}@{state.best_epoch} ({seconds:.1f}s)"
-            + (" early stop" if state.stopped else ""))
+        logger.debug(f"epoch {epoch}/{cfg.epochs} loss {np.mean(losses):.4f} valid {score:.4f} "
+                     f"best {state.best_score:.4f}@{state.best_epoch} ({seconds:.1f}s)"
+                     + (" early stop" if state.stopped else ""))
     if state.best_state is not None:  # None only when every validation score was NaN
         model.load_state_dict(state.best_state)
     return state
