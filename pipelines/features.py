@@ -18,13 +18,24 @@ layout (``node_feat`` columns 134-139) wherever a concrete layout is needed.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import zlib
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import polars as pl
 
-from pipelines.prune import PrunedGraph
-from pipelines.tpugraphs import NodeFeat
+from pipelines.collections import LABELLED, Collection
+from pipelines.engine import Code, StageOutput, run_stage
+from pipelines.parallel import map_in_order
+from pipelines.progress import Progress
+from pipelines.prune import PrunedGraph, load_pruned, pruned_path, sample_configs
+from pipelines.tpugraphs import GraphRef, NodeFeat, load_ref
+
+if TYPE_CHECKING:  # type hints only: the config reaches the key as resolved values
+    from pipelines.config import PipelineConfig
 
 CONV, DOT, RESHAPE = 26, 34, 75
 LAYOUT_OPS = {"conv": CONV, "dot": DOT, "reshape": RESHAPE}
@@ -659,3 +670,88 @@ def graph_feature_table(rows: list[dict[str, float]], stems: list[str]) -> pl.Da
         "graph": pl.Series(stems, dtype=pl.String),
         **{name: pl.Series([row[name] for row in rows], dtype=pl.Float32) for name in names},
     })
+
+
+# ----------------------------------------------------------------------------- stage: features (I/O shell)
+
+# The code the stage runs (part of its key): this module and what it imports (prune, the reader).
+FEATURES_CODE = Code(("pipelines.features",))
+GRAPH_FEATURES = "graph_features.parquet"
+
+
+def _config_table_name(split: str, stem: str) -> str:
+    return f"{split}/configs/{stem}.parquet"
+
+
+def seeded_rng(seed: int, stem: str) -> np.random.Generator:
+    """A generator per (seed, graph), so a graph's sample does not depend on which graphs ran before."""
+    return np.random.default_rng([seed, zlib.crc32(stem.encode("utf-8"))])
+
+
+def features_config(config: PipelineConfig, collection: Collection) -> dict[str, Any]:
+    return {"collection": collection.name, **asdict(config.features),
+            # how often each chosen value occurs is only informative where configs come from a search
+            "value_frequency": collection.search == "default"}
+
+
+def _features_to(folder: Path, ref: GraphRef, prune_path: Path, config: PipelineConfig,
+                 value_frequency: bool) -> tuple[int, list[str], dict[str, float]]:
+    """One features job: writes the graph's config table; returns its row count, feature columns and
+    the graph aggregates (collected by the stage into one table per split)."""
+    pruned = load_pruned(pruned_path(prune_path, ref.split, ref.stem))
+    if ref.split in LABELLED:
+        pruned = sample_configs(pruned, config.features.max_configs_per_graph,
+                                seeded_rng(config.features.seed, ref.stem))
+    table = config_feature_table(pruned, value_frequency=value_frequency)
+    table.write_parquet(folder / _config_table_name(ref.split, ref.stem))
+    if pruned.kind == "tile":  # unpruned: the graph is the whole program
+        aggregate = graph_aggregates(pruned.node_feat, pruned.node_opcode, pruned.edge_index, pruned.config_nodes)
+    else:  # aggregates describe the whole program, not the pruned part: re-read the raw structure
+        del pruned
+        raw = load_ref(ref, with_configs=False)
+        aggregate = graph_aggregates(raw.node_feat, raw.node_opcode, raw.edge_index, raw.node_config_ids)
+    return table.height, [c for c in table.columns if c.startswith("f_")], aggregate
+
+
+def run_features(config: PipelineConfig, collection: Collection, work_dir: Path, refs: dict[str, list[GraphRef]],
+                 data_key: str, prune: StageOutput, force: bool) -> StageOutput:
+    """The features stage: prune output + raw structure -> per-graph config feature tables and one
+    graph-aggregate table per split (read them back with :func:`read_feature_rows`)."""
+    stage_config = features_config(config, collection)
+
+    def compute(folder: Path) -> dict[str, Any]:
+        rows = 0
+        columns: list[str] = []
+        progress = Progress("[features]", sum(len(items) for items in refs.values()))
+        for split, items in refs.items():
+            (folder / split / "configs").mkdir(parents=True)
+            aggregates = []
+            jobs = [(folder, ref, prune.path, config, stage_config["value_frequency"]) for ref in items]
+            for height, names, aggregate in map_in_order(_features_to, jobs, config.run.n_jobs):
+                progress.step()
+                rows += height
+                columns = columns or names
+                aggregates.append(aggregate)
+            graph_feature_table(aggregates, [ref.stem for ref in items]).write_parquet(folder / split / GRAPH_FEATURES)
+        return {"rows": rows, "config_features": len(columns)}
+
+    return run_stage(work_dir=work_dir, stage="features", config=stage_config,
+                     inputs={"prune": prune.key, "data": data_key}, code=FEATURES_CODE, compute=compute,
+                     seeds={"features": config.features.seed}, force=force)
+
+
+def read_feature_rows(features: StageOutput, graphs: Sequence[tuple[str, str]], max_configs: int | None = None,
+                      seed: int = 0) -> pl.DataFrame:
+    """Config feature rows of ``graphs`` ((stem, split) pairs; at most ``max_configs`` per graph, a
+    seeded sample kept in file order), joined with their ``g_*`` graph aggregates."""
+    tables = []
+    for stem, split in graphs:
+        table = pl.read_parquet(features.file(_config_table_name(split, stem)))
+        if max_configs is not None and table.height > max_configs:
+            table = table[np.sort(seeded_rng(seed, stem).choice(table.height, size=max_configs, replace=False))]
+        tables.append(table)
+    if not tables:
+        raise ValueError("read_feature_rows needs at least one graph")
+    splits = sorted({split for _, split in graphs})
+    aggregates = pl.concat([pl.read_parquet(features.file(f"{split}/{GRAPH_FEATURES}")) for split in splits])
+    return pl.concat(tables).join(aggregates, on="graph", how="left")

@@ -13,11 +13,20 @@ from __future__ import annotations
 import zipfile
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+import polars as pl
 
+from pipelines.collections import LABELLED, Collection
+from pipelines.engine import Code, StageOutput, run_stage
 from pipelines.errors import ConfigError, FormatError
-from pipelines.tpugraphs import GraphSize, LayoutGraph, TileGraph
+from pipelines.parallel import map_in_order
+from pipelines.progress import Progress
+from pipelines.tpugraphs import GraphRef, GraphSize, LayoutGraph, TileGraph, load_ref
+
+if TYPE_CHECKING:  # type hints only: the config reaches the key as resolved values
+    from pipelines.config import PipelineConfig
 
 PRUNE_MODES = ("khop", "config_only")
 DEDUP_MODES = ("first", "mean", "min", "none")
@@ -276,3 +285,114 @@ def load_file_target(path: Path | str) -> np.ndarray:
             return archive["file_target"]
     except (OSError, KeyError, ValueError, zipfile.BadZipFile) as exc:
         raise FormatError(path, f"cannot read pruned graph ({exc})") from None
+
+
+# ----------------------------------------------------------------------------- stage: prune (I/O shell)
+
+# The code the stage runs (part of its key): this module and what it imports.
+PRUNE_CODE = Code(("pipelines.prune",))
+GRAPHS_TABLE = "graphs.parquet"
+_GRAPHS_SCHEMA = {"graph": pl.String, "split": pl.String, "nodes_before": pl.Int64, "nodes_after": pl.Int64,
+                  "edges_before": pl.Int64, "edges_after": pl.Int64, "configs_before": pl.Int64,
+                  "configs_after": pl.Int64}
+
+
+def _pruned_name(split: str, stem: str) -> str:
+    return f"{split}/{stem}.npz"
+
+
+def pruned_path(folder: Path, split: str, stem: str) -> Path:
+    """Where the prune stage's ``folder`` holds the pruned graph ``stem`` of ``split`` (for workers,
+    which get the folder rather than the whole :class:`StageOutput`)."""
+    return folder / _pruned_name(split, stem)
+
+
+def prune_config(config: PipelineConfig, collection: Collection) -> dict[str, Any]:
+    """What the prune stage of ``collection`` depends on (tile graphs ignore the pruning knobs)."""
+    # on_bad_file is keyed: an output that skipped files must never be reused by a run that asks for errors
+    if collection.is_tile:
+        return {"collection": collection.name, "dedup": config.prune.dedup, "on_bad_file": config.data.on_bad_file}
+    return {"collection": collection.name, **asdict(config.prune), "on_bad_file": config.data.on_bad_file}
+
+
+def prune_one(ref: GraphRef, config: PipelineConfig) -> tuple[PrunedGraph, dict[str, Any]]:
+    """Load, prune (layout) and de-duplicate (labelled splits) one graph; returns it and its stats row."""
+    graph = load_ref(ref)
+    if isinstance(graph, LayoutGraph):
+        pruned, stats = prune_layout_graph(graph, config.prune.hops, config.prune.mode)
+        counts = stats.as_dict()
+    else:
+        pruned = tile_as_pruned(graph)
+        counts = {"nodes_before": graph.num_nodes, "nodes_after": graph.num_nodes,
+                  "edges_before": int(graph.edge_index.shape[0]), "edges_after": int(graph.edge_index.shape[0])}
+    del graph  # the pruned graph shares the config array; nothing else of the raw graph is kept
+    configs_before = pruned.num_configs
+    if ref.split in LABELLED:
+        pruned = deduplicate_graph(pruned, config.prune.dedup)
+    row = {"graph": ref.stem, "split": ref.split, **counts,
+           "configs_before": configs_before, "configs_after": pruned.num_configs}
+    return pruned, row
+
+
+def _prune_to(folder: Path, ref: GraphRef,
+              config: PipelineConfig) -> tuple[dict[str, Any] | None, tuple[str, str] | None]:
+    """One prune job: writes the pruned graph and returns its stats row, or (None, (path, problem))
+    for a bad file: a worker returns the problem rather than raising it, so the stage decides in
+    file order (and a FormatError need not cross a process boundary)."""
+    try:
+        pruned, row = prune_one(ref, config)
+    except FormatError as exc:
+        return None, (str(exc.path), exc.problem)
+    save_pruned(pruned_path(folder, ref.split, ref.stem), pruned)
+    return row, None
+
+
+def run_prune(config: PipelineConfig, collection: Collection, work_dir: Path, refs: dict[str, list[GraphRef]],
+              data_key: str, force: bool) -> StageOutput:
+    """The prune stage: raw files -> per-graph pruned npz plus ``graphs.parquet`` (read them back with
+    :func:`read_graph_table`, :func:`read_pruned`, :func:`read_file_target`)."""
+    def compute(folder: Path) -> dict[str, Any]:
+        rows, skipped = [], []
+        for split in refs:
+            (folder / split).mkdir()
+        every = [ref for items in refs.values() for ref in items]
+        progress = Progress("[prune]", len(every))
+        results = map_in_order(_prune_to, [(folder, ref, config) for ref in every], config.run.n_jobs)
+        for ref, (row, bad) in zip(every, results):
+            progress.step()
+            if bad is None:
+                rows.append(row)
+                continue
+            path, problem = bad
+            if config.data.on_bad_file != "skip":
+                raise FormatError(path, f"{problem} (to leave such files out with a warning: "
+                                        "--set data.on_bad_file=skip)")
+            skipped.append({"split": ref.split, "graph": ref.stem, "path": str(ref.path), "reason": problem})
+        table = pl.DataFrame(rows, schema=_GRAPHS_SCHEMA)
+        table.write_parquet(folder / GRAPHS_TABLE)
+        labelled = table.filter(pl.col("split").is_in(LABELLED))
+        return {
+            "graphs": {split: table.filter(pl.col("split") == split).height for split in refs},
+            "nodes_removed": int((table["nodes_before"] - table["nodes_after"]).sum()),
+            "edges_removed": int((table["edges_before"] - table["edges_after"]).sum()),
+            "node_share_kept": float(table["nodes_after"].sum() / max(table["nodes_before"].sum(), 1)),
+            "configs_removed_by_dedup": int((labelled["configs_before"] - labelled["configs_after"]).sum()),
+            "skipped_files": skipped,
+        }
+
+    return run_stage(work_dir=work_dir, stage="prune", config=prune_config(config, collection),
+                     inputs={"data": data_key}, code=PRUNE_CODE, compute=compute, force=force)
+
+
+def read_graph_table(prune: StageOutput) -> pl.DataFrame:
+    """One row per kept graph: ``graph``, ``split`` and the before/after counts."""
+    return pl.read_parquet(prune.file(GRAPHS_TABLE))
+
+
+def read_pruned(prune: StageOutput, split: str, stem: str) -> PrunedGraph:
+    return load_pruned(prune.file(_pruned_name(split, stem)))
+
+
+def read_file_target(prune: StageOutput, split: str, stem: str) -> np.ndarray:
+    """float64 target of every config of the original file in file order (zeros for test)."""
+    return load_file_target(prune.file(_pruned_name(split, stem)))

@@ -197,12 +197,12 @@ def test_graph_arrays_from_pruned_graph() -> None:
     assert row["log_c28"] == pytest.approx(math.log1p(1e9), rel=1e-6)
     assert row["log_c53"] == pytest.approx(-math.log1p(3), rel=1e-6)
     assert row["c13"] == 1.0
-    np.testing.assert_array_equal(arrays.edge_index, [[0, 1], [1, 2]])  # row 0 producer, row 1 consumer
-    assert arrays.edge_index.dtype == np.int64 and arrays.opcode.dtype == np.int64
+    np.testing.assert_array_equal(arrays.message_edges, [[0, 1], [1, 2]])  # row 0 producer, row 1 consumer
+    assert arrays.message_edges.dtype == np.int64 and arrays.node_opcode.dtype == np.int64
     np.testing.assert_array_equal(arrays.config_nodes, [0, 2])
     assert arrays.config_feat.dtype == np.int8 and arrays.config_feat.shape == (3, 2, 18)
     np.testing.assert_array_equal(arrays.config_index, [4, 7, 9])
-    assert arrays.runtime.dtype == np.float64
+    assert arrays.target.dtype == np.float64
 
 
 def test_tile_graph_arrays_keep_raw_configs() -> None:

@@ -25,9 +25,9 @@ def subsample_configs(graph: GraphArrays, max_configs: int, seed: int) -> GraphA
     rng = np.random.default_rng([seed, *graph.stem.encode()])
     keep = np.sort(rng.choice(graph.num_configs, size=max_configs, replace=False))
     return GraphArrays(
-        collection=graph.collection, stem=graph.stem, split=graph.split, opcode=graph.opcode,
-        node_feat=graph.node_feat, edge_index=graph.edge_index, config_nodes=graph.config_nodes,
-        config_feat=graph.config_feat[keep], runtime=graph.runtime[keep], config_index=graph.config_index[keep],
+        collection=graph.collection, stem=graph.stem, split=graph.split, node_opcode=graph.node_opcode,
+        node_feat=graph.node_feat, message_edges=graph.message_edges, config_nodes=graph.config_nodes,
+        config_feat=graph.config_feat[keep], target=graph.target[keep], config_index=graph.config_index[keep],
     )
 
 
