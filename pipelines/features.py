@@ -411,8 +411,8 @@ class _Chains:
         position[config_nodes] = np.arange(config_nodes.size)
         dims = node_dims(graph.node_feat)
         rank = node_rank(dims)
-        in_rank, kernel_rank = _block_ranks(graph.config_feat)
         kernel_capable = nodes.op_masks["conv"] | nodes.op_masks["dot"]
+        in_rank, kernel_rank = _block_ranks(graph.config_feat, np.flatnonzero(kernel_capable))
 
         def kernel_block(consumer: np.ndarray, producer_rank: np.ndarray) -> np.ndarray:
             k_rank, i_rank = kernel_rank[consumer], in_rank[consumer]
@@ -444,18 +444,21 @@ class _Chains:
         )
 
 
-def _block_ranks(configs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """int64 (nc,) each: the most slots any config sets in a node's input and kernel blocks."""
+def _block_ranks(configs: np.ndarray, columns: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """int64 (nc,) each: the most slots any config sets in a node's input and kernel blocks, for
+    the configurable nodes at ``columns`` (0 elsewhere: only convolutions and dots use them)."""
     nc = configs.shape[1]
     ranks = [np.zeros(nc, dtype=np.int64), np.zeros(nc, dtype=np.int64)]
-    step = max(1, CELLS_PER_CHUNK // max(nc, 1))
+    if columns.size == 0:
+        return ranks[0], ranks[1]
+    step = max(1, CELLS_PER_CHUNK // columns.size)
     for start in range(0, configs.shape[0], step):
-        cfg = configs[start : start + step]
+        cfg = np.take(configs[start : start + step], columns, axis=1)
         for rank, first in zip(ranks, (6, 12)):
             slots_set = np.zeros(cfg.shape[:2], dtype=np.int8)  # at most 6: int8 counts
             for slot in range(first, first + 6):
                 slots_set += cfg[:, :, slot] >= 0
-            np.maximum(rank, slots_set.max(axis=0, initial=0), out=rank)
+            rank[columns] = np.maximum(rank[columns], slots_set.max(axis=0, initial=0))
     return ranks[0], ranks[1]
 
 
