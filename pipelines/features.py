@@ -228,7 +228,10 @@ _LOW_48_BITS = np.uint64(2**48 - 1)
 
 
 def slot_pairs(configs: np.ndarray, first: int) -> np.ndarray:
-    """int8 (...) slot-pair codes of slots ``first`` and ``first + 1`` of ``configs`` (..., 18) or (..., 6)."""
+    """int8 (...) slot-pair codes of slots ``first`` and ``first + 1`` of ``configs`` (..., 18) or (..., 6).
+
+    Layout values lie in -1..5 (the reader refuses anything else), so codes lie in 0..48 and int8
+    arithmetic cannot overflow."""
     return configs[..., first] + configs[..., first + 1] * 7 + 8
 
 
