@@ -11,6 +11,7 @@ The result of both steps is a :class:`PrunedGraph`, which the features and node-
 from __future__ import annotations
 
 import zipfile
+import zlib
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -176,18 +177,20 @@ def duplicate_groups(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Groups of byte-identical rows: ``first`` (int64, ascending) holds the first row of each group,
     ``group`` (int64 (c,)) the group of every row, numbered in order of first appearance.
 
-    Rows are grouped by a 64-bit hash (a random linear form of their bytes, mod 2**64, computed in
-    chunks), so no copy of the (up to ~220 MB) config array is made; every row is then checked
-    against its group's first row, and a hash collision (never expected) falls back to an exact
-    sort of the rows.
+    Rows are grouped by a 64-bit hash of their bytes (CRC-32 and Adler-32 side by side), so no copy
+    of the (up to ~220 MB) config array is made; every row that joined an earlier row's group is then
+    checked against that row, and a hash collision (never expected) falls back to an exact sort of
+    the rows. The result does not depend on the hash: groups are exact and numbered by first row.
     """
     count = rows.shape[0]
     data = np.ascontiguousarray(rows).reshape(count, -1).view(np.uint8)
     hashes = _row_hashes(data)
     _, first, inverse = np.unique(hashes, return_index=True, return_inverse=True)
+    inverse = inverse.ravel()
+    joined = np.flatnonzero(first[inverse] != np.arange(count))  # rows that are not their group's first
     step = max(1, CHUNK_CELLS // max(data.shape[1], 1))
-    for start in range(0, count, step):
-        part = slice(start, start + step)
+    for start in range(0, joined.size, step):
+        part = joined[start : start + step]
         if not np.array_equal(data[part], data[first[inverse[part]]]):
             keys = data.view(np.dtype((np.void, data.shape[1]))).ravel()
             _, first, inverse = np.unique(keys, return_index=True, return_inverse=True)
@@ -200,13 +203,14 @@ def duplicate_groups(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _row_hashes(data: np.ndarray) -> np.ndarray:
-    """uint64 (c,) hash of each uint8 row: sum of byte * fixed random odd weight, mod 2**64."""
-    weights = np.random.default_rng(0x5EED).integers(0, 2**63, size=data.shape[1], dtype=np.uint64) * 2 + 1
-    hashes = np.empty(data.shape[0], dtype=np.uint64)
-    step = max(1, CHUNK_CELLS // max(data.shape[1], 1))
-    for start in range(0, data.shape[0], step):
-        hashes[start : start + step] = (data[start : start + step] * weights).sum(axis=1, dtype=np.uint64)
-    return hashes
+    """uint64 (c,) hash of each uint8 row of a C-contiguous array: CRC-32 (high half) and Adler-32
+    (low half) of its bytes, each computed at memory speed by zlib."""
+    width = data.shape[1]
+    if width == 0:
+        return np.zeros(data.shape[0], dtype=np.uint64)
+    flat = memoryview(data.reshape(-1))
+    return np.array([zlib.crc32(flat[start : start + width]) << 32 | zlib.adler32(flat[start : start + width])
+                     for start in range(0, data.shape[0] * width, width)], dtype=np.uint64).reshape(data.shape[0])
 
 
 def select_configs(graph: PrunedGraph, rows: np.ndarray, target: np.ndarray | None = None) -> PrunedGraph:
