@@ -18,26 +18,25 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
-import polars as pl
-
 
 def stage_hashes(root: Path, work: Path, overrides: Sequence[str] = ()) -> dict[str, str]:
-    from pipelines import prepare as p
     from pipelines.collections import parse_collection
     from pipelines.config import load_config
+    from pipelines.features import run_features
+    from pipelines.node_arrays import run_node_arrays
+    from pipelines.prepare import collection_refs, raw_data_key
+    from pipelines.prune import read_graph_table, run_prune
     from pipelines.tpugraphs import available_collections
 
     config = load_config(None, list(overrides))
     hashes: dict[str, str] = {}
     for collection in available_collections(root):
         c = parse_collection(collection.name)
-        refs = p.collection_refs(root, c)
-        key = p.raw_data_key(root, refs)
-        quiet = lambda message: None  # noqa: E731
-        prune, _ = p.run_prune(config, c, work, refs, key, True, quiet)
-        features, _ = p.run_features(config, c, work, refs, key, prune, True, quiet)
-        arrays, _ = p.run_node_arrays(c, work, pl.read_parquet(prune.file(p.GRAPHS_TABLE)), prune, True, quiet,
-                                      config.run.n_jobs)
+        refs = collection_refs(root, c)
+        key = raw_data_key(root, refs)
+        prune = run_prune(config, c, work, refs, key, True)
+        features = run_features(config, c, work, refs, key, prune, True)
+        arrays = run_node_arrays(c, work, read_graph_table(prune), prune, True, config.run.n_jobs)
         for stage, output in (("prune", prune), ("features", features), ("node_arrays", arrays)):
             folder = Path(output.path)
             for path in sorted(folder.rglob("*")):
