@@ -154,7 +154,7 @@ class Machine:
 
 def machine() -> Machine:
     from pipelines.engine import library_versions
-    from pipelines.train import available_cores
+    from pipelines.machine import available_cores, meminfo_bytes
 
     cpu = platform.processor() or "unknown"
     try:
@@ -164,13 +164,7 @@ def machine() -> Machine:
                 break
     except OSError:
         pass
-    memory = 0.0
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemTotal:"):
-                memory = int(line.split()[1]) / 2**20
-    except OSError:
-        pass
+    memory = (meminfo_bytes("MemTotal") or 0) / 2**30
     return Machine(socket.gethostname(), cpu, available_cores(), memory, os.getloadavg(), library_versions())
 
 

@@ -39,8 +39,10 @@ result = {{"wall_s": time.perf_counter() - t0, "cpu_s": time.process_time() - c0
 """
 
 _STAGE = """
-import polars as pl
 from pipelines import prepare as p
+from pipelines.features import run_features
+from pipelines.node_arrays import run_node_arrays
+from pipelines.prune import read_graph_table, run_prune
 from pipelines.collections import parse_collection
 from pipelines.config import load_config
 config = load_config(None, {overrides!r} + ["run.n_jobs={jobs}"])
@@ -48,23 +50,21 @@ collection = parse_collection({collection!r})
 refs = p.collection_refs({root!r}, collection)
 key = p.raw_data_key({root!r}, refs)
 work, stage = __import__("pathlib").Path({work!r}), {stage!r}
-quiet = lambda message: None
 t0, c0 = time.perf_counter(), time.process_time()
-prune, _ = p.run_prune(config, collection, work, refs, key, stage == "prune", quiet)
+prune = run_prune(config, collection, work, refs, key, stage == "prune")
 if stage != "prune":
     t0, c0 = time.perf_counter(), time.process_time()  # prune is cached: only this stage is timed
 if stage == "features":
-    p.run_features(config, collection, work, refs, key, prune, True, quiet)
+    run_features(config, collection, work, refs, key, prune, True)
 elif stage == "node_arrays":
-    p.run_node_arrays(collection, work, pl.read_parquet(prune.file(p.GRAPHS_TABLE)), prune, True, quiet,
-                      config.run.n_jobs)
+    run_node_arrays(collection, work, read_graph_table(prune), prune, True, config.run.n_jobs)
 wall, cpu = time.perf_counter() - t0, time.process_time() - c0
 # stop the worker processes, so their CPU time and peak RSS show in RUSAGE_CHILDREN
 if config.run.n_jobs > 1:
     from joblib.externals.loky import get_reusable_executor
     get_reusable_executor().shutdown(wait=True)
 children = resource.getrusage(resource.RUSAGE_CHILDREN)
-graphs = pl.read_parquet(prune.file(p.GRAPHS_TABLE))
+graphs = read_graph_table(prune)
 result = {{"wall_s": wall, "cpu_s": cpu + children.ru_utime + children.ru_stime, "files": graphs.height,
            "configs": int(graphs["configs_before"].sum()), "worker_peak_rss_mb": children.ru_maxrss / 1024}}
 """

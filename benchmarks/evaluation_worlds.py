@@ -49,9 +49,11 @@ def main(argv: list[str] | None = None) -> int:
 
     from pipelines.config import load_config
     from pipelines.evaluate import CEILING, FLOOR, SUBMISSION, evaluate_run
+    from pipelines.logs import setup_logging
     from pipelines.run import parse_models, run_pipeline
     from pipelines.synth import generate_world
 
+    setup_logging()  # the runs' progress lines, as the command line prints them
     host = machine()
     started = time.perf_counter()
     config = load_config(args.config, args.overrides)
@@ -65,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
         synth_s = time.perf_counter() - t0
         t0 = time.perf_counter()
         run = run_pipeline(config, world, work_dir=work, models=parse_models(args.models),
-                           submissions_dir=submissions, log=lambda line: print(line, flush=True))
+                           submissions_dir=submissions)
         run_s = time.perf_counter() - t0
         t0 = time.perf_counter()
         evaluation, path = evaluate_run(run.run_id, world, submissions_dir=submissions)

@@ -28,7 +28,7 @@ def fingerprints(world: Path, work: Path, overrides: list[str]) -> dict[str, str
     from pipelines.prepare import prepare
 
     config = load_config("base", SHORT + overrides)
-    prepared = prepare(config, world, work, log=lambda _: None)
+    prepared = prepare(config, world, work)
     out = {}
     for name, item in prepared.items():
         settings = config_to_dict(resolve_for_collection(config.gnn, item.collection))

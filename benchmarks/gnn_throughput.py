@@ -49,11 +49,11 @@ def union(graph, copies):
     n = graph.num_nodes
     return GraphArrays(
         collection=graph.collection, stem=graph.stem, split=graph.split,
-        opcode=np.tile(graph.opcode, copies), node_feat=np.tile(graph.node_feat, (copies, 1)),
-        edge_index=np.concatenate([graph.edge_index + i * n for i in range(copies)], axis=1),
+        node_opcode=np.tile(graph.node_opcode, copies), node_feat=np.tile(graph.node_feat, (copies, 1)),
+        message_edges=np.concatenate([graph.message_edges + i * n for i in range(copies)], axis=1),
         config_nodes=np.concatenate([graph.config_nodes + i * n for i in range(copies)]),
         config_feat=np.concatenate([graph.config_feat] * copies, axis=1),
-        runtime=graph.runtime, config_index=graph.config_index)
+        target=graph.target, config_index=graph.config_index)
 
 torch.set_num_threads(2)
 cfg = replace(resolve_for_collection(load_config(None, []).gnn, {collection!r}), device={device!r}, precision={precision!r})

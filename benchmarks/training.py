@@ -33,24 +33,25 @@ TARGET_PREDICT_S = 120.0  # every test graph of every collection, per model
 
 _FOLD = """
 from pathlib import Path
-import polars as pl
 from pipelines import prepare as p
+from pipelines.features import run_features
+from pipelines.node_arrays import run_node_arrays
+from pipelines.prune import read_graph_table, run_prune
 from pipelines.collections import parse_collection
 from pipelines.config import load_config
 from pipelines.models.registry import get_adapter
 from pipelines.train import PREDICT_BATCH_GRAPHS, _predict_graphs
 config = load_config(None, {overrides!r})
 collection = parse_collection({collection!r})
-root, work, quiet = {root!r}, Path({work!r}), lambda message: None
+root, work = {root!r}, Path({work!r})
 refs = p.collection_refs(root, collection)
 key = p.raw_data_key(root, refs)
-prune, _ = p.run_prune(config, collection, work, refs, key, False, quiet)
+prune = run_prune(config, collection, work, refs, key, False)
 stages = {{"prune": prune}}
 if {model!r} == "gnn":
-    graphs = pl.read_parquet(prune.file(p.GRAPHS_TABLE))
-    stages["node_arrays"], _ = p.run_node_arrays(collection, work, graphs, prune, False, quiet)
+    stages["node_arrays"] = run_node_arrays(collection, work, read_graph_table(prune), prune, False)
 else:
-    stages["features"], _ = p.run_features(config, collection, work, refs, key, prune, False, quiet)
+    stages["features"] = run_features(config, collection, work, refs, key, prune, False)
 prepared = p.Prepared(collection, stages)  # no folds stage: the sample is split train / valid / test
 adapter = get_adapter({model!r})
 settings = adapter.settings(config, collection)

@@ -17,7 +17,7 @@
 # and duplicate configs. Raw files are read one at a time (without their config arrays); the
 # duplicate counts come from the `prune` stage's `graphs.parquet`, found through its manifest.
 #
-# `TPUGRAPHS_SMOKE=1` runs it on the `tiny` world in a temporary folder (what the tests do);
+# `TPUGRAPHS_CONFIG=smoke` runs it on the `tiny` world in a temporary folder (what the tests do);
 # otherwise on the `small` synthetic world (`data/synthetic-small`, generated when missing).
 # See `pipelines.analysis.notebook_settings` for every switch.
 
@@ -102,7 +102,7 @@ analysis.save_figure(fig, figures / "01-opcode-mix.png", close=False)
 
 # %%
 config = analysis.load_pipeline_config(settings)
-prepared = prepare(config, settings.data_root, settings.work_dir, settings.collections, log=analysis.quiet)
+prepared = prepare(config, settings.data_root, settings.work_dir, settings.collections)
 dedup = pl.concat([
     item.graph_table.with_columns(pl.lit(name).alias("collection"))
     .select("collection", "split", "graph", "configs_before", "configs_after")

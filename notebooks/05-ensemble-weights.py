@@ -14,7 +14,7 @@
 # # 05 Ensemble weights
 #
 # The out-of-fold score as a function of the blend weight, per collection, computed from the saved
-# out-of-fold predictions of a run only (nothing is retrained). The run is `TPUGRAPHS_RUN_ID`, else
+# out-of-fold predictions of a run only (nothing is retrained). The run is `notebook.run_id` (in `TPUGRAPHS_SET`), else
 # the newest run under the submissions folder; when there is none, one is made first with
 # `pipelines.run.run_pipeline` (GBDT + GNN, or GBDT + the single-feature reference when the GNN is
 # not registered). Each seed's predictions are blended at every weight, so the curve carries a
@@ -22,8 +22,6 @@
 # marked, and the ensemble stage's own `curve.parquet` is shown next to it.
 
 # %%
-import os
-
 import numpy as np
 import polars as pl
 
@@ -35,7 +33,7 @@ settings = analysis.notebook_settings()
 figures = settings.work_dir / "figures"
 print(settings.describe())
 print(analysis.prepare_world(settings))
-run_id = os.environ.get("TPUGRAPHS_RUN_ID") or analysis.latest_run(settings.submissions_dir)
+run_id = settings.run_id or analysis.latest_run(settings.submissions_dir)
 if run_id is None:
     from pipelines.run import run_pipeline
 
@@ -43,7 +41,7 @@ if run_id is None:
     models = models if len(models) > 1 else ["gbdt", "feature"]
     config = analysis.load_pipeline_config(settings)
     run_id = run_pipeline(config, settings.data_root, work_dir=settings.work_dir, models=models,
-                          submissions_dir=settings.submissions_dir, log=analysis.quiet).run_id
+                          submissions_dir=settings.submissions_dir).run_id
 run = analysis.run_outputs(settings.submissions_dir, run_id)
 print(f"run {run_id}: models {run.manifest['models']}, weights {run.manifest['ensemble_weights']}")
 

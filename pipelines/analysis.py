@@ -7,7 +7,7 @@ notebook re-run reuses what it already computed.
 
 Pieces, in the house order (pure functions first, thin I/O shells after):
 
-* settings: :func:`notebook_settings` reads ``TPUGRAPHS_SMOKE`` and friends (see its docstring);
+* settings: :func:`notebook_settings` reads ``TPUGRAPHS_CONFIG`` and ``TPUGRAPHS_SET`` (see its docstring);
 * pure tables: :func:`cell_scores` (one mean score per fold x seed cell), :func:`summarize_cells`
   (mean and spread), :func:`blend_by_seed` (the ensemble of saved OOF predictions per seed),
   :func:`weight_curve` (score along the two-model blend weight), :func:`importance_table`,
@@ -26,10 +26,11 @@ standard error of the mean over cells.
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import tempfile
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -41,9 +42,8 @@ from pipelines import paths
 from pipelines.engine import StageOutput, load_stage
 from pipelines.errors import ConfigError, PipelineError
 
-Log = Callable[[str], None]
+logger = logging.getLogger(__name__)
 
-SMOKE_ENV = "TPUGRAPHS_SMOKE"
 # One collection per kind: where the tile and the layout ablations differ.
 SMOKE_COLLECTIONS = ("tile:xla", "layout:xla:default")
 SMOKE_MODELS = ("gbdt", "feature", "random")
@@ -79,6 +79,7 @@ class NotebookSettings:
     collections: tuple[str, ...]
     overrides: tuple[str, ...] = field(default=())
     models: tuple[str, ...] | None = None  # models a notebook may train; None: every registered one
+    run_id: str | None = None  # the run notebook 05 reads; None: the newest
 
     def config_overrides(self, *extra: str) -> list[str]:
         """``--set``-style overrides of every run of the notebook, then ``extra`` (a variant's)."""
@@ -93,65 +94,81 @@ class NotebookSettings:
                 f"collections {', '.join(self.collections)}; models {models}")
 
 
-def _int_list(text: str, name: str) -> tuple[int, ...]:
-    try:
-        values = tuple(int(v) for v in text.replace(",", " ").split())
-    except ValueError:
-        raise ConfigError(f"{name} must be integers separated by commas, got {text!r}") from None
-    if not values:
-        raise ConfigError(f"{name} names no value")
-    return values
+CONFIG_ENV = "TPUGRAPHS_CONFIG"  # the pipeline config: a name in pipelines/configs or a TOML file
+SET_ENV = "TPUGRAPHS_SET"  # ";"-separated key=value overrides: pipeline keys, and notebook.* keys
+NOTEBOOK_KEYS = ("smoke", "scratch", "data_root", "work_dir", "submissions_dir", "collections", "run_id")
 
 
 def notebook_settings(environ: Mapping[str, str] | None = None) -> NotebookSettings:
-    """Settings from the environment (``os.environ`` by default).
+    """Settings from the environment (``os.environ`` by default): the one config mechanism of the
+    pipeline, a config plus overrides, read from two variables.
 
-    ``TPUGRAPHS_SMOKE=1``: the ``tiny`` world in a temporary folder, 2 folds, 2 seeds, two collections
-    and the tiny models of the ``smoke`` config, without the GNN (whose fits take tens of seconds even
-    there); this is what the test suite runs. Otherwise the ``small`` world at
-    ``data/synthetic-small`` with the ``quick`` config, 5 folds and 3 seeds over every collection.
-    Each can be changed: ``TPUGRAPHS_DATA_ROOT``, ``TPUGRAPHS_WORK_DIR``, ``TPUGRAPHS_SUBMISSIONS``,
-    ``TPUGRAPHS_CONFIG``, ``TPUGRAPHS_FOLDS``, ``TPUGRAPHS_SEEDS`` ("0,1"), ``TPUGRAPHS_COLLECTIONS``
-    ("tile:xla,layout:xla:default"), ``TPUGRAPHS_MODELS`` ("gbdt,gnn": the models notebooks may train)
-    and ``TPUGRAPHS_SET`` (extra overrides separated by ";").
+    ``TPUGRAPHS_CONFIG`` names the pipeline config (a name in ``pipelines/configs`` or a ``.toml``
+    file; default ``quick``). ``TPUGRAPHS_SET`` holds ``key=value`` overrides separated by ``;``
+    (values are TOML literals, as for ``--set``): pipeline keys (``folds.k=3``, ``run.seeds=[4, 5]``,
+    ``run.models=["gbdt"]``, ``prune.hops=2`` ...) are validated by :func:`pipelines.config.load_config`
+    before anything runs; ``notebook.<key>`` keys set where the notebooks read and write:
+    ``notebook.data_root``, ``notebook.work_dir``, ``notebook.submissions_dir``,
+    ``notebook.collections`` (``["tile:xla"]``), ``notebook.run_id`` (notebook 05's run, default the
+    newest), ``notebook.scratch`` and ``notebook.smoke``.
+
+    ``TPUGRAPHS_CONFIG=smoke`` is the smoke mode: the ``tiny`` world in a scratch folder (a new
+    temporary one unless ``notebook.scratch`` names it), 2 folds, 2 seeds, two collections and the
+    tiny models of the ``smoke`` config, without the GNN (whose fits take tens of seconds even
+    there; ``run.models`` brings it back); this is what the test suite runs. Otherwise the
+    ``small`` world at ``data/synthetic-small``, 5 folds and 3 seeds over every collection.
     """
+    from pipelines.config import load_config, parse_override
+
     env = dict(os.environ if environ is None else environ)
-    smoke = env.get(SMOKE_ENV, "").strip().lower() in ("1", "true", "yes", "on")
+    config_name = env.get(CONFIG_ENV, "").strip() or "quick"
+    notebook: dict[str, Any] = {}
+    overrides: list[str] = []
+    for text in (part.strip() for part in env.get(SET_ENV, "").split(";")):
+        if not text:
+            continue
+        keys, value = parse_override(text, f"{SET_ENV} entry {text!r}")
+        if keys[0] != "notebook":
+            overrides.append(text)
+        elif len(keys) != 2 or keys[1] not in NOTEBOOK_KEYS:
+            raise ConfigError(f"{SET_ENV} entry {text!r}: unknown notebook key; expected one of "
+                              + ", ".join(f"notebook.{k}" for k in NOTEBOOK_KEYS))
+        else:
+            notebook[keys[1]] = value
+    smoke = bool(notebook.get("smoke", Path(config_name).stem == "smoke"))
     if smoke:
-        scratch = Path(env.get("TPUGRAPHS_SCRATCH") or tempfile.mkdtemp(prefix="tpugraphs-smoke-"))
+        scratch = Path(notebook.get("scratch") or tempfile.mkdtemp(prefix="tpugraphs-smoke-"))
         defaults = dict(data_root=scratch / "tiny-world", work_dir=scratch / "work",
-                        submissions_dir=scratch / "submissions", scale="tiny", folds=2, seeds=(0, 1),
-                        collections=SMOKE_COLLECTIONS, config="smoke", models=SMOKE_MODELS)
+                        submissions_dir=scratch / "submissions", scale="tiny", overrides=["run.seeds=[0, 1]"],
+                        collections=SMOKE_COLLECTIONS, models=SMOKE_MODELS)
     else:
         defaults = dict(data_root=paths.DEMO_DATA_ROOT, work_dir=paths.WORK_DIR,
-                        submissions_dir=paths.SUBMISSIONS_DIR, scale="small", folds=5, seeds=(0, 1, 2),
-                        collections=ALL_COLLECTION_NAMES, config="quick", models=None)
+                        submissions_dir=paths.SUBMISSIONS_DIR, scale="small",
+                        overrides=["folds.k=5", "run.seeds=[0, 1, 2]"],
+                        collections=ALL_COLLECTION_NAMES, models=None)
+    config = load_config(config_name, [*defaults["overrides"], *overrides])  # every value checked here
     collections = defaults["collections"]
-    if env.get("TPUGRAPHS_COLLECTIONS"):
+    if "collections" in notebook:
         from pipelines.collections import parse_collection
 
-        collections = tuple(parse_collection(c.strip()).name for c in env["TPUGRAPHS_COLLECTIONS"].split(",")
-                            if c.strip())
-    extra = tuple(s.strip() for s in env.get("TPUGRAPHS_SET", "").split(";") if s.strip())
-    models = defaults["models"]
-    if env.get("TPUGRAPHS_MODELS"):
-        models = tuple(m.strip() for m in env["TPUGRAPHS_MODELS"].split(",") if m.strip())
-    folds = _int_list(env["TPUGRAPHS_FOLDS"], "TPUGRAPHS_FOLDS")[0] if env.get("TPUGRAPHS_FOLDS") else defaults["folds"]
-    seeds = _int_list(env["TPUGRAPHS_SEEDS"], "TPUGRAPHS_SEEDS") if env.get("TPUGRAPHS_SEEDS") else defaults["seeds"]
+        listed = notebook["collections"]
+        if not isinstance(listed, list) or not listed:
+            raise ConfigError(f"{SET_ENV}: notebook.collections must be a non-empty list such as [\"tile:xla\"], "
+                              f"got {listed!r}")
+        collections = tuple(parse_collection(str(c)).name for c in listed)
+    models_given = any(parse_override(text, SET_ENV)[0][:2] == ["run", "models"] for text in overrides)
     return NotebookSettings(
         smoke=smoke,
-        data_root=Path(env.get("TPUGRAPHS_DATA_ROOT") or defaults["data_root"]),
-        work_dir=Path(env.get("TPUGRAPHS_WORK_DIR") or defaults["work_dir"]),
-        submissions_dir=Path(env.get("TPUGRAPHS_SUBMISSIONS") or defaults["submissions_dir"]),
+        data_root=Path(notebook.get("data_root") or defaults["data_root"]),
+        work_dir=Path(notebook.get("work_dir") or defaults["work_dir"]),
+        submissions_dir=Path(notebook.get("submissions_dir") or defaults["submissions_dir"]),
         scale=defaults["scale"],
-        config=env.get("TPUGRAPHS_CONFIG") or defaults["config"],
-        folds=folds, seeds=seeds, collections=collections,
-        overrides=extra, models=models,
+        config=config_name,
+        folds=config.folds.k, seeds=tuple(config.run.seeds), collections=collections,
+        overrides=tuple(overrides),
+        models=tuple(config.run.models) if models_given else defaults["models"],
+        run_id=str(notebook["run_id"]) if notebook.get("run_id") else None,
     )
-
-
-def quiet(_: str) -> None:
-    """A log that drops every message (stage progress would flood a notebook)."""
 
 
 # ----------------------------------------------------------------------------- pure tables
@@ -347,7 +364,7 @@ def graph_facts(data_root: Path | str, collections: Sequence[str]) -> tuple[pl.D
     return pl.DataFrame(rows), pl.DataFrame(opcodes)
 
 
-def prepare_world(settings: NotebookSettings, log: Log = quiet) -> str:
+def prepare_world(settings: NotebookSettings) -> str:
     """Generate the synthetic world at ``settings.data_root`` unless it is already there (a world of
     the same arguments is reused; the real data or a foreign folder is left alone)."""
     from pipelines.synth import generate_world
@@ -357,7 +374,7 @@ def prepare_world(settings: NotebookSettings, log: Log = quiet) -> str:
     if root.is_dir() and any(root.iterdir()) and not (root / MARKER).exists():
         return f"{root}: using the data found there (not a synthetic world; nothing generated)"
     summary = generate_world(root, scale=settings.scale, seed=0)
-    log(summary)
+    logger.info(summary)
     return summary.splitlines()[0]
 
 
@@ -380,7 +397,7 @@ def load_pipeline_config(settings: NotebookSettings, *extra: str) -> Any:
 
 
 def train_variants(settings: NotebookSettings, variants: Mapping[str, Sequence[str]], models: Sequence[str],
-                   collections: Sequence[str] | None = None, log: Log = quiet) -> list[Trained]:
+                   collections: Sequence[str] | None = None) -> list[Trained]:
     """Prepare and train every ``model`` for every variant (label -> extra config overrides) and
     collection; stages are cached by key, so a re-run (or another notebook) reuses them."""
     from pipelines.prepare import prepare
@@ -390,10 +407,10 @@ def train_variants(settings: NotebookSettings, variants: Mapping[str, Sequence[s
     out = []
     for label, extra in variants.items():
         config = load_pipeline_config(settings, *extra)
-        prepared = prepare(config, settings.data_root, settings.work_dir, chosen, log=log)
+        prepared = prepare(config, settings.data_root, settings.work_dir, chosen)
         for name in chosen:
             for model in models:
-                output = train_model(config, prepared[name], model=model, work_dir=settings.work_dir, log=log)
+                output = train_model(config, prepared[name], model=model, work_dir=settings.work_dir)
                 out.append(Trained(label, name, model, output, prepared[name]))
     return out
 
@@ -450,7 +467,7 @@ def registered_models() -> list[str]:
     return list(MODELS)
 
 
-def choose_models(settings: NotebookSettings, wanted: Sequence[str], log: Log = print) -> list[str]:
+def choose_models(settings: NotebookSettings, wanted: Sequence[str]) -> list[str]:
     """``wanted`` models that are registered and that ``settings.models`` allows; the others are
     named and skipped."""
     registered = registered_models()
@@ -458,8 +475,8 @@ def choose_models(settings: NotebookSettings, wanted: Sequence[str], log: Log = 
               and (settings.models is None or m in settings.models)]
     skipped = [m for m in wanted if m not in chosen]
     if skipped:
-        log(f"skipped model(s) {', '.join(skipped)} (not registered in pipelines.models.registry.MODELS, or left out by "
-            "the settings: TPUGRAPHS_MODELS)")
+        logger.warning(f"warning: skipped model(s) {', '.join(skipped)} (not registered in "
+                       "pipelines.models.registry.MODELS, or left out by the settings: run.models)")
     if not chosen:
         raise ConfigError(f"none of the models {list(wanted)} can be trained here")
     return chosen

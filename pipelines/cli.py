@@ -31,10 +31,17 @@ EXIT_CODES_HELP = ("exit codes: 0 success, 1 data or pipeline error, 2 usage err
 
 
 def _parser(sub: argparse._SubParsersAction, name: str, help_text: str, example: str) -> argparse.ArgumentParser:
-    """A subcommand parser whose --help ends with one example (``PROG`` is how it was called)."""
-    return sub.add_parser(name, help=help_text, description=help_text[:1].upper() + help_text[1:] + ".",
-                          epilog=f"example:\n  {_prog()} {example}\n\n{EXIT_CODES_HELP}",
-                          formatter_class=argparse.RawDescriptionHelpFormatter)
+    """A subcommand parser whose --help ends with one example (``PROG`` is how it was called), with
+    the ``--verbose``/``--quiet`` switches of every command."""
+    parser = sub.add_parser(name, help=help_text, description=help_text[:1].upper() + help_text[1:] + ".",
+                            epilog=f"example:\n  {_prog()} {example}\n\n{EXIT_CODES_HELP}",
+                            formatter_class=argparse.RawDescriptionHelpFormatter)
+    chatter = parser.add_mutually_exclusive_group()
+    chatter.add_argument("-v", "--verbose", dest="verbosity", action="store_const", const=1, default=0,
+                         help="also print debug messages (e.g. GNN epochs of fold jobs run in this process)")
+    chatter.add_argument("-q", "--quiet", dest="verbosity", action="store_const", const=-1,
+                         help="print warnings, errors and the command's result only, no progress")
+    return parser
 
 
 def _prog() -> str:
@@ -571,10 +578,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from pipelines.logs import console_logging
+
     args = build_parser().parse_args(argv)
     handler: Handler = args.handler
     try:
-        return int(handler(args) or 0)
+        with console_logging(getattr(args, "verbosity", 0)):
+            return int(handler(args) or 0)
     except ConfigError as exc:  # a bad argument or config value: the caller's usage
         print(redact_credentials(f"error: {exc}"), file=sys.stderr)
         return EXIT_USAGE

@@ -8,6 +8,7 @@ from pathlib import PurePosixPath
 from pipelines.errors import ConfigError
 
 SPLITS = ("train", "valid", "test")
+LABELLED = ("train", "valid")  # the splits with runtimes
 
 
 @dataclass(frozen=True, order=True)

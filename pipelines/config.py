@@ -258,6 +258,11 @@ def _read_config_file(path: Path) -> str:
         raise ConfigError(f"{path}: config file is not UTF-8 text (byte {exc.start})") from None
 
 
+def parse_override(text: str, where: str = "override") -> tuple[list[str], Any]:
+    """``"section.key=value"`` -> (``["section", "key"]``, the TOML value, or the bare word as a string)."""
+    return _parse_override(text, where)
+
+
 def _parse_override(text: str, where: str) -> tuple[list[str], Any]:
     if "=" not in text or "\n" in text:
         raise ConfigError(f"{where}: expected section.key=value")

@@ -11,32 +11,33 @@ run folder.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from pathlib import Path
 
 from pipelines.paths import SUBMISSIONS_DIR, WORK_DIR
-from pipelines.run import Log
 
+logger = logging.getLogger(__name__)
 
 
 def run_demo(data_root: Path | str, scale: str = "small", seed: int = 0, *,
              submissions_dir: Path | str = SUBMISSIONS_DIR, work_dir: Path | str = WORK_DIR,
-             config: str | Path | None = None, overrides: Sequence[str] = (), log: Log = print) -> int:
-    """Generate (or reuse) the synthetic world and run the whole pipeline on it; prints the path last."""
+             config: str | Path | None = None, overrides: Sequence[str] = ()) -> int:
+    """Generate (or reuse) the synthetic world and run the whole pipeline on it; prints the score table
+    and, last, the submission path (the command's result: printed, not logged, so ``--quiet`` keeps it)."""
     from pipelines.config import load_config
     from pipelines.run import resolve_models, run_pipeline
     from pipelines.synth import generate_world
 
-    log(generate_world(Path(data_root), scale=scale, seed=seed))
+    logger.info(generate_world(Path(data_root), scale=scale, seed=seed))
     resolved = load_config(config, overrides)
     models = resolve_models(resolved, None)
-    result = run_pipeline(resolved, data_root, work_dir=work_dir, models=models, submissions_dir=submissions_dir,
-                          log=log)
+    result = run_pipeline(resolved, data_root, work_dir=work_dir, models=models, submissions_dir=submissions_dir)
     stages = sum(len(c["prepare"]) + len(c["train"]) + 1 for c in result.manifest["stages"].values())
     reused = stages - len(result.computed)
-    log("")
-    log(f"out-of-fold scores on {data_root} ({scale} world, seed {seed}; {reused}/{stages} stages reused "
-        f"from {work_dir}):")
-    log(result.describe())
-    log(str(result.submission))
+    print()
+    print(f"out-of-fold scores on {data_root} ({scale} world, seed {seed}; {reused}/{stages} stages reused "
+          f"from {work_dir}):")
+    print(result.describe())
+    print(result.submission)
     return 0

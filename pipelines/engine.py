@@ -35,6 +35,7 @@ import functools
 import hashlib
 import importlib.metadata
 import json
+import logging
 import os
 import platform
 import re
@@ -51,6 +52,9 @@ from typing import Any, Callable, Iterable, Iterator, Mapping
 
 from pipelines.atomic import write_text_atomic
 from pipelines.errors import PipelineError
+from pipelines.logs import with_tag
+
+logger = logging.getLogger(__name__)
 
 try:  # POSIX only; elsewhere abandoned folders are recognised by age alone
     import fcntl
@@ -128,6 +132,15 @@ def fingerprint(obj: Any) -> str:
     return hashlib.sha256(canonical_json(obj).encode("utf-8")).hexdigest()[:16]
 
 
+def file_sha256(path: Path) -> str:
+    """Hex SHA-256 of a file's bytes, read in 1 MiB blocks."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
 def code_fingerprint(roots: Iterable[str], shallow: Iterable[str] = ()) -> str:
     """Fingerprint of the source the stage with these code roots runs (see the module docstring).
 
@@ -167,7 +180,12 @@ def _module_source(name: str) -> tuple[str, tuple[str, ...]]:
     tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     imported: set[str] = set()
+    # Imports under ``if TYPE_CHECKING:`` never run: they do not shape results, so they are not followed.
+    type_only = {id(inner) for node in ast.walk(tree) if isinstance(node, ast.If) and _is_type_checking(node.test)
+                 for statement in node.body for inner in ast.walk(statement)}
     for node in ast.walk(tree):
+        if id(node) in type_only:
+            continue
         if isinstance(node, (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
             body = node.body
             if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) \
@@ -184,6 +202,11 @@ def _module_source(name: str) -> tuple[str, tuple[str, ...]]:
             imported.update(f"{base}.{alias.name}" for alias in node.names)  # ``from pkg import module``
     own = tuple(sorted(m for m in imported if _module_file(m) is not None))
     return hashlib.sha256(ast.dump(tree).encode("utf-8")).hexdigest(), own
+
+
+def _is_type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or \
+        (isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
 
 
 # The folder of the ``pipelines`` package: modules are located by path, never imported, to fingerprint.
@@ -323,7 +346,6 @@ def run_stage(
     compute: Callable[[Path], Mapping[str, Any] | None],
     seeds: Mapping[str, int] | None = None,
     force: bool = False,
-    log: Callable[[str], None] = print,
 ) -> StageOutput:
     """Return the output of ``stage`` for this config and these inputs, computing it if not cached.
 
@@ -341,16 +363,17 @@ def run_stage(
         if cached is not None:
             _check_seeds(cached, seeds)
             clean_abandoned(stage_dir)  # work folders of killed runs go also when the stage is reused
-            log(f"[{stage}] cached {key}")
+            logger.info(with_tag(f"[{stage}] cached {key}"))
             return StageOutput(stage, key, final, cached, cached=True)
 
     with _guard_writes(stage_dir):
         stage_dir.mkdir(parents=True, exist_ok=True)
     clean_abandoned(stage_dir)
 
-    work, lock_fd = _make_work_dir(stage_dir, key)
+    staging = make_locked_folder(stage_dir, key)
+    work = staging.path
     try:
-        log(f"[{stage}] computing {key}")
+        logger.info(with_tag(f"[{stage}] computing {key}"))
         started = datetime.now(timezone.utc)
         t0 = time.perf_counter()
         with _guard_writes(work, _FULL_OR_READ_ONLY):
@@ -379,20 +402,18 @@ def run_stage(
             write_json_atomic(work / MANIFEST, manifest)
         published = _publish(work, final, stage, key, force)
     except BaseException:
-        shutil.rmtree(work, ignore_errors=True)
-        _release(lock_fd, None)
+        staging.discard()
         raise
     if published:
-        _release(lock_fd, final / LOCK)
-        log(f"[{stage}] done {key} in {wall:.1f}s")
+        staging.release(final)
+        logger.info(with_tag(f"[{stage}] done {key} in {wall:.1f}s"))
         return StageOutput(stage, key, final, manifest)
     # Another process completed the same key first: its output is equivalent, keep it.
-    shutil.rmtree(work, ignore_errors=True)
-    _release(lock_fd, None)
+    staging.discard()
     theirs = _read_complete(final, stage, key)
     if theirs is None:  # pragma: no cover - only if a third party deletes it in between
         raise PipelineError(f"{final}: output of stage {stage!r} vanished while publishing")
-    log(f"[{stage}] {key} was completed concurrently by another run; using it")
+    logger.info(with_tag(f"[{stage}] {key} was completed concurrently by another run; using it"))
     return StageOutput(stage, key, final, theirs)
 
 
@@ -595,6 +616,31 @@ def _list_outputs(folder: Path) -> list[dict]:
                 continue
             outputs.append({"path": rel, "bytes": full.stat().st_size})
     return outputs
+
+
+@dataclass(frozen=True)
+class LockedFolder:
+    """A ``.tmp-<key>-<random>`` folder whose lock this process holds: :func:`clean_abandoned` leaves
+    it alone until the process dies. The owner fills it, renames it into place, then calls
+    :meth:`release` with the new path; or calls :meth:`discard` to delete it."""
+
+    path: Path
+    lock_fd: int
+
+    def release(self, published: Path) -> None:
+        """After ``path`` was renamed to ``published``: remove its lock file (still locked), drop the lock."""
+        _release(self.lock_fd, published / LOCK)
+
+    def discard(self) -> None:
+        """Delete the folder (ours: nothing else lives there) and drop the lock."""
+        shutil.rmtree(self.path, ignore_errors=True)
+        _release(self.lock_fd, None)
+
+
+def make_locked_folder(parent: Path, key: str) -> LockedFolder:
+    """A new locked staging folder in ``parent`` (see :class:`LockedFolder`); stages and published
+    runs are written in one, so an interrupted writer leaves only a folder the next cleaner removes."""
+    return LockedFolder(*_make_work_dir(parent, key))
 
 
 def _make_work_dir(stage_dir: Path, key: str) -> tuple[Path, int]:

@@ -25,6 +25,7 @@ blend. With one model the blend is the identity (weight 1.0).
 from __future__ import annotations
 
 import itertools
+import logging
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -51,7 +52,7 @@ DEFAULT_GRID_STEP = 0.05
 # coordinate ascent is used instead.
 MAX_MODELS_FULL_GRID = 3
 _TIE_TOLERANCE = 1e-12
-Log = Callable[[str], None]
+logger = logging.getLogger(__name__)
 
 ENSEMBLE_STAGE = "ensemble"
 ENSEMBLE_CODE = Code(("pipelines.ensemble",))
@@ -395,8 +396,7 @@ def common_oof(frame: pl.DataFrame, models: Sequence[str]) -> pl.DataFrame:
 
 
 def ensemble_stage(collection: Collection, prune: StageOutput, trained: Mapping[str, StageOutput], *,
-                   method: str, grid: float | None = None, work_dir: Path, force: bool = False,
-                   log: Log = print) -> StageOutput:
+                   method: str, grid: float | None = None, work_dir: Path, force: bool = False) -> StageOutput:
     """Run (or reuse) the blend of ``trained`` (model name -> training output) for one collection."""
     grid = DEFAULT_GRID_STEP if grid is None else grid
     names = list(trained)
@@ -422,23 +422,23 @@ def ensemble_stage(collection: Collection, prune: StageOutput, trained: Mapping[
         oof_all = table.filter(pl.col("split") == "oof")
         oof = common_oof(oof_all, names)
         if oof.height < oof_all.height:
-            log(f"[{collection.name}] ensemble: weights fitted on the {oof.select('graph', 'config_index').n_unique()}"
-                f" OOF configs every model predicted")
+            logger.info(f"[{collection.name}] ensemble: weights fitted on the "
+                        f"{oof.select('graph', 'config_index').n_unique()} OOF configs every model predicted")
         source = Prepared(collection, {"prune": prune})  # only true runtimes are read
         truths = {(collection.name, g): source.runtimes(g) for g in sorted(oof["graph"].unique().to_list())}
         result = ensemble_collection(oof, table.filter(pl.col("split") == "test"), truths, names, method, grid)
         pl.concat([result.blended_oof, result.blended_test]).write_parquet(folder / ENSEMBLE_PREDICTIONS)
         result.curve.write_parquet(folder / ENSEMBLE_CURVE)
         best = max(names, key=lambda n: -math.inf if math.isnan(result.scores[n]) else result.scores[n])
-        log(f"[{collection.name}] ensemble weights "
-            + ", ".join(f"{n} {w:.2f}" for n, w in result.weights.items())
-            + f": OOF {result.scores['ensemble']:.4f} (best single: {best} {result.scores[best]:.4f})")
+        logger.info(f"[{collection.name}] ensemble weights "
+                    + ", ".join(f"{n} {w:.2f}" for n, w in result.weights.items())
+                    + f": OOF {result.scores['ensemble']:.4f} (best single: {best} {result.scores[best]:.4f})")
         return {"collection": collection.name, "method": method, "weights": result.weights,
                 "oof_scores": result.scores, "best_single_model": best, "oof_rows_used": oof.height,
                 "oof_rows_dropped": oof_all.height - oof.height}
 
     return run_stage(work_dir=Path(work_dir), stage=ENSEMBLE_STAGE, code=ENSEMBLE_CODE, config=config,
-                     inputs=inputs, compute=compute, force=force, log=log)
+                     inputs=inputs, compute=compute, force=force)
 
 
 def load_blended_test(output: StageOutput) -> pl.DataFrame:

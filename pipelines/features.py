@@ -18,13 +18,24 @@ layout (``node_feat`` columns 134-139) wherever a concrete layout is needed.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import zlib
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import polars as pl
 
-from pipelines.prune import PrunedGraph
-from pipelines.tpugraphs import NodeFeat
+from pipelines.collections import LABELLED, Collection
+from pipelines.engine import Code, StageOutput, run_stage
+from pipelines.parallel import map_in_order
+from pipelines.progress import Progress
+from pipelines.prune import PrunedGraph, load_pruned, pruned_path, sample_configs
+from pipelines.tpugraphs import GraphRef, NodeFeat, load_ref
+
+if TYPE_CHECKING:  # type hints only: the config reaches the key as resolved values
+    from pipelines.config import PipelineConfig
 
 CONV, DOT, RESHAPE = 26, 34, 75
 LAYOUT_OPS = {"conv": CONV, "dot": DOT, "reshape": RESHAPE}
@@ -221,6 +232,65 @@ CHAIN_FEATURES = ["f_chain_copies", "f_chain_copies_tiled", "f_chain_in_fixed", 
                   "f_chain_copy_log_bytes", "f_chain_copy_share"]
 
 
+# Slot pairs: the two minor-most slots of a block (each -1..5) as one int8 code ``(s0 + 1) + 7 (s1 + 1)``,
+# the index into the per-node lookup tables below (everything (8, 128) padding depends on).
+SLOT_PAIRS = 49
+_LOW_48_BITS = np.uint64(2**48 - 1)
+
+
+def slot_pairs(configs: np.ndarray, first: int) -> np.ndarray:
+    """int8 (...) slot-pair codes of slots ``first`` and ``first + 1`` of ``configs`` (..., 18) or (..., 6).
+
+    Layout values lie in -1..5 (the reader refuses anything else), so codes lie in 0..48 and int8
+    arithmetic cannot overflow."""
+    return configs[..., first] + configs[..., first + 1] * 7 + 8
+
+
+def block_codes(configs: np.ndarray) -> np.ndarray:
+    """uint64 (c, 3, nc): each block (out, in, kernel) of int8 ``configs`` (c, nc, 18) as one integer,
+    its 6 bytes, so that two blocks are equal exactly when their codes are.
+
+    Read through unaligned 8-byte views that stay inside each 18-byte row (block 0: bytes 0-7 masked
+    to 0-5; blocks 1 and 2: bytes 4-11 and 10-17 shifted right by 2 bytes), with no copy of the configs.
+    """
+    configs = np.ascontiguousarray(configs, dtype=np.int8)
+    count, nc = configs.shape[:2]
+    codes = np.zeros((count, len(BLOCKS), nc), dtype=np.uint64)
+    if configs.size == 0:
+        return codes
+    raw = configs.reshape(-1).view(np.uint8)
+    for b in range(len(BLOCKS)):
+        start = 6 * b - (2 if b else 0)
+        words = np.ndarray((count, nc), dtype="<u8", buffer=raw, offset=start, strides=(nc * 18, 18))
+        if b == 0:
+            np.bitwise_and(words, _LOW_48_BITS, out=codes[:, b])
+        else:
+            np.right_shift(words, np.uint64(16), out=codes[:, b])
+    return codes
+
+
+def layout_codes(layouts: np.ndarray) -> np.ndarray:
+    """uint64 (m,) :func:`block_codes` of single int8 blocks ``layouts`` (m, 6)."""
+    rows = np.zeros((layouts.shape[0], 1, 18), dtype=np.int8)
+    rows[:, 0, :6] = layouts
+    return block_codes(rows)[:, 0, 0]
+
+
+def padding_table(dims: np.ndarray) -> np.ndarray:
+    """float64 (m, SLOT_PAIRS): :func:`tile_padding` of m tensors (``dims`` (m, 6)) under every slot pair."""
+    pair = np.arange(SLOT_PAIRS)
+    layouts = np.full((SLOT_PAIRS, dims.shape[0], 6), -1, dtype=np.int8)
+    layouts[:, :, 0] = (pair % 7 - 1)[:, None]
+    layouts[:, :, 1] = (pair // 7 - 1)[:, None]
+    return np.ascontiguousarray(tile_padding(dims, layouts).T)
+
+
+def _lookup(table: np.ndarray, pairs: np.ndarray) -> np.ndarray:
+    """``table[j, pairs[:, j]]`` for a per-tensor table (m, SLOT_PAIRS) and slot pairs (k, m)."""
+    offsets = np.arange(table.shape[0], dtype=np.intp) * SLOT_PAIRS
+    return np.take(table.reshape(-1), pairs + offsets)
+
+
 @dataclass(frozen=True)
 class _ConfigNodes:
     """What the per-config layout features need to know about a graph's configurable nodes."""
@@ -231,6 +301,12 @@ class _ConfigNodes:
     default: np.ndarray  # int8 (nc, 6) default layout, -1 past the rank
     pairs: np.ndarray  # int64 (P, 2) connected (producer, consumer) positions, see config_pairs
     op_masks: dict[str, np.ndarray]  # conv/dot/reshape -> bool (nc,)
+    # per-node lookups, so that the per-config work gathers instead of recomputing (see _Blocks)
+    default_code: np.ndarray  # uint64 (nc,) block code of the default layout
+    default_pair: np.ndarray  # int8 (nc,) slot pair of the default layout
+    padding: np.ndarray  # float64 (nc, SLOT_PAIRS) tile_padding of the output under each slot pair
+    violates: np.ndarray  # bool (nc, SLOT_PAIRS) the minor-most slot's dim is smaller than the largest dim
+    default_padding: np.ndarray  # float64 (1, nc) tile_padding of the default layouts
 
     @classmethod
     def of(cls, graph: PrunedGraph) -> _ConfigNodes:
@@ -238,14 +314,67 @@ class _ConfigNodes:
         opcode = graph.node_opcode[graph.config_nodes].astype(np.int64)
         dims = node_dims(feat)
         elems = np.maximum(feat[:, DIM_PRODUCT].astype(np.float64), 1.0)
+        default = default_layouts(feat, node_rank(dims))
+        largest = dims.max(axis=1)
+        minor_slot = np.arange(SLOT_PAIRS) % 7 - 1
+        minor = np.where(minor_slot >= 0, dims[:, np.maximum(minor_slot, 0)], 0)  # (nc, SLOT_PAIRS)
         return cls(
             dims=dims,
-            largest=dims.max(axis=1),
+            largest=largest,
             nbytes=elems * np.maximum(element_bytes(feat), 1.0),
-            default=default_layouts(feat, node_rank(dims)),
+            default=default,
             pairs=config_pairs(graph.num_nodes, graph.edge_index, graph.config_nodes),
             op_masks={name: opcode == code for name, code in LAYOUT_OPS.items()},
+            default_code=layout_codes(default),
+            default_pair=slot_pairs(default, 0),
+            padding=padding_table(dims),
+            violates=(minor_slot >= 0) & (minor < largest[:, None]),
+            default_padding=tile_padding(dims, default[None]),
         )
+
+
+@dataclass(frozen=True)
+class _Blocks:
+    """One chunk of configs (k rows) as the layout features read it: every block as one code (equal
+    blocks, equal codes) and as the slot pair of its two minor-most slots, and the output blocks
+    resolved (an output block left to the compiler is the node's default layout).
+
+    Per-block arrays are (k, 3 nc): block b of configurable node j in column ``b * nc + j``, so that
+    one gather picks each consumer's input or kernel block.
+    """
+
+    default: np.ndarray  # bool (k, 3 nc): slot 0 is -1 (the compiler chooses)
+    code: np.ndarray  # uint64 (k, 3 nc), see block_codes
+    pair: np.ndarray  # int8 (k, 3 nc), see slot_pairs
+    resolved: np.ndarray  # uint64 (k, nc) code of the resolved output block
+    resolved_pair: np.ndarray  # int8 (k, nc)
+    padded: np.ndarray  # float64 (k, nc) tile_padding of the outputs in their resolved layouts
+    off_default: np.ndarray  # bool (k, nc) resolved output layout != default layout
+
+    @classmethod
+    def of(cls, cfg: np.ndarray, nodes: _ConfigNodes) -> _Blocks:
+        k, nc = cfg.shape[:2]
+        default = np.empty((k, len(BLOCKS), nc), dtype=bool)
+        pair = np.empty((k, len(BLOCKS), nc), dtype=np.int8)
+        for b in range(len(BLOCKS)):
+            np.equal(cfg[:, :, 6 * b], -1, out=default[:, b])
+            pair[:, b] = slot_pairs(cfg, 6 * b)
+        code = block_codes(cfg)
+        resolved = np.where(default[:, 0], nodes.default_code[None], code[:, 0])
+        resolved_pair = np.where(default[:, 0], nodes.default_pair[None], pair[:, 0])
+        return cls(default=default.reshape(k, -1), code=code.reshape(k, -1), pair=pair.reshape(k, -1),
+                   resolved=resolved, resolved_pair=resolved_pair, padded=_lookup(nodes.padding, resolved_pair),
+                   off_default=resolved != nodes.default_code[None])
+
+    def wanted(self, columns: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Code, slot pair and explicitness (slot 0 set) of the blocks in ``columns``, (k, len(columns)) each."""
+        return (np.take(self.code, columns, axis=1), np.take(self.pair, columns, axis=1),
+                ~np.take(self.default, columns, axis=1))
+
+
+def block_columns(nc: int, block: np.ndarray | int, node: np.ndarray) -> np.ndarray:
+    """intp columns of (node, block) in the (k, 3 nc) arrays of :class:`_Blocks`."""
+    return (np.asarray(block, dtype=np.intp) * nc + node).astype(np.intp)
 
 
 @dataclass(frozen=True)
@@ -278,6 +407,11 @@ class _Chains:
     fixed_in_dims: np.ndarray  # int64 (F, 6) the producer's shape
     fixed_in_bytes: np.ndarray  # float64 (F,)
     fixed_out: np.ndarray  # bool (nc,)
+    fixed_in_code: np.ndarray  # uint64 (F,) block code of fixed_in_layout
+    fixed_in_padding: np.ndarray  # float64 (F, SLOT_PAIRS) padding_table of fixed_in_dims
+    fixed_in_own_padding: np.ndarray  # float64 (1, F) tile_padding of the producers in their own layout
+    pair_columns: np.ndarray  # intp (P,) the consumer's input or kernel block, see block_columns
+    fixed_in_columns: np.ndarray  # intp (F,)
 
     @classmethod
     def of(cls, graph: PrunedGraph, nodes: _ConfigNodes) -> _Chains:
@@ -291,8 +425,8 @@ class _Chains:
         position[config_nodes] = np.arange(config_nodes.size)
         dims = node_dims(graph.node_feat)
         rank = node_rank(dims)
-        in_rank, kernel_rank = _block_ranks(graph.config_feat)
         kernel_capable = nodes.op_masks["conv"] | nodes.op_masks["dot"]
+        in_rank, kernel_rank = _block_ranks(graph.config_feat, np.flatnonzero(kernel_capable))
 
         def kernel_block(consumer: np.ndarray, producer_rank: np.ndarray) -> np.ndarray:
             k_rank, i_rank = kernel_rank[consumer], in_rank[consumer]
@@ -309,25 +443,37 @@ class _Chains:
         producer = up[:, 1]
         feat = graph.node_feat[producer]
         elems = np.maximum(feat[:, DIM_PRODUCT].astype(np.float64), 1.0)
+        fixed_layout, fixed_dims = default_layouts(feat, rank[producer]), dims[producer]
+        pair_kernel = kernel_block(pair_consumer, node_rank(nodes.dims)[pair_producer])
+        fixed_in_kernel = kernel_block(up[:, 0], rank[producer])
         return cls(
-            pair_producer=pair_producer, pair_consumer=pair_consumer,
-            pair_kernel=kernel_block(pair_consumer, node_rank(nodes.dims)[pair_producer]),
-            fixed_in_consumer=up[:, 0], fixed_in_kernel=kernel_block(up[:, 0], rank[producer]),
-            fixed_in_layout=default_layouts(feat, rank[producer]), fixed_in_dims=dims[producer],
+            pair_producer=pair_producer, pair_consumer=pair_consumer, pair_kernel=pair_kernel,
+            pair_columns=block_columns(config_nodes.size, 1 + pair_kernel, pair_consumer),
+            fixed_in_columns=block_columns(config_nodes.size, 1 + fixed_in_kernel, up[:, 0]),
+            fixed_in_consumer=up[:, 0], fixed_in_kernel=fixed_in_kernel,
+            fixed_in_layout=fixed_layout, fixed_in_dims=fixed_dims,
             fixed_in_bytes=elems * np.maximum(element_bytes(feat), 1.0), fixed_out=fixed_out,
+            fixed_in_code=layout_codes(fixed_layout), fixed_in_padding=padding_table(fixed_dims),
+            fixed_in_own_padding=tile_padding(fixed_dims, fixed_layout[None]),
         )
 
 
-def _block_ranks(configs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """int64 (nc,) each: the most slots any config sets in a node's input and kernel blocks."""
+def _block_ranks(configs: np.ndarray, columns: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """int64 (nc,) each: the most slots any config sets in a node's input and kernel blocks, for
+    the configurable nodes at ``columns`` (0 elsewhere: only convolutions and dots use them)."""
     nc = configs.shape[1]
-    in_rank, kernel_rank = np.zeros(nc, dtype=np.int64), np.zeros(nc, dtype=np.int64)
-    step = max(1, CELLS_PER_CHUNK // max(nc, 1))
+    ranks = [np.zeros(nc, dtype=np.int64), np.zeros(nc, dtype=np.int64)]
+    if columns.size == 0:
+        return ranks[0], ranks[1]
+    step = max(1, CELLS_PER_CHUNK // columns.size)
     for start in range(0, configs.shape[0], step):
-        cfg = configs[start : start + step]
-        in_rank = np.maximum(in_rank, (cfg[:, :, 6:12] >= 0).sum(axis=2).max(axis=0, initial=0))
-        kernel_rank = np.maximum(kernel_rank, (cfg[:, :, 12:18] >= 0).sum(axis=2).max(axis=0, initial=0))
-    return in_rank, kernel_rank
+        cfg = np.take(configs[start : start + step], columns, axis=1)
+        for rank, first in zip(ranks, (6, 12)):
+            slots_set = np.zeros(cfg.shape[:2], dtype=np.int8)  # at most 6: int8 counts
+            for slot in range(first, first + 6):
+                slots_set += cfg[:, :, slot] >= 0
+            rank[columns] = np.maximum(rank[columns], slots_set.max(axis=0, initial=0))
+    return ranks[0], ranks[1]
 
 
 def tile_padding(dims: np.ndarray, layouts: np.ndarray) -> np.ndarray:
@@ -374,14 +520,13 @@ def layout_config_features(graph: PrunedGraph, value_frequency: bool) -> dict[st
     columns = {name: np.zeros(count, dtype=np.float32) for name in layout_feature_names(value_frequency)}
     step = max(1, CELLS_PER_CHUNK // max(nc, 1))
     for start in range(0, count, step):
-        cfg = configs[start : start + step]
-        out_default = cfg[:, :, 0] == -1
-        resolved = np.where(out_default[:, :, None], nodes.default[None], cfg[:, :, 0:6])
+        cfg = np.ascontiguousarray(configs[start : start + step])
+        blocks = _Blocks.of(cfg, nodes)
         chunk = {
-            **_output_costs(resolved, nodes),
-            **_implied_copies(cfg, resolved, out_default, nodes),
-            **_choice_counts(cfg, nodes),
-            **_chain_copies(cfg, resolved, nodes, chains),
+            **_output_costs(blocks, nodes),
+            **_implied_copies(blocks, nodes),
+            **_choice_counts(blocks, nodes),
+            **_chain_copies(blocks, nodes, chains),
         }
         for name, values in chunk.items():
             columns[name][start : start + cfg.shape[0]] = values
@@ -390,17 +535,14 @@ def layout_config_features(graph: PrunedGraph, value_frequency: bool) -> dict[st
     return columns
 
 
-def _output_costs(resolved: np.ndarray, nodes: _ConfigNodes) -> dict[str, np.ndarray]:
-    """Violation ratio, (8, 128) padding and off-default outputs of resolved output blocks (k, nc, 6)."""
-    nc = resolved.shape[1]
-    row = np.arange(nc)[None, :]
-    minor_slot = resolved[:, :, 0].astype(np.int64)
-    minor = np.where(minor_slot >= 0, nodes.dims[row, np.maximum(minor_slot, 0)], 0)
-    padded = tile_padding(nodes.dims, resolved)
+def _output_costs(blocks: _Blocks, nodes: _ConfigNodes) -> dict[str, np.ndarray]:
+    """Violation ratio, (8, 128) padding and off-default outputs of the resolved output blocks."""
+    padded = blocks.padded
+    nc = padded.shape[1]
     padded_bytes = padded @ nodes.nbytes
-    off_default = (resolved != nodes.default[None]).any(axis=2)
+    off_default = blocks.off_default
     return {
-        "f_violation_ratio": ((minor_slot >= 0) & (minor < nodes.largest)).sum(axis=1) / nc,
+        "f_violation_ratio": _lookup(nodes.violates, blocks.resolved_pair).sum(axis=1) / nc,
         "f_pad_ratio_sum": padded.sum(axis=1),
         "f_pad_ratio_mean": padded.mean(axis=1),
         "f_pad_log_bytes": np.log1p(padded_bytes),
@@ -410,21 +552,20 @@ def _output_costs(resolved: np.ndarray, nodes: _ConfigNodes) -> dict[str, np.nda
     }
 
 
-def _implied_copies(cfg: np.ndarray, resolved: np.ndarray, out_default: np.ndarray,
-                    nodes: _ConfigNodes) -> dict[str, np.ndarray]:
+def _implied_copies(blocks: _Blocks, nodes: _ConfigNodes) -> dict[str, np.ndarray]:
     """Connected pairs whose producer output and consumer input layouts disagree (see above)."""
     if nodes.pairs.size == 0:
         return {}  # the columns stay 0
     producer, consumer = nodes.pairs[:, 0], nodes.pairs[:, 1]
-    wanted = cfg[:, consumer, 6:12]
-    in_default = wanted[:, :, 0] == -1
-    wanted = np.where(in_default[:, :, None], nodes.default[producer][None], wanted)
-    differ = (resolved[:, producer] != wanted).any(axis=2)
-    explicit = ~out_default[:, producer] & ~in_default
+    columns = block_columns(blocks.resolved.shape[1], 1, consumer)
+    in_default = np.take(blocks.default, columns, axis=1)
+    wanted = np.where(in_default, nodes.default_code[producer][None], np.take(blocks.code, columns, axis=1))
+    differ = np.take(blocks.resolved, producer, axis=1) != wanted
+    explicit = ~np.take(blocks.default, producer, axis=1) & ~in_default
     return {"f_implied_copies": differ.sum(axis=1), "f_implied_copies_explicit": (differ & explicit).sum(axis=1)}
 
 
-def _chain_copies(cfg: np.ndarray, resolved: np.ndarray, nodes: _ConfigNodes, chains: _Chains) -> dict[str, np.ndarray]:
+def _chain_copies(blocks: _Blocks, nodes: _ConfigNodes, chains: _Chains) -> dict[str, np.ndarray]:
     """Copies where layouts meet at the ends of elementwise chains (see :class:`_Chains`).
 
     A default (all -1) input block lets the compiler pick the operand's layout: no copy. A copy
@@ -433,28 +574,22 @@ def _chain_copies(cfg: np.ndarray, resolved: np.ndarray, nodes: _ConfigNodes, ch
     sum by the configurable nodes' unpadded output bytes. ``copies_tiled`` counts the pairs whose
     minor-most or second-minor dim differs (the tiled dims: a real transpose, not a strided copy).
     """
-    rows = cfg.shape[0]
-    moved = np.zeros(rows)
+    moved = np.zeros(blocks.padded.shape[0])
 
-    def wanted(consumer: np.ndarray, kernel: np.ndarray) -> np.ndarray:
-        return np.where(kernel[None, :, None], cfg[:, consumer, 12:18], cfg[:, consumer, 6:12])
+    producer = chains.pair_producer
+    dst, dst_pair, explicit = blocks.wanted(chains.pair_columns)
+    differ = explicit & (np.take(blocks.resolved, producer, axis=1) != dst)
+    tiled = explicit & (np.take(blocks.resolved_pair, producer, axis=1) != dst_pair)
+    moved += (differ * (np.take(blocks.padded, producer, axis=1) + _lookup(nodes.padding[producer], dst_pair))
+              ) @ nodes.nbytes[producer]
 
-    src = resolved[:, chains.pair_producer]
-    dst = wanted(chains.pair_consumer, chains.pair_kernel)
-    explicit = dst[:, :, 0] >= 0
-    differ = explicit & (src != dst).any(axis=2)
-    tiled = explicit & (src[:, :, :2] != dst[:, :, :2]).any(axis=2)
-    dims = nodes.dims[chains.pair_producer]
-    moved += (differ * (tile_padding(dims, src) + tile_padding(dims, dst))) @ nodes.nbytes[chains.pair_producer]
-
-    dst = wanted(chains.fixed_in_consumer, chains.fixed_in_kernel)
-    fixed = chains.fixed_in_layout[None]
-    differ_in = (dst[:, :, 0] >= 0) & (dst != fixed).any(axis=2)
-    moved += (differ_in * (tile_padding(chains.fixed_in_dims, dst) + tile_padding(chains.fixed_in_dims, fixed))
+    dst, dst_pair, explicit = blocks.wanted(chains.fixed_in_columns)
+    differ_in = explicit & (dst != chains.fixed_in_code[None])
+    moved += (differ_in * (_lookup(chains.fixed_in_padding, dst_pair) + chains.fixed_in_own_padding)
               ) @ chains.fixed_in_bytes
 
-    off = (resolved != nodes.default[None]).any(axis=2) & chains.fixed_out[None]
-    moved += (off * (tile_padding(nodes.dims, resolved) + tile_padding(nodes.dims, nodes.default[None]))) @ nodes.nbytes
+    off = blocks.off_default & chains.fixed_out[None]
+    moved += (off * (blocks.padded + nodes.default_padding)) @ nodes.nbytes
     return {
         "f_chain_copies": differ.sum(axis=1), "f_chain_copies_tiled": tiled.sum(axis=1),
         "f_chain_in_fixed": differ_in.sum(axis=1), "f_chain_out_fixed": off.sum(axis=1),
@@ -462,28 +597,33 @@ def _chain_copies(cfg: np.ndarray, resolved: np.ndarray, nodes: _ConfigNodes, ch
     }
 
 
-def _choice_counts(cfg: np.ndarray, nodes: _ConfigNodes) -> dict[str, np.ndarray]:
+def _choice_counts(blocks: _Blocks, nodes: _ConfigNodes) -> dict[str, np.ndarray]:
     """Default blocks per block type; values 0..5 in slots 0-1 per opcode and block type."""
-    out = {f"f_default_{block}": (cfg[:, :, 6 * b] == -1).sum(axis=1) for b, block in enumerate(BLOCKS)}
-    rows = cfg.shape[0]
-    row_offset = 7 * np.arange(rows, dtype=np.int64)[:, None]
+    rows, nc = blocks.resolved.shape
+    out = {f"f_default_{block}": blocks.default[:, b * nc : (b + 1) * nc].sum(axis=1) for b, block in enumerate(BLOCKS)}
+    # one bincount of slot pairs per op: the pair p of block b of config r lands in bin 49 (3 r + b) + p
+    offsets = SLOT_PAIRS * (len(BLOCKS) * np.arange(rows, dtype=np.intp)[:, None, None]
+                            + np.arange(len(BLOCKS), dtype=np.intp)[None, :, None])
     for op, mask in nodes.op_masks.items():
+        op_nodes = np.flatnonzero(mask)
+        pairs = np.take(blocks.pair, block_columns(nc, np.arange(len(BLOCKS))[:, None], op_nodes[None, :]), axis=1)
+        joint = np.bincount((pairs + offsets).reshape(-1), minlength=rows * len(BLOCKS) * SLOT_PAIRS)
+        joint = joint.reshape(rows, len(BLOCKS), 7, 7)  # [config, block, slot 1 + 1, slot 0 + 1]
         for b, block in enumerate(BLOCKS):
-            for slot in (0, 1):
-                # one bincount per (op, block, slot): value v of config r lands in bin 7r + v + 1
-                codes = cfg[:, mask, 6 * b + slot].astype(np.int64) + 1 + row_offset
-                counts = np.bincount(codes.ravel(), minlength=7 * rows).reshape(rows, 7)
-                for value in LAYOUT_VALUES:
-                    out[f"f_{op}_{block}_s{slot}_v{value}"] = counts[:, value + 1]
+            for value in LAYOUT_VALUES:
+                out[f"f_{op}_{block}_s0_v{value}"] = joint[:, b, :, value + 1].sum(axis=1)
+                out[f"f_{op}_{block}_s1_v{value}"] = joint[:, b, value + 1, :].sum(axis=1)
     return out
 
 
 def pack_blocks(configs: np.ndarray) -> np.ndarray:
-    """int32 (c, nc, 3): each 6-value block (values -1..5) packed base 7 into one integer."""
-    blocks = configs.reshape(configs.shape[0], configs.shape[1], 3, 6)
-    packed = np.zeros(blocks.shape[:3], dtype=np.int32)
-    for slot in range(6):  # slot by slot: never an int32 copy of the whole config array
-        packed += (blocks[..., slot].astype(np.int32) + 1) * 7**slot
+    """int32 (c, nc, 3): each 6-value block (values -1..5) packed base 7 into one integer
+    (slot pairs, see :func:`slot_pairs`, are its base-49 digits)."""
+    packed = np.empty((configs.shape[0], configs.shape[1], 3), dtype=np.int32)
+    for b in range(3):
+        packed[:, :, b] = slot_pairs(configs, 6 * b)
+        packed[:, :, b] += slot_pairs(configs, 6 * b + 2) * np.int32(49)
+        packed[:, :, b] += slot_pairs(configs, 6 * b + 4) * np.int32(49**2)
     return packed
 
 
@@ -491,9 +631,10 @@ def value_frequencies(configs: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.n
     """Per config: mean, min and mean-log of the share of configs choosing the same block value at
     each (node, block) cell, over the cells whose value varies across configs (float64 (c,) each).
 
-    Vectorised over cells: each cell's packed value is offset by ``cell * 7**6`` so that one sort
-    plus two ``searchsorted`` calls count every (cell, value) pair at once; cells are processed in
-    groups so the flattened keys stay small.
+    Vectorised over cells, in groups of cells so that temporaries stay small: the packed values
+    that occur anywhere get dense ids, and one bincount of ``cell * ids + id`` counts every
+    (cell, value) pair of a group at once (a sort where the distinct values outnumber the configs
+    several times over, which real layouts never do).
     """
     count = configs.shape[0]
     packed = pack_blocks(configs).reshape(count, -1)
@@ -503,13 +644,24 @@ def value_frequencies(configs: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.n
     lowest = np.ones(count)
     if varying.size == 0 or count == 0:
         return np.ones(count), lowest, total_log
-    span = np.int64(7**6)
+    seen = np.bincount(packed.reshape(-1), minlength=7**6) > 0
+    distinct = int(seen.sum())
+    dense = (np.cumsum(seen) - 1).astype(np.int32)  # packed value -> id among the values that occur
     group = max(1, CELLS_PER_CHUNK // count)
     for start in range(0, varying.size, group):
         cells = varying[start : start + group]
-        keys = packed[:, cells].astype(np.int64) + np.arange(cells.size, dtype=np.int64)[None, :] * span
-        ordered = np.sort(keys, axis=None)
-        share = (np.searchsorted(ordered, keys, "right") - np.searchsorted(ordered, keys, "left")) / count
+        if distinct <= 4 * count:
+            share = np.empty((count, cells.size))
+            step = max(1, CELLS_PER_CHUNK // distinct)  # cells per bincount: at most ~CELLS_PER_CHUNK bins
+            for first in range(0, cells.size, step):
+                part = cells[first : first + step]
+                keys = dense[np.take(packed, part, axis=1)] + np.arange(part.size, dtype=np.intp)[None, :] * distinct
+                share[:, first : first + part.size] = np.bincount(keys.reshape(-1), minlength=part.size * distinct)[keys]
+            share /= count
+        else:
+            keys = packed[:, cells].astype(np.int64) + np.arange(cells.size, dtype=np.int64)[None, :] * np.int64(7**6)
+            ordered = np.sort(keys, axis=None)
+            share = (np.searchsorted(ordered, keys, "right") - np.searchsorted(ordered, keys, "left")) / count
         total += share.sum(axis=1)
         total_log += np.log(share).sum(axis=1)
         lowest = np.minimum(lowest, share.min(axis=1))
@@ -659,3 +811,88 @@ def graph_feature_table(rows: list[dict[str, float]], stems: list[str]) -> pl.Da
         "graph": pl.Series(stems, dtype=pl.String),
         **{name: pl.Series([row[name] for row in rows], dtype=pl.Float32) for name in names},
     })
+
+
+# ----------------------------------------------------------------------------- stage: features (I/O shell)
+
+# The code the stage runs (part of its key): this module and what it imports (prune, the reader).
+FEATURES_CODE = Code(("pipelines.features",))
+GRAPH_FEATURES = "graph_features.parquet"
+
+
+def _config_table_name(split: str, stem: str) -> str:
+    return f"{split}/configs/{stem}.parquet"
+
+
+def seeded_rng(seed: int, stem: str) -> np.random.Generator:
+    """A generator per (seed, graph), so a graph's sample does not depend on which graphs ran before."""
+    return np.random.default_rng([seed, zlib.crc32(stem.encode("utf-8"))])
+
+
+def features_config(config: PipelineConfig, collection: Collection) -> dict[str, Any]:
+    return {"collection": collection.name, **asdict(config.features),
+            # how often each chosen value occurs is only informative where configs come from a search
+            "value_frequency": collection.search == "default"}
+
+
+def _features_to(folder: Path, ref: GraphRef, prune_path: Path, config: PipelineConfig,
+                 value_frequency: bool) -> tuple[int, list[str], dict[str, float]]:
+    """One features job: writes the graph's config table; returns its row count, feature columns and
+    the graph aggregates (collected by the stage into one table per split)."""
+    pruned = load_pruned(pruned_path(prune_path, ref.split, ref.stem))
+    if ref.split in LABELLED:
+        pruned = sample_configs(pruned, config.features.max_configs_per_graph,
+                                seeded_rng(config.features.seed, ref.stem))
+    table = config_feature_table(pruned, value_frequency=value_frequency)
+    table.write_parquet(folder / _config_table_name(ref.split, ref.stem))
+    if pruned.kind == "tile":  # unpruned: the graph is the whole program
+        aggregate = graph_aggregates(pruned.node_feat, pruned.node_opcode, pruned.edge_index, pruned.config_nodes)
+    else:  # aggregates describe the whole program, not the pruned part: re-read the raw structure
+        del pruned
+        raw = load_ref(ref, with_configs=False)
+        aggregate = graph_aggregates(raw.node_feat, raw.node_opcode, raw.edge_index, raw.node_config_ids)
+    return table.height, [c for c in table.columns if c.startswith("f_")], aggregate
+
+
+def run_features(config: PipelineConfig, collection: Collection, work_dir: Path, refs: dict[str, list[GraphRef]],
+                 data_key: str, prune: StageOutput, force: bool) -> StageOutput:
+    """The features stage: prune output + raw structure -> per-graph config feature tables and one
+    graph-aggregate table per split (read them back with :func:`read_feature_rows`)."""
+    stage_config = features_config(config, collection)
+
+    def compute(folder: Path) -> dict[str, Any]:
+        rows = 0
+        columns: list[str] = []
+        progress = Progress("[features]", sum(len(items) for items in refs.values()))
+        for split, items in refs.items():
+            (folder / split / "configs").mkdir(parents=True)
+            aggregates = []
+            jobs = [(folder, ref, prune.path, config, stage_config["value_frequency"]) for ref in items]
+            for height, names, aggregate in map_in_order(_features_to, jobs, config.run.n_jobs):
+                progress.step()
+                rows += height
+                columns = columns or names
+                aggregates.append(aggregate)
+            graph_feature_table(aggregates, [ref.stem for ref in items]).write_parquet(folder / split / GRAPH_FEATURES)
+        return {"rows": rows, "config_features": len(columns)}
+
+    return run_stage(work_dir=work_dir, stage="features", config=stage_config,
+                     inputs={"prune": prune.key, "data": data_key}, code=FEATURES_CODE, compute=compute,
+                     seeds={"features": config.features.seed}, force=force)
+
+
+def read_feature_rows(features: StageOutput, graphs: Sequence[tuple[str, str]], max_configs: int | None = None,
+                      seed: int = 0) -> pl.DataFrame:
+    """Config feature rows of ``graphs`` ((stem, split) pairs; at most ``max_configs`` per graph, a
+    seeded sample kept in file order), joined with their ``g_*`` graph aggregates."""
+    tables = []
+    for stem, split in graphs:
+        table = pl.read_parquet(features.file(_config_table_name(split, stem)))
+        if max_configs is not None and table.height > max_configs:
+            table = table[np.sort(seeded_rng(seed, stem).choice(table.height, size=max_configs, replace=False))]
+        tables.append(table)
+    if not tables:
+        raise ValueError("read_feature_rows needs at least one graph")
+    splits = sorted({split for _, split in graphs})
+    aggregates = pl.concat([pl.read_parquet(features.file(f"{split}/{GRAPH_FEATURES}")) for split in splits])
+    return pl.concat(tables).join(aggregates, on="graph", how="left")

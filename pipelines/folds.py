@@ -12,12 +12,20 @@ family, about half of the nlp graphs, and leave no balanced folds.
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import polars as pl
 
+from pipelines.collections import LABELLED, Collection
+from pipelines.engine import Code, StageOutput, fingerprint, run_stage
 from pipelines.errors import ConfigError
+
+if TYPE_CHECKING:  # type hints only: the config reaches the key as resolved values
+    from pipelines.config import PipelineConfig
 
 # Tokens removed wherever they stand between separators ("_" or "."): batch sizes, phases,
 # TPU topologies and precisions.
@@ -93,3 +101,44 @@ def assign_folds(stems: Sequence[str], splits: Sequence[str], k: int, seed: int,
         "family": pl.Series(families, dtype=pl.String),
         "fold": pl.Series(folds, dtype=pl.Int32),
     })
+
+
+# ----------------------------------------------------------------------------- stage: folds (I/O shell)
+
+# The code the stage runs (part of its key): this module and what it imports.
+FOLDS_CODE = Code(("pipelines.folds",))
+FOLDS_TABLE = "folds.parquet"
+
+
+def labelled_graphs(refs: Mapping[str, Sequence[Any]]) -> list[tuple[str, str]]:
+    """(stem, split) of every train then valid graph of ``refs`` (split -> graph references)."""
+    return [(ref.stem, split) for split in LABELLED for ref in refs.get(split, ())]
+
+
+def folds_table(config: PipelineConfig, labelled: Sequence[tuple[str, str]]) -> pl.DataFrame:
+    """:func:`assign_folds` of the (stem, split) pairs with the ``folds`` settings of ``config``."""
+    return assign_folds([stem for stem, _ in labelled], [split for _, split in labelled], config.folds.k,
+                        config.folds.seed, config.folds.holdout_valid)
+
+
+def run_folds(config: PipelineConfig, collection: Collection, work_dir: Path, labelled: Sequence[tuple[str, str]],
+              force: bool) -> StageOutput:
+    """The folds stage: the labelled (stem, split) pairs -> ``folds.parquet`` (read back with
+    :func:`read_folds`)."""
+    labelled = list(labelled)
+
+    def compute(folder: Path) -> dict[str, Any]:
+        table = folds_table(config, labelled)
+        table.write_parquet(folder / FOLDS_TABLE)
+        counts = table.group_by("fold").len().sort("fold")
+        return {"families": table["family"].n_unique(),
+                "graphs_per_fold": {str(f): int(n) for f, n in counts.iter_rows()}}
+
+    return run_stage(work_dir=work_dir, stage="folds", config={"collection": collection.name, **asdict(config.folds)},
+                     inputs={"graphs": fingerprint(labelled)}, code=FOLDS_CODE, compute=compute,
+                     seeds={"folds": config.folds.seed}, force=force)
+
+
+def read_folds(folds: StageOutput) -> pl.DataFrame:
+    """``graph``, ``split``, ``family``, ``fold`` of every train/valid graph (fold -1: holdout)."""
+    return pl.read_parquet(folds.file(FOLDS_TABLE))

@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import logging
 import os
 import shutil
 import socket
@@ -33,6 +34,8 @@ from typing import Any, Callable, Iterator, Mapping, Protocol
 from pipelines import paths
 from pipelines.collections import ALL_COLLECTIONS, SPLITS
 from pipelines.errors import ConfigError, FormatError, PipelineError
+
+logger = logging.getLogger(__name__)
 
 COMPETITION = "predict-ai-model-runtime"
 RULES_URL = f"https://www.kaggle.com/competitions/{COMPETITION}/rules"
@@ -425,7 +428,6 @@ def download_competition_data(
     *,
     force: bool = False,
     api_factory: Callable[[], KaggleApiLike] | None = None,
-    log: Callable[[str], None] = print,
 ) -> DownloadResult:
     """Download and install the competition data into ``data_root`` unless it is already complete."""
     data_root = Path(data_root)
@@ -436,7 +438,7 @@ def download_competition_data(
         recorded = json.loads((data_root / MARKER_NAME).read_text(encoding="utf-8"))
         return DownloadResult(data_root, True, int(recorded["files"]), int(recorded.get("zip_bytes", 0)))
     if not force and data_root.exists():
-        log(f"{data_root}: not a complete download ({problem}); downloading")
+        logger.info(f"{data_root}: not a complete download ({problem}); downloading")
     api = (api_factory or kaggle_api)()  # checks credentials before anything is created
     created = not data_root.exists()
     data_root.mkdir(parents=True, exist_ok=True)
@@ -498,7 +500,6 @@ def submit_file(
     *,
     data_root: Path | str | None = None,
     api_factory: Callable[[], KaggleApiLike] | None = None,
-    log: Callable[[str], None] = print,
 ) -> str:
     """Upload a submission CSV (validated against ``data_root``'s test files first, when given)."""
     file = Path(file)
@@ -511,9 +512,9 @@ def submit_file(
         from pipelines.submission import validate_submission
 
         rows = validate_submission(file, Path(data_root), split="test")
-        log(f"{file}: valid submission with {rows} rows")
+        logger.info(f"{file}: valid submission with {rows} rows")
     else:
-        log(f"{file}: not validated (pass --data-root to check it against the test files first)")
+        logger.warning(f"warning: {file}: not validated (pass --data-root to check it against the test files first)")
     try:
         result = api.competition_submit(str(file), message, COMPETITION)
     except Exception as exc:
@@ -531,7 +532,6 @@ def submit_run(
     message: str | None = None,
     data_root: Path | str | None = None,
     api_factory: Callable[[], KaggleApiLike] | None = None,
-    log: Callable[[str], None] = print,
 ) -> str:
     """Upload the submission of run ``run_id`` and record what was sent in its run folder.
 
@@ -541,9 +541,7 @@ def submit_run(
     ``<run>/submitted.json`` gains one entry (time, message, file hash, data root, Kaggle's answer),
     which ``runs list`` shows.
     """
-    import hashlib
-
-    from pipelines.engine import write_json_atomic
+    from pipelines.engine import file_sha256, write_json_atomic
     from pipelines.runs import SUBMITTED_RECORD, load_manifest, read_submitted, run_summary
 
     run_dir = Path(submissions_dir) / run_id
@@ -552,7 +550,7 @@ def submit_run(
     file = run_dir / recorded.get("file", "submission.csv")
     if not file.is_file():
         raise PipelineError(f"{file}: run {run_id} has no submission file")
-    digest = hashlib.sha256(file.read_bytes()).hexdigest()
+    digest = file_sha256(file)
     if recorded.get("sha256") and digest != recorded["sha256"]:
         raise PipelineError(f"{file}: changed since run {run_id} published it (SHA-256 differs from its manifest); "
                             "refusing to upload it as this run")
@@ -564,7 +562,7 @@ def submit_run(
         summary = run_summary(run_id, manifest)
         score = "-" if summary["combined"] is None else f"{summary['combined']:.4f}"
         message = f"{run_id} CV {score}" + ("" if summary["complete"] else " (incomplete)")
-    answer = submit_file(file, message, data_root=root, api_factory=api_factory, log=log)
+    answer = submit_file(file, message, data_root=root, api_factory=api_factory)
     previous = read_submitted(run_dir)
     entry = {"submitted_at": datetime.now(timezone.utc).isoformat(timespec="seconds"), "message": message,
              "competition": COMPETITION, "file": file.name, "sha256": digest,

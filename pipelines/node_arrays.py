@@ -8,16 +8,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Any
 
 import numpy as np
+import polars as pl
 
+from pipelines.collections import SPLITS, Collection
+from pipelines.engine import Code, StageOutput, run_stage
 from pipelines.errors import FormatError
 from pipelines.features import _Chains, _ConfigNodes
+from pipelines.parallel import map_in_order
+from pipelines.progress import Progress
+from pipelines.prune import PrunedGraph, load_pruned, pruned_path
 from pipelines.tpugraphs import GraphSize, NodeFeat
-
-if TYPE_CHECKING:  # the prune module is only needed for type hints here
-    from pipelines.prune import PrunedGraph
 
 
 @dataclass
@@ -25,12 +28,14 @@ class GraphArrays(GraphSize):
     collection: str  # e.g. "layout:xla:default"
     stem: str
     split: str  # "train", "valid" or "test"
-    opcode: np.ndarray  # int64 (n,) opcode ids 0..120
+    node_opcode: np.ndarray  # int64 (n,) opcode ids 0..120
     node_feat: np.ndarray  # float32 (n, F): transformed features, F fixed per collection
-    edge_index: np.ndarray  # int64 (2, m): PyG convention, row 0 = producer (source), row 1 = consumer
+    # int64 (2, m), PyG convention: row 0 = producer (message source), row 1 = consumer. Not named
+    # edge_index: that name means the file's (m, 2) [consumer, producer] rows in every other graph type.
+    message_edges: np.ndarray
     config_nodes: np.ndarray  # int64 (nc,): positions of configurable nodes in this graph; empty for tile
     config_feat: np.ndarray  # int8 (c, nc, 18) for layout; float32 (c, 24) for tile
-    runtime: np.ndarray  # float64 (c,): runtime (layout) or runtime/normalizer (tile); zeros on test
+    target: np.ndarray  # float64 (c,): runtime (layout) or runtime/normalizer (tile); zeros on test
     config_index: np.ndarray  # int64 (c,): row of each config in the original file (after de-duplication)
     # Layout: where two layouts meet, directly or through elementwise chains (features._Chains), one
     # row per "chain end" e: configurable producer -> configurable consumer, fixed producer (-1) ->
@@ -46,6 +51,9 @@ class GraphArrays(GraphSize):
 
 
 _ARRAY_FIELDS = [f.name for f in fields(GraphArrays) if f.name not in ("collection", "stem", "split")]
+# Member names in the stage's npz files, which predate the field names (the files stay byte-identical).
+_STORED_AS = {name: name for name in _ARRAY_FIELDS} | {"node_opcode": "opcode", "message_edges": "edge_index",
+                                                        "target": "runtime"}
 
 
 def save_graph_arrays(path: Path | str, arrays: GraphArrays) -> None:
@@ -53,7 +61,7 @@ def save_graph_arrays(path: Path | str, arrays: GraphArrays) -> None:
     path = Path(path)
     meta = np.array([arrays.collection, arrays.stem, arrays.split])
     with open(path, "wb") as handle:
-        np.savez(handle, meta=meta, **{name: getattr(arrays, name) for name in _ARRAY_FIELDS})
+        np.savez(handle, meta=meta, **{_STORED_AS[name]: getattr(arrays, name) for name in _ARRAY_FIELDS})
 
 
 def load_graph_arrays(path: Path | str) -> GraphArrays:
@@ -61,7 +69,7 @@ def load_graph_arrays(path: Path | str) -> GraphArrays:
     try:
         with np.load(path, allow_pickle=False) as archive:
             collection, stem, split = (str(v) for v in archive["meta"])
-            values = {name: archive[name] for name in _ARRAY_FIELDS}
+            values = {name: archive[_STORED_AS[name]] for name in _ARRAY_FIELDS}
     except (OSError, KeyError, ValueError) as exc:
         raise FormatError(path, f"cannot read cached graph arrays ({exc})") from None
     return GraphArrays(collection=collection, stem=stem, split=split, **values)
@@ -157,12 +165,50 @@ def make_graph_arrays(graph: PrunedGraph, collection: str, split: str) -> GraphA
         collection=collection,
         stem=graph.stem,
         split=split,
-        opcode=graph.node_opcode.astype(np.int64),
+        node_opcode=graph.node_opcode.astype(np.int64),
         node_feat=transform_node_feat(graph.node_feat),
-        edge_index=np.ascontiguousarray(edges[:, ::-1].T).astype(np.int64),
+        message_edges=np.ascontiguousarray(edges[:, ::-1].T).astype(np.int64),
         config_nodes=graph.config_nodes.astype(np.int64),
         config_feat=config_feat,
-        runtime=graph.target.astype(np.float64),
+        target=graph.target.astype(np.float64),
         config_index=graph.config_index.astype(np.int64),
         **(chain_end_arrays(graph) if graph.kind == "layout" else {}),
     )
+
+
+# ----------------------------------------------------------------------------- stage: node arrays (I/O shell)
+
+# The code the stage runs (part of its key): this module and what it imports (prune, the reader, and
+# features, whose chain logic gives the chain ends).
+NODE_ARRAYS_CODE = Code(("pipelines.node_arrays",))
+
+
+def _arrays_name(split: str, stem: str) -> str:
+    return f"{split}/{stem}.npz"
+
+
+def _node_arrays_to(folder: Path, prune_path: Path, stem: str, split: str, collection: str) -> None:
+    pruned = load_pruned(pruned_path(prune_path, split, stem))
+    save_graph_arrays(folder / _arrays_name(split, stem), make_graph_arrays(pruned, collection, split))
+
+
+def run_node_arrays(collection: Collection, work_dir: Path, graphs: pl.DataFrame, prune: StageOutput,
+                    force: bool, n_jobs: int = 1) -> StageOutput:
+    """The node-arrays stage: the ``graphs`` (``graph``, ``split`` rows of the prune stage's table)
+    -> one :class:`GraphArrays` file each (read back with :func:`read_graph_arrays`)."""
+    def compute(folder: Path) -> dict[str, Any]:
+        for split in SPLITS:
+            (folder / split).mkdir()
+        progress = Progress("[node_arrays]", graphs.height)
+        jobs = [(folder, prune.path, stem, split, collection.name)
+                for stem, split in graphs.select("graph", "split").iter_rows()]
+        for _ in map_in_order(_node_arrays_to, jobs, n_jobs):
+            progress.step()
+        return {"graphs": graphs.height}
+
+    return run_stage(work_dir=work_dir, stage="node_arrays", config={"collection": collection.name},
+                     inputs={"prune": prune.key}, code=NODE_ARRAYS_CODE, compute=compute, force=force)
+
+
+def read_graph_arrays(node_arrays: StageOutput, split: str, stem: str) -> GraphArrays:
+    return load_graph_arrays(node_arrays.file(_arrays_name(split, stem)))

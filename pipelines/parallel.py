@@ -10,13 +10,14 @@ same paths and have this package installed).
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
 from pipelines.errors import PipelineError, redact_credentials
 
-Log = Callable[[str], None]
+logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
 LOCAL_SCHEDULER = "local"
@@ -24,7 +25,7 @@ DASK_CONNECT_TIMEOUT = "10s"
 
 
 @contextmanager
-def fan_out(scheduler: str | None, log: Log = print) -> Iterator[str]:
+def fan_out(scheduler: str | None) -> Iterator[str]:
     """Within the block, joblib sends the jobs to ``scheduler``: ``None``/``"local"`` keeps local
     loky processes; anything else is the address of a running Dask scheduler. Yields the joblib
     backend name ("loky" or "dask")."""
@@ -50,7 +51,7 @@ def fan_out(scheduler: str | None, log: Log = print) -> Iterator[str]:
                             f"{DASK_CONNECT_TIMEOUT}: {redact_credentials(str(exc), secret)}") from None
     try:
         workers = len(client.scheduler_info().get("workers", {}))
-        log(f"jobs go to the Dask cluster at {shown} ({workers} worker(s); they must see this "
+        logger.info(f"jobs go to the Dask cluster at {shown} ({workers} worker(s); they must see this "
             "work dir and data root at the same paths)")
         with joblib.parallel_config(backend="dask"):
             yield "dask"

@@ -14,6 +14,7 @@ validated against ``NEW_ROOT`` and published as a new run folder (``kind = "pred
 
 from __future__ import annotations
 
+import logging
 import time
 from pathlib import Path
 from typing import Any
@@ -21,10 +22,12 @@ from typing import Any
 import polars as pl
 
 from pipelines.collections import Collection, parse_collection
-from pipelines.engine import StageOutput, code_version, fingerprint, library_versions, load_stage
+from pipelines.engine import StageOutput, code_version, file_sha256, fingerprint, library_versions, load_stage
 from pipelines.errors import ConfigError, PipelineError
 from pipelines.paths import SUBMISSIONS_DIR
-from pipelines.run import Log, RunResult, read_run_manifest, scores_from_manifest, write_run_report
+from pipelines.run import RunResult, read_run_manifest, scores_from_manifest, write_run_report
+
+logger = logging.getLogger(__name__)
 
 PREPARE_FOR_PREDICTION = ("prune", "features", "node_arrays")
 
@@ -49,7 +52,7 @@ def fold_models(output: StageOutput, *, num_threads: int = 1) -> list[tuple[int,
     """``(fold, seed, adapter, ranker)`` of every fold model saved in a training stage output, in the
     order the stage wrote its predictions (seed, then fold). Each file is checked against its hash."""
     from pipelines.models.registry import get_adapter
-    from pipelines.train import file_sha256, model_file_name
+    from pipelines.train import model_file_name
 
     config = output.manifest.get("config") or {}
     adapter = get_adapter(config.get("model", ""))
@@ -90,7 +93,7 @@ def predict_test(output: StageOutput, prepared: Any, *, num_threads: int = 1) ->
     return pl.concat(frames) if frames else pl.DataFrame(schema=PREDICTION_SCHEMA)
 
 
-def prepare_test_graphs(config: Any, collection: Collection, data_root: Path, work_dir: Path, log: Log,
+def prepare_test_graphs(config: Any, collection: Collection, data_root: Path, work_dir: Path,
                         split: str = "test") -> Any:
     """The prune, features and node-arrays stages over the ``split`` graphs of ``data_root`` only (no
     folds needed): a :class:`pipelines.prepare.Prepared` handle for prediction. The graphs are
@@ -98,10 +101,8 @@ def prepare_test_graphs(config: Any, collection: Collection, data_root: Path, wo
     because a submission ranks every config of the file."""
     import dataclasses
 
-    from pipelines.prepare import (GRAPHS_TABLE, Prepared, raw_data_key, run_features, run_node_arrays,
-                                   run_prune, tagged_log)
-
     from pipelines.collections import SPLITS
+    from pipelines.prepare import Prepared, raw_data_key, run_data_stages
     from pipelines.tpugraphs import list_graphs
 
     refs = {name: [] for name in SPLITS}  # the other splits may be absent from a root of new graphs
@@ -109,15 +110,8 @@ def prepare_test_graphs(config: Any, collection: Collection, data_root: Path, wo
     if not refs["test"]:
         raise PipelineError(f"{data_root}: no {collection.name} {split} graphs to rank (the run has models for it; "
                             f"the data root must hold its {split} files in the Kaggle layout)")
-    data_key = raw_data_key(data_root, refs)
-    tagged = tagged_log(log, collection)
-    prune, _ = run_prune(config, collection, work_dir, refs, data_key, False, tagged)
-    graphs = pl.read_parquet(prune.file(GRAPHS_TABLE))
-    kept = set(graphs["graph"].to_list())
-    refs = {split: [ref for ref in items if ref.stem in kept] for split, items in refs.items()}
-    features, _ = run_features(config, collection, work_dir, refs, data_key, prune, False, tagged)
-    node_arrays, _ = run_node_arrays(collection, work_dir, graphs, prune, False, tagged)
-    return Prepared(collection, {"prune": prune, "features": features, "node_arrays": node_arrays})
+    stages = run_data_stages(config, collection, work_dir, refs, raw_data_key(data_root, refs), with_folds=False)
+    return Prepared(collection, stages)
 
 
 def _check_split(source: dict[str, Any], run_id: str, split: str) -> None:
@@ -138,7 +132,7 @@ def _check_split(source: dict[str, Any], run_id: str, split: str) -> None:
 
 def predict_run(run_id: str, data_root: Path | str, *, submissions_dir: Path | str = SUBMISSIONS_DIR,
                 work_dir: Path | str | None = None, split: str = "test", num_threads: int = 1,
-                command: str | None = None, log: Log = print) -> RunResult:
+                command: str | None = None) -> RunResult:
     """Rank every ``split`` graph of ``data_root`` with run ``run_id``'s saved models and blend weights, and
     publish a validated submission in a new run folder (see the module docstring). ``split="valid"``
     (only for runs whose fold models held the valid split out) writes a submission that ``score``
@@ -167,7 +161,7 @@ def predict_run(run_id: str, data_root: Path | str, *, submissions_dir: Path | s
         weights = (source.get("ensemble_weights") or {}).get(cname)
         if not weights or set(weights) != set(models):
             raise PipelineError(f"run {run_id}: {cname} has no ensemble weights for its models {models}")
-        log(f"predict {step}/{len(collections)}: {cname}, models {', '.join(models)}")
+        logger.info(f"predict {step}/{len(collections)}: {cname}, models {', '.join(models)}")
         frames, prepare_keys = [], {}
         for model in models:
             ref = refs[model]
@@ -182,8 +176,7 @@ def predict_run(run_id: str, data_root: Path | str, *, submissions_dir: Path | s
             cache = (cname, fingerprint(config_dict))
             if cache not in prepared_by_config:
                 config = config_from_dict(PipelineConfig, config_dict, f"run {run_id} manifest")
-                prepared_by_config[cache] = prepare_test_graphs(config, collection, data_root, source_work, log,
-                                                                split)
+                prepared_by_config[cache] = prepare_test_graphs(config, collection, data_root, source_work, split)
             prepared = prepared_by_config[cache]
             prepare_keys = {stage: out.key for stage, out in prepared.stages.items()}
             frames.append(predict_test(output, prepared, num_threads=num_threads)
@@ -213,6 +206,6 @@ def predict_run(run_id: str, data_root: Path | str, *, submissions_dir: Path | s
         "wall_time_s": round(time.perf_counter() - started, 3),
     }
     new_id, path, manifest = publish_submission(rows, manifest, data_root=data_root, submissions_dir=submissions_dir,
-                                                split=split, log=log)
-    write_run_report(new_id, submissions_dir, log)
+                                                split=split)
+    write_run_report(new_id, submissions_dir)
     return RunResult(new_id, path.parent, path, manifest, scores_from_manifest(manifest), ())

@@ -1,4 +1,4 @@
-"""Progress lines for long loops, through the same ``log`` callable as every other message.
+"""Progress lines for long loops, logged (INFO, ``pipelines.progress``) like every other message.
 
 A line says ``<label> i/N files (rate, ETA)``, at most one every ``every_s`` seconds, and a last
 one when the loop ends if it logged any (a loop shorter than ``every_s`` stays silent: the stage's
@@ -8,8 +8,13 @@ step instead of a redrawn bar, and a terminal gets the same lines. Standard libr
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import Callable
+
+from pipelines.logs import with_tag
+
+logger = logging.getLogger(__name__)
 
 PROGRESS_EVERY_S = 10.0  # at most one progress line per loop this often
 
@@ -27,9 +32,9 @@ def format_duration(seconds: float) -> str:
 class Progress:
     """Counts items of a loop of known length and logs throttled ``i/N`` lines with an ETA."""
 
-    def __init__(self, log: Callable[[str], None], label: str, total: int, *, unit: str = "files",
+    def __init__(self, label: str, total: int, *, unit: str = "files",
                  every_s: float = PROGRESS_EVERY_S, clock: Callable[[], float] = time.monotonic):
-        self.log, self.label, self.total, self.unit = log, label, int(total), unit
+        self.label, self.total, self.unit = label, int(total), unit
         self.every_s, self.clock = every_s, clock
         self.done = 0
         self.started = clock()
@@ -49,4 +54,4 @@ class Progress:
             rate = self.done / elapsed
             text += f" ({rate:.1f}/s" + (f", ETA {format_duration((self.total - self.done) / rate)})" if not last
                                          else f", {format_duration(elapsed)})")
-        self.log(text)
+        logger.info(with_tag(text))

@@ -11,13 +11,23 @@ The result of both steps is a :class:`PrunedGraph`, which the features and node-
 from __future__ import annotations
 
 import zipfile
+import zlib
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+import polars as pl
 
+from pipelines.collections import LABELLED, Collection
+from pipelines.engine import Code, StageOutput, run_stage
 from pipelines.errors import ConfigError, FormatError
-from pipelines.tpugraphs import GraphSize, LayoutGraph, TileGraph
+from pipelines.parallel import map_in_order
+from pipelines.progress import Progress
+from pipelines.tpugraphs import GraphRef, GraphSize, LayoutGraph, TileGraph, load_ref
+
+if TYPE_CHECKING:  # type hints only: the config reaches the key as resolved values
+    from pipelines.config import PipelineConfig
 
 PRUNE_MODES = ("khop", "config_only")
 DEDUP_MODES = ("first", "mean", "min", "none")
@@ -167,18 +177,20 @@ def duplicate_groups(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Groups of byte-identical rows: ``first`` (int64, ascending) holds the first row of each group,
     ``group`` (int64 (c,)) the group of every row, numbered in order of first appearance.
 
-    Rows are grouped by a 64-bit hash (a random linear form of their bytes, mod 2**64, computed in
-    chunks), so no copy of the (up to ~220 MB) config array is made; every row is then checked
-    against its group's first row, and a hash collision (never expected) falls back to an exact
-    sort of the rows.
+    Rows are grouped by a 64-bit hash of their bytes (CRC-32 and Adler-32 side by side), so no copy
+    of the (up to ~220 MB) config array is made; every row that joined an earlier row's group is then
+    checked against that row, and a hash collision (never expected) falls back to an exact sort of
+    the rows. The result does not depend on the hash: groups are exact and numbered by first row.
     """
     count = rows.shape[0]
     data = np.ascontiguousarray(rows).reshape(count, -1).view(np.uint8)
     hashes = _row_hashes(data)
     _, first, inverse = np.unique(hashes, return_index=True, return_inverse=True)
+    inverse = inverse.ravel()
+    joined = np.flatnonzero(first[inverse] != np.arange(count))  # rows that are not their group's first
     step = max(1, CHUNK_CELLS // max(data.shape[1], 1))
-    for start in range(0, count, step):
-        part = slice(start, start + step)
+    for start in range(0, joined.size, step):
+        part = joined[start : start + step]
         if not np.array_equal(data[part], data[first[inverse[part]]]):
             keys = data.view(np.dtype((np.void, data.shape[1]))).ravel()
             _, first, inverse = np.unique(keys, return_index=True, return_inverse=True)
@@ -191,13 +203,14 @@ def duplicate_groups(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _row_hashes(data: np.ndarray) -> np.ndarray:
-    """uint64 (c,) hash of each uint8 row: sum of byte * fixed random odd weight, mod 2**64."""
-    weights = np.random.default_rng(0x5EED).integers(0, 2**63, size=data.shape[1], dtype=np.uint64) * 2 + 1
-    hashes = np.empty(data.shape[0], dtype=np.uint64)
-    step = max(1, CHUNK_CELLS // max(data.shape[1], 1))
-    for start in range(0, data.shape[0], step):
-        hashes[start : start + step] = (data[start : start + step] * weights).sum(axis=1, dtype=np.uint64)
-    return hashes
+    """uint64 (c,) hash of each uint8 row of a C-contiguous array: CRC-32 (high half) and Adler-32
+    (low half) of its bytes, each computed at memory speed by zlib."""
+    width = data.shape[1]
+    if width == 0:
+        return np.zeros(data.shape[0], dtype=np.uint64)
+    flat = memoryview(data.reshape(-1))
+    return np.array([zlib.crc32(flat[start : start + width]) << 32 | zlib.adler32(flat[start : start + width])
+                     for start in range(0, data.shape[0] * width, width)], dtype=np.uint64).reshape(data.shape[0])
 
 
 def select_configs(graph: PrunedGraph, rows: np.ndarray, target: np.ndarray | None = None) -> PrunedGraph:
@@ -276,3 +289,114 @@ def load_file_target(path: Path | str) -> np.ndarray:
             return archive["file_target"]
     except (OSError, KeyError, ValueError, zipfile.BadZipFile) as exc:
         raise FormatError(path, f"cannot read pruned graph ({exc})") from None
+
+
+# ----------------------------------------------------------------------------- stage: prune (I/O shell)
+
+# The code the stage runs (part of its key): this module and what it imports.
+PRUNE_CODE = Code(("pipelines.prune",))
+GRAPHS_TABLE = "graphs.parquet"
+_GRAPHS_SCHEMA = {"graph": pl.String, "split": pl.String, "nodes_before": pl.Int64, "nodes_after": pl.Int64,
+                  "edges_before": pl.Int64, "edges_after": pl.Int64, "configs_before": pl.Int64,
+                  "configs_after": pl.Int64}
+
+
+def _pruned_name(split: str, stem: str) -> str:
+    return f"{split}/{stem}.npz"
+
+
+def pruned_path(folder: Path, split: str, stem: str) -> Path:
+    """Where the prune stage's ``folder`` holds the pruned graph ``stem`` of ``split`` (for workers,
+    which get the folder rather than the whole :class:`StageOutput`)."""
+    return folder / _pruned_name(split, stem)
+
+
+def prune_config(config: PipelineConfig, collection: Collection) -> dict[str, Any]:
+    """What the prune stage of ``collection`` depends on (tile graphs ignore the pruning knobs)."""
+    # on_bad_file is keyed: an output that skipped files must never be reused by a run that asks for errors
+    if collection.is_tile:
+        return {"collection": collection.name, "dedup": config.prune.dedup, "on_bad_file": config.data.on_bad_file}
+    return {"collection": collection.name, **asdict(config.prune), "on_bad_file": config.data.on_bad_file}
+
+
+def prune_one(ref: GraphRef, config: PipelineConfig) -> tuple[PrunedGraph, dict[str, Any]]:
+    """Load, prune (layout) and de-duplicate (labelled splits) one graph; returns it and its stats row."""
+    graph = load_ref(ref)
+    if isinstance(graph, LayoutGraph):
+        pruned, stats = prune_layout_graph(graph, config.prune.hops, config.prune.mode)
+        counts = stats.as_dict()
+    else:
+        pruned = tile_as_pruned(graph)
+        counts = {"nodes_before": graph.num_nodes, "nodes_after": graph.num_nodes,
+                  "edges_before": int(graph.edge_index.shape[0]), "edges_after": int(graph.edge_index.shape[0])}
+    del graph  # the pruned graph shares the config array; nothing else of the raw graph is kept
+    configs_before = pruned.num_configs
+    if ref.split in LABELLED:
+        pruned = deduplicate_graph(pruned, config.prune.dedup)
+    row = {"graph": ref.stem, "split": ref.split, **counts,
+           "configs_before": configs_before, "configs_after": pruned.num_configs}
+    return pruned, row
+
+
+def _prune_to(folder: Path, ref: GraphRef,
+              config: PipelineConfig) -> tuple[dict[str, Any] | None, tuple[str, str] | None]:
+    """One prune job: writes the pruned graph and returns its stats row, or (None, (path, problem))
+    for a bad file: a worker returns the problem rather than raising it, so the stage decides in
+    file order (and a FormatError need not cross a process boundary)."""
+    try:
+        pruned, row = prune_one(ref, config)
+    except FormatError as exc:
+        return None, (str(exc.path), exc.problem)
+    save_pruned(pruned_path(folder, ref.split, ref.stem), pruned)
+    return row, None
+
+
+def run_prune(config: PipelineConfig, collection: Collection, work_dir: Path, refs: dict[str, list[GraphRef]],
+              data_key: str, force: bool) -> StageOutput:
+    """The prune stage: raw files -> per-graph pruned npz plus ``graphs.parquet`` (read them back with
+    :func:`read_graph_table`, :func:`read_pruned`, :func:`read_file_target`)."""
+    def compute(folder: Path) -> dict[str, Any]:
+        rows, skipped = [], []
+        for split in refs:
+            (folder / split).mkdir()
+        every = [ref for items in refs.values() for ref in items]
+        progress = Progress("[prune]", len(every))
+        results = map_in_order(_prune_to, [(folder, ref, config) for ref in every], config.run.n_jobs)
+        for ref, (row, bad) in zip(every, results):
+            progress.step()
+            if bad is None:
+                rows.append(row)
+                continue
+            path, problem = bad
+            if config.data.on_bad_file != "skip":
+                raise FormatError(path, f"{problem} (to leave such files out with a warning: "
+                                        "--set data.on_bad_file=skip)")
+            skipped.append({"split": ref.split, "graph": ref.stem, "path": str(ref.path), "reason": problem})
+        table = pl.DataFrame(rows, schema=_GRAPHS_SCHEMA)
+        table.write_parquet(folder / GRAPHS_TABLE)
+        labelled = table.filter(pl.col("split").is_in(LABELLED))
+        return {
+            "graphs": {split: table.filter(pl.col("split") == split).height for split in refs},
+            "nodes_removed": int((table["nodes_before"] - table["nodes_after"]).sum()),
+            "edges_removed": int((table["edges_before"] - table["edges_after"]).sum()),
+            "node_share_kept": float(table["nodes_after"].sum() / max(table["nodes_before"].sum(), 1)),
+            "configs_removed_by_dedup": int((labelled["configs_before"] - labelled["configs_after"]).sum()),
+            "skipped_files": skipped,
+        }
+
+    return run_stage(work_dir=work_dir, stage="prune", config=prune_config(config, collection),
+                     inputs={"data": data_key}, code=PRUNE_CODE, compute=compute, force=force)
+
+
+def read_graph_table(prune: StageOutput) -> pl.DataFrame:
+    """One row per kept graph: ``graph``, ``split`` and the before/after counts."""
+    return pl.read_parquet(prune.file(GRAPHS_TABLE))
+
+
+def read_pruned(prune: StageOutput, split: str, stem: str) -> PrunedGraph:
+    return load_pruned(prune.file(_pruned_name(split, stem)))
+
+
+def read_file_target(prune: StageOutput, split: str, stem: str) -> np.ndarray:
+    """float64 target of every config of the original file in file order (zeros for test)."""
+    return load_file_target(prune.file(_pruned_name(split, stem)))

@@ -27,6 +27,7 @@ from __future__ import annotations
 import errno
 import hashlib
 import json
+import logging
 import math
 import os
 import re
@@ -34,7 +35,8 @@ import shlex
 import shutil
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -58,7 +60,7 @@ from pipelines.ensemble import ENSEMBLE_STAGE, ensemble_stage, load_blended_test
 from pipelines.errors import ConfigError, FormatError, PipelineError
 from pipelines.parallel import fan_out
 
-Log = Callable[[str], None]
+logger = logging.getLogger(__name__)
 
 SUBMISSION_FILE = "submission.csv"
 RUN_MANIFEST = "manifest.json"
@@ -219,8 +221,7 @@ def new_run_id(payload: Any, now: datetime) -> str:
 
 
 def train_models(config: PipelineConfig, prepared: Mapping[str, Any], models: Sequence[str], *,
-                 work_dir: Path, backend: str = "loky", force: bool = False,
-                 log: Log = print) -> dict[str, dict[str, StageOutput]]:
+                 work_dir: Path, backend: str = "loky", force: bool = False) -> dict[str, dict[str, StageOutput]]:
     """Run (or reuse) the training stage of every model on every prepared collection.
 
     Each stage fans its fold x seed jobs out through joblib. With the ``"dask"`` backend the stages
@@ -238,8 +239,8 @@ def train_models(config: PipelineConfig, prepared: Mapping[str, Any], models: Se
             import joblib
 
             with joblib.parallel_config(backend="dask"):  # the backend choice is per thread
-                return train_model(config, prepared[cname], model=model, work_dir=work_dir, force=force, log=log)
-        return train_model(config, prepared[cname], model=model, work_dir=work_dir, force=force, log=log)
+                return train_model(config, prepared[cname], model=model, work_dir=work_dir, force=force)
+        return train_model(config, prepared[cname], model=model, work_dir=work_dir, force=force)
 
     if backend == "dask" and len(tasks) > 1:
         from concurrent.futures import ThreadPoolExecutor
@@ -311,7 +312,7 @@ def tidy_submissions(submissions_dir: Path | str) -> list[dict[str, Any]]:
 
 
 def publish_submission(rows: Mapping[str, Sequence[int]], manifest: dict[str, Any], *, data_root: Path,
-                       submissions_dir: Path, log: Log = print,
+                       submissions_dir: Path,
                        split: str = "test") -> tuple[str, Path, dict[str, Any]]:
     """Validate ``rows`` against the test split of ``data_root``, then publish them with the manifest.
 
@@ -320,36 +321,35 @@ def publish_submission(rows: Mapping[str, Sequence[int]], manifest: dict[str, An
     to the new run folder: a run folder always holds both, a killed publish leaves only a staging
     folder that the next publish (or ``status``) removes.
     """
-    from pipelines.engine import LOCK, _make_work_dir, _release
+    from pipelines.engine import make_locked_folder
     from pipelines.submission import format_submission, validate_submission, write_submission
 
     text = format_submission(rows)
     try:
         submissions_dir.mkdir(parents=True, exist_ok=True)
         tidy_submissions(submissions_dir)
-        staging, lock_fd = _make_work_dir(submissions_dir, "run")
+        staging = make_locked_folder(submissions_dir, "run")
     except OSError as exc:
         raise PipelineError(f"{submissions_dir}: cannot create a run folder: {exc.strerror or exc}") from None
     base = new_run_id({"config": manifest.get("config"), "stages": manifest.get("stages")}, datetime.now(timezone.utc))
     try:
-        path = write_submission(staging / SUBMISSION_FILE, rows)
+        path = write_submission(staging.path / SUBMISSION_FILE, rows)
         count = validate_submission(path, data_root, split=split)
         manifest = {**manifest, "run_id": base,
                     "submission": {"file": SUBMISSION_FILE, "rows": count, "validated_against": str(data_root),
                                    "sha256": hashlib.sha256(text.encode("ascii")).hexdigest()}}
         try:
-            run_id, run_dir = _publish_run_folder(staging, submissions_dir, base, manifest)
+            run_id, run_dir = _publish_run_folder(staging.path, submissions_dir, base, manifest)
         except OSError as exc:
             if exc.errno not in (errno.ENOSPC, errno.EROFS, errno.EDQUOT, errno.EACCES, errno.EPERM):
                 raise
             raise PipelineError(f"{submissions_dir}: cannot write the run folder: {exc.strerror or exc}") from None
     except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)  # our own staging folder: nothing else lives there
-        _release(lock_fd, None)
+        staging.discard()
         raise
-    _release(lock_fd, run_dir / LOCK)
+    staging.release(run_dir)
     path = run_dir / SUBMISSION_FILE
-    log(f"submission {path}: {count} rows, valid")
+    logger.info(f"submission {path}: {count} rows, valid")
     return run_id, path, manifest
 
 
@@ -388,26 +388,38 @@ def _manifest(*, kind: str, config: Any, data_root: Path, work_dir: Path, runs: 
 # ----------------------------------------------------------------------------- run
 
 
-class StageCounter:
+class StageCounter(logging.Filter):
     """Prefixes the engine's "computing" / "cached" line of each stage with ``stage i/N`` (N: every
-    stage of the run, known before it starts), so a log says how far a run is."""
+    stage of the run, known before it starts), so a log says how far a run is. A filter on the
+    engine's logger for the length of a run (:meth:`counting`)."""
 
     _START = re.compile(r"\[[\w.:-]+\] (computing|cached) [0-9a-f]+$")
 
-    def __init__(self, total: int, log: Log):
-        self.total, self.log, self.index = total, log, 0
+    def __init__(self, total: int):
+        super().__init__()
+        self.total, self.index = total, 0
 
-    def __call__(self, message: str) -> None:
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
         if self._START.search(message):
             self.index += 1
-            message = f"stage {self.index}/{self.total}: {message}"
-        self.log(message)
+            record.msg, record.args = f"stage {self.index}/{self.total}: {message}", ()
+        return True
+
+    @contextmanager
+    def counting(self) -> Iterator[StageCounter]:
+        engine_logger = logging.getLogger("pipelines.engine")
+        engine_logger.addFilter(self)
+        try:
+            yield self
+        finally:
+            engine_logger.removeFilter(self)
 
 
 def run_pipeline(config: PipelineConfig, data_root: Path | str, *, work_dir: Path | str,
                  models: Sequence[str] | None = None, collections: Sequence[Collection | str] | None = None,
                  submissions_dir: Path | str = paths.SUBMISSIONS_DIR, scheduler: str | None = None,
-                 force: bool = False, command: str | None = None, log: Log = print) -> RunResult:
+                 force: bool = False, command: str | None = None) -> RunResult:
     """Prepare, train ``models`` (default: the config's), ensemble and submit; see the module docstring.
 
     ``scheduler`` overrides ``run.scheduler``; ``collections`` defaults to every collection with a
@@ -432,7 +444,7 @@ def run_pipeline(config: PipelineConfig, data_root: Path | str, *, work_dir: Pat
     from pipelines.tpugraphs import available_collections
 
     count = len(collections) if collections is not None else len(available_collections(data_root))
-    log = StageCounter(count * (len(STAGES) + len(names) + 1), log)  # prepare, train per model, ensemble
+    counter = StageCounter(count * (len(STAGES) + len(names) + 1))  # prepare, train per model, ensemble
 
     def track(output: StageOutput) -> StageOutput:
         if not output.cached:
@@ -440,25 +452,27 @@ def run_pipeline(config: PipelineConfig, data_root: Path | str, *, work_dir: Pat
         return output
 
     # Connect first: an unreachable scheduler fails before any work.
-    with fan_out(scheduler if scheduler is not None else config.run.scheduler, log) as backend:
-        prepared = prepare(config, data_root, work_dir, collections, force=force, log=log)
-        for item in prepared.values():
-            computed += [f"{stage}/{out.key}" for stage, out in item.stages.items() if not item.cached.get(stage)]
-        trained = train_models(config, prepared, names, work_dir=work_dir, backend=backend, force=force, log=log)
-    for outputs in trained.values():
-        for output in outputs.values():
-            track(output)
-    runs = []
-    for cname, item in prepared.items():
-        output = track(ensemble_stage(item.collection, item.stages["prune"], trained[cname],
-                                      method=config.ensemble.method, work_dir=work_dir, force=force, log=log))
-        runs.append(CollectionRun(item.collection, {s: o.key for s, o in item.stages.items()}, trained[cname], output))
+    with counter.counting():
+        with fan_out(scheduler if scheduler is not None else config.run.scheduler) as backend:
+            prepared = prepare(config, data_root, work_dir, collections, force=force)
+            for item in prepared.values():
+                computed += [f"{stage}/{out.key}" for stage, out in item.stages.items() if not item.cached.get(stage)]
+            trained = train_models(config, prepared, names, work_dir=work_dir, backend=backend, force=force)
+        for outputs in trained.values():
+            for output in outputs.values():
+                track(output)
+        runs = []
+        for cname, item in prepared.items():
+            output = track(ensemble_stage(item.collection, item.stages["prune"], trained[cname],
+                                          method=config.ensemble.method, work_dir=work_dir, force=force))
+            runs.append(CollectionRun(item.collection, {s: o.key for s, o in item.stages.items()}, trained[cname],
+                                      output))
     return _finish(runs, kind="run", config=config_to_dict(config), data_root=data_root, work_dir=work_dir,
-                   submissions_dir=submissions_dir, command=command, started=started, computed=computed, log=log)
+                   submissions_dir=submissions_dir, command=command, started=started, computed=computed)
 
 
 def _finish(runs: Sequence[CollectionRun], *, kind: str, config: Any, data_root: Path, work_dir: Path,
-            submissions_dir: Path, command: str | None, started: float, computed: list[str], log: Log,
+            submissions_dir: Path, command: str | None, started: float, computed: list[str],
             extra: dict[str, Any] | None = None) -> RunResult:
     rows: dict[str, list[int]] = {}
     for item in runs:
@@ -468,12 +482,12 @@ def _finish(runs: Sequence[CollectionRun], *, kind: str, config: Any, data_root:
                          command=command, wall_s=time.perf_counter() - started,
                          extra={"stages_computed": list(computed), **(extra or {})})
     run_id, path, manifest = publish_submission(rows, manifest, data_root=data_root,
-                                                submissions_dir=submissions_dir, log=log)
-    write_run_report(run_id, submissions_dir, log)
+                                                submissions_dir=submissions_dir)
+    write_run_report(run_id, submissions_dir)
     return RunResult(run_id, path.parent, path, manifest, table, tuple(computed))
 
 
-def write_run_report(run_id: str, submissions_dir: Path, log: Log = print) -> Path | None:
+def write_run_report(run_id: str, submissions_dir: Path) -> Path | None:
     """``report.html`` in the new run folder. The submission is already published and valid, so a
     report that cannot be drawn is a warning, not a failed run (``report RUN_ID`` retries it)."""
     from pipelines.report import write_report
@@ -481,9 +495,9 @@ def write_run_report(run_id: str, submissions_dir: Path, log: Log = print) -> Pa
     try:
         path = write_report(run_id, submissions_dir=submissions_dir)
     except (PipelineError, OSError, ValueError) as exc:
-        log(f"warning: report of run {run_id} not written ({exc}); retry with: report {run_id}")
+        logger.warning(f"warning: report of run {run_id} not written ({exc}); retry with: report {run_id}")
         return None
-    log(f"report {path}")
+    logger.info(f"report {path}")
     return path
 
 
@@ -515,7 +529,7 @@ def _model_matches(name: str, wanted: Sequence[str]) -> bool:
 def ensemble_runs(run_ids: Sequence[str], *, submissions_dir: Path | str = paths.SUBMISSIONS_DIR,
                   work_dir: Path | str | None = None, data_root: Path | str | None = None,
                   method: str | None = None, models: Sequence[str] | None = None, force: bool = False,
-                  command: str | None = None, log: Log = print) -> RunResult:
+                  command: str | None = None) -> RunResult:
     """Blend the saved training outputs of earlier runs into a new submission, training nothing.
 
     Training outputs are found in the work dir recorded by each run (or ``work_dir``); with several
@@ -569,13 +583,13 @@ def ensemble_runs(run_ids: Sequence[str], *, submissions_dir: Path | str = paths
         prune = _load_saved(out_dir if work_dir is not None else Path(first["work_dir"]), "prune",
                             prepare_keys["prune"], run_ids[0], "prune", cname)
         output = ensemble_stage(parse_collection(cname), prune, trained, method=method, work_dir=out_dir,
-                                force=force, log=log)
+                                force=force)
         runs.append(CollectionRun(parse_collection(cname), dict(prepare_keys), trained, output))
     computed = [f"{r.ensemble.stage}/{r.ensemble.key}" for r in runs if not r.ensemble.cached]
     config = {"ensemble": {"method": method, "models": list(models) if models is not None else None},
               "source_runs": {r: manifests[r].get("config") for r in run_ids}}
     return _finish(runs, kind="ensemble", config=config, data_root=data_root, work_dir=out_dir,
-                   submissions_dir=submissions_dir, command=command, started=started, computed=computed, log=log,
+                   submissions_dir=submissions_dir, command=command, started=started, computed=computed,
                    extra={"source_runs": run_ids})
 
 

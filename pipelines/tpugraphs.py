@@ -459,6 +459,13 @@ def _read_layout_configs(archive: zipfile.ZipFile, member: str, path: Path) -> n
 def _to_layout_int8(chunk: np.ndarray, path: Path, first_row: int) -> np.ndarray:
     if chunk.size == 0:
         return chunk.astype(np.int8)
+    # Fast path, two passes over the chunk: cast, then compare back. A value survives the round trip
+    # only if it is an integer in int8 range (NaN, infinities, fractions and large values do not),
+    # so the int8 range check finishes the validation; anything else gets the exact error below.
+    with np.errstate(invalid="ignore"):
+        as_int = chunk.astype(np.int8)
+    if np.array_equal(as_int, chunk) and as_int.min() >= LAYOUT_VALUE_MIN and as_int.max() <= LAYOUT_VALUE_MAX:
+        return as_int
     if chunk.dtype.kind == "f" and not np.isfinite(chunk).all():
         row = first_row + int(np.argwhere(~np.isfinite(chunk))[0][0])
         raise FormatError(path, f"node_config_feat: non-finite value in config {row}")

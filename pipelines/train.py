@@ -34,6 +34,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import logging
 import math
 import os
 import shutil
@@ -50,10 +51,13 @@ from pipelines.collections import Collection
 from pipelines.config import PipelineConfig
 from pipelines.engine import Code, StageOutput, run_stage, stage_key, write_json_atomic
 from pipelines.errors import PipelineError
+from pipelines.machine import available_cores, available_memory
 from pipelines.models.contract import ModelAdapter, Ranker
 from pipelines.models.registry import adapter_module, get_adapter
 from pipelines.predictions import PREDICTION_SCHEMA, prediction_frame
 from pipelines.progress import format_duration
+
+logger = logging.getLogger(__name__)
 
 PREDICTIONS_FILE = "predictions.parquet"
 SCORES_FILE = "scores.parquet"
@@ -295,13 +299,6 @@ def load_fold_result(folder: Path) -> FoldResult | None:
         return None
 
 
-def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
 
 
 # ----------------------------------------------------------------------------- summaries (pure)
@@ -342,25 +339,6 @@ def summarize_scores(scores: pl.DataFrame) -> dict[str, Any]:
 # ----------------------------------------------------------------------------- the stage
 
 
-def available_cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        return os.cpu_count() or 1
-
-
-def available_memory() -> int | None:
-    """Bytes of memory available to new work (Linux ``MemAvailable``); None where unknown."""
-    try:
-        with open("/proc/meminfo", encoding="ascii") as handle:
-            for line in handle:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return None
-
-
 def _job_memory(adapter: ModelAdapter, prepared: Any, plan: FoldPlan, settings: dict[str, Any]) -> int | None:
     """The largest fold's memory estimate, for adapters that offer ``job_memory`` (optional)."""
     estimate = getattr(adapter, "job_memory", None)
@@ -369,8 +347,8 @@ def _job_memory(adapter: ModelAdapter, prepared: Any, plan: FoldPlan, settings: 
     return max(estimate(prepared, plan.train_graphs(fold), settings) for fold in plan.folds)
 
 
-def train_model(config: PipelineConfig, prepared: Any, *, model: str, work_dir: Path | str, force: bool = False,
-                log: Callable[[str], None] = print) -> StageOutput:
+def train_model(config: PipelineConfig, prepared: Any, *, model: str, work_dir: Path | str,
+                force: bool = False) -> StageOutput:
     """Run (or reuse) the training stage of ``model`` on the collection of ``prepared``.
 
     Fold jobs finished by an earlier, interrupted call with the same key are reused (and a GNN fold
@@ -389,18 +367,17 @@ def train_model(config: PipelineConfig, prepared: Any, *, model: str, work_dir: 
 
     def compute(folder: Path) -> dict[str, Any]:
         return _run_folds(adapter, prepared, collection, settings, seeds, n_jobs=config.run.n_jobs,
-                          folder=folder, partial=partial, log=log)
+                          folder=folder, partial=partial)
 
     output = run_stage(work_dir=Path(work_dir), stage=stage, config=stage_config, code=code,
                        inputs=inputs, compute=compute, seeds={f"run_{i}": s for i, s in enumerate(seeds)},
-                       force=force, log=log)
+                       force=force)
     shutil.rmtree(partial, ignore_errors=True)  # the stage output holds everything now
     return output
 
 
 def _run_folds(adapter: ModelAdapter, prepared: Any, collection: Collection, settings: dict[str, Any],
-               seeds: list[int], *, n_jobs: int, folder: Path, partial: Path | None = None,
-               log: Callable[[str], None]) -> dict[str, Any]:
+               seeds: list[int], *, n_jobs: int, folder: Path, partial: Path | None = None) -> dict[str, Any]:
     plan = fold_plan(prepared.folds(), list(prepared.graphs("test")))
     tasks = [(fold, seed) for seed in seeds for fold in plan.folds]
     finished: dict[tuple[int, int], FoldResult] = {}
@@ -417,11 +394,11 @@ def _run_folds(adapter: ModelAdapter, prepared: Any, collection: Collection, set
         jobs = max(1, min(jobs, int(budget * MEMORY_SHARE // per_job)))
     threads = max(1, available_cores() // jobs)
     tag = f"[{collection.name}] {adapter.name}"
-    log(f"{tag}: {len(plan.folds)} folds x {len(seeds)} seeds = {len(tasks)} fold jobs, "
-        f"{jobs} job(s) x {threads} thread(s), ~{(per_job or 0) / 2**30:.2f} GiB per job")
+    logger.info(f"{tag}: {len(plan.folds)} folds x {len(seeds)} seeds = {len(tasks)} fold jobs, "
+                f"{jobs} job(s) x {threads} thread(s), ~{(per_job or 0) / 2**30:.2f} GiB per job")
     if finished:
-        log(f"{tag}: resuming: {len(finished)} of {len(tasks)} fold jobs already done "
-            f"({', '.join(fold_job_name(f, s) for f, s in sorted(finished))}), training {len(todo)}")
+        logger.info(f"{tag}: resuming: {len(finished)} of {len(tasks)} fold jobs already done "
+                    f"({', '.join(fold_job_name(f, s) for f, s in sorted(finished))}), training {len(todo)}")
     args = [(adapter, prepared, collection, settings, plan, fold, seed, threads, partial) for fold, seed in todo]
     if jobs == 1:
         results_iter = (fit_predict_fold(*a) for a in args)
@@ -440,8 +417,9 @@ def _run_folds(adapter: ModelAdapter, prepared: Any, collection: Collection, set
         elapsed = time.perf_counter() - started
         left = len(todo) - count
         eta = f", ETA {format_duration(elapsed / count * left)}" if left else ""
-        log(f"{tag} fold job {len(finished) + count}/{len(tasks)} done (fold {result.fold} seed {result.seed}): "
-            f"held-out score {oof.mean() if len(oof) else float('nan'):.4f} ({result.wall_s:.1f}s){eta}")
+        logger.info(f"{tag} fold job {len(finished) + count}/{len(tasks)} done (fold {result.fold} "
+                    f"seed {result.seed}): held-out score {oof.mean() if len(oof) else float('nan'):.4f} "
+                    f"({result.wall_s:.1f}s){eta}")
         results.append(result)
     results.sort(key=lambda r: (r.seed, r.fold))
 

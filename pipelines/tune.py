@@ -27,7 +27,7 @@ from __future__ import annotations
 import json
 import logging
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -36,6 +36,7 @@ from typing import Any
 from pipelines.atomic import write_text_atomic
 from pipelines.collections import Collection
 from pipelines.errors import ConfigError, PipelineError
+from pipelines.logs import silenced
 
 TUNE_DIR = "tune"
 STUDIES_DB = "studies.db"
@@ -43,7 +44,7 @@ HEADER = "# written by pipelines.tune"
 MANIFEST_SUFFIX = ".json"
 TUNABLE_MODELS = ("gbdt", "gnn")
 
-Log = Callable[[str], None]
+logger = logging.getLogger(__name__)
 
 
 def search_space(model: str) -> dict[str, tuple]:
@@ -114,7 +115,7 @@ def default_storage(work_dir: Path) -> str:
 
 def tune(config_ref: str | None, overrides: Sequence[str], *, model: str, collection: str, trials: int,
          data_root: Path | str, work_dir: Path | str, storage: str | None = None, study_name: str | None = None,
-         out: Path | str | None = None, seed: int = 0, log: Log = print) -> TuneResult:
+         out: Path | str | None = None, seed: int = 0) -> TuneResult:
     """Run ``trials`` more trials of the study and write the best one as a config file (module doc)."""
     import optuna
 
@@ -132,7 +133,7 @@ def tune(config_ref: str | None, overrides: Sequence[str], *, model: str, collec
     target = parse_collection(collection)
     base = load_config(config_ref, overrides)
     work_dir, data_root = Path(work_dir), Path(data_root)
-    prepared = prepare(base, data_root, work_dir, [target], log=log)[target.name]
+    prepared = prepare(base, data_root, work_dir, [target])[target.name]
     data_keys = {stage: output.key for stage, output in prepared.stages.items()}
     if study_name is None:
         digest = fingerprint({"data": data_keys, "config": config_to_dict(base)})[:12]
@@ -146,12 +147,13 @@ def tune(config_ref: str | None, overrides: Sequence[str], *, model: str, collec
     def objective(trial: Any) -> float:
         values = suggest(trial, space)
         config = apply_overrides(base, trial_overrides(model, target, values))
-        output = train_model(config, prepared, model=model, work_dir=work_dir, log=lambda _: None)
+        with silenced("pipelines.engine", "pipelines.train"):  # one line per trial, below, says enough
+            output = train_model(config, prepared, model=model, work_dir=work_dir)
         score = output.metrics.get("oof_score")
         trial.set_user_attr("stage", f"{output.stage}/{output.key}")
         trial.set_user_attr("oof_score_std", output.metrics.get("oof_score_std"))
-        log(f"[tune {study_name}] trial {trial.number}: OOF {score if score is None else round(score, 4)} "
-            f"({'cached' if output.cached else 'trained'}) {values}")
+        logger.info(f"[tune {study_name}] trial {trial.number}: OOF {score if score is None else round(score, 4)} "
+                    f"({'cached' if output.cached else 'trained'}) {values}")
         return math.nan if score is None else float(score)  # NaN: Optuna records the trial as failed
 
     optuna.logging.set_verbosity(logging.WARNING)

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -18,3 +21,21 @@ def tiny_world(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("tiny-world") / "data"
     generate_world(root, scale="tiny", seed=0)
     return root
+
+
+@contextmanager
+def logged_messages() -> Iterator[list[str]]:
+    """The messages the pipeline logs (INFO and up) within the block, as the command line prints
+    them; for module-scoped fixtures, where ``caplog`` is not available."""
+    lines: list[str] = []
+    handler = logging.Handler(logging.INFO)
+    handler.emit = lambda record: lines.append(record.getMessage())  # type: ignore[method-assign]
+    logger = logging.getLogger("pipelines")
+    level = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    try:
+        yield lines
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)

@@ -13,7 +13,9 @@ import pytest
 
 from pipelines import engine
 from pipelines.engine import Code, code_fingerprint, stage_key
-from pipelines.prepare import FEATURES_CODE, FOLDS_CODE, PRUNE_CODE
+from pipelines.features import FEATURES_CODE
+from pipelines.folds import FOLDS_CODE
+from pipelines.prune import PRUNE_CODE
 
 REPO = Path(__file__).resolve().parents[1]
 GBDT_TRAIN_CODE = Code(("pipelines.train",))
@@ -130,3 +132,13 @@ def _run_and_collect(src: Path, data_root: Path, work: Path) -> dict[str, str]:
         newest = max(_complete(work / stage), key=lambda p: (p / "manifest.json").stat().st_mtime_ns)
         keys[stage] = newest.name
     return keys
+
+
+def test_type_checking_imports_are_not_followed(package_copy):
+    """The stage modules import the config class for type hints only: an edit of config.py reaches
+    their keys as resolved values, not as code, so the data stages' code keys ignore it."""
+    before = _fingerprints()
+    _edit(package_copy / "config.py", "from __future__ import annotations", "from __future__ import annotations\nZ = 3")
+    after = _fingerprints()
+    data_stages = ("prune", "features", "folds")
+    assert {k: after[k] for k in data_stages} == {k: before[k] for k in data_stages}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import socket
 from pathlib import Path
 
@@ -21,25 +22,21 @@ distributed = pytest.importorskip("distributed")
 FAST = ["run.n_jobs=2"]  # on top of the smoke config: two local jobs, as the cluster has two workers
 
 
-def quiet(_: str) -> None:
-    pass
-
-
-def test_training_through_a_dask_cluster_matches_local_processes(tiny_world: Path, tmp_path: Path):
+def test_training_through_a_dask_cluster_matches_local_processes(tiny_world: Path, tmp_path: Path, caplog):
     config = load_config("smoke", FAST)
-    prepared = prepare(config, tiny_world, tmp_path / "work", [TILE_XLA], log=quiet)
+    prepared = prepare(config, tiny_world, tmp_path / "work", [TILE_XLA])
     models = ["gbdt", "random"]
-    local = train_models(config, prepared, models, work_dir=tmp_path / "local", log=quiet)
+    local = train_models(config, prepared, models, work_dir=tmp_path / "local")
 
     with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None,
                                   silence_logs=50) as cluster:
-        seen: list[str] = []
-        with fan_out(cluster.scheduler_address, seen.append) as backend:
-            remote = train_models(config, prepared, models, work_dir=tmp_path / "dask", backend=backend, log=quiet)
+        caplog.set_level(logging.INFO, logger="pipelines.parallel")
+        with fan_out(cluster.scheduler_address) as backend:
+            remote = train_models(config, prepared, models, work_dir=tmp_path / "dask", backend=backend)
         with distributed.Client(cluster.scheduler_address) as client:
             executed = client.run(_executed_count)
 
-    assert backend == "dask" and "2 worker(s)" in seen[0]
+    assert backend == "dask" and any("2 worker(s)" in m for m in caplog.messages)
     # every fold job (2 folds x 1 seed x 2 models) ran on the cluster's workers
     assert sum(executed.values()) >= 4
     for model in models:
@@ -62,29 +59,29 @@ def _free_port() -> int:
 def test_an_unreachable_scheduler_is_a_pipeline_error(tiny_world: Path, tmp_path: Path):
     address = f"tcp://127.0.0.1:{_free_port()}"
     with pytest.raises(PipelineError, match="cannot reach the Dask scheduler"):
-        with fan_out(address, quiet):
+        with fan_out(address):
             pass
     config = load_config("smoke", [*FAST, f"run.scheduler={address}"])
     with pytest.raises(PipelineError, match=address):
         run_pipeline(config, tiny_world, work_dir=tmp_path / "work", models=["random"],
-                     submissions_dir=tmp_path / "subs", log=quiet)
+                     submissions_dir=tmp_path / "subs")
 
 
 def test_local_scheduler_changes_nothing():
-    with fan_out("local", quiet):
+    with fan_out("local"):
         pass
-    with fan_out(None, quiet):
+    with fan_out(None):
         pass
 
 
 def test_data_stages_on_a_dask_cluster_write_the_same_bytes(tiny_world: Path, tmp_path: Path):
     config = load_config("smoke", FAST)
     collections = [TILE_XLA.name, "layout:nlp:random"]
-    local = prepare(config, tiny_world, tmp_path / "local", collections, log=quiet)
+    local = prepare(config, tiny_world, tmp_path / "local", collections)
     with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None,
                                   silence_logs=50) as cluster:
-        with fan_out(cluster.scheduler_address, quiet):
-            remote = prepare(config, tiny_world, tmp_path / "dask", collections, log=quiet)
+        with fan_out(cluster.scheduler_address):
+            remote = prepare(config, tiny_world, tmp_path / "dask", collections)
         with distributed.Client(cluster.scheduler_address) as client:
             executed = client.run(_executed_count)
     files = stage_bytes(local)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import json
+import logging
 import os
 import shutil
 import subprocess
@@ -57,7 +58,7 @@ class Counter:
 
 
 def run(work: Path, compute=None, **kw) -> StageOutput:
-    args = dict(work_dir=work, stage="feat", code=CODE, config={"k": 5}, inputs={"raw": "abc"}, log=lambda m: None)
+    args = dict(work_dir=work, stage="feat", code=CODE, config={"k": 5}, inputs={"raw": "abc"})
     args.update(kw)
     return run_stage(compute=compute or Counter(), **args)
 
@@ -130,10 +131,13 @@ def test_stage_key_changes_with_every_ingredient():
 # ----------------------------------------------------------------------------- caching
 
 
-def test_same_config_is_a_cache_hit(tmp_path):
-    compute, messages = Counter(), []
+def test_same_config_is_a_cache_hit(tmp_path, caplog):
+    caplog.set_level(logging.INFO, logger="pipelines")
+    compute = Counter()
     first = run(tmp_path, compute)
-    second = run(tmp_path, compute, log=messages.append)
+    caplog.clear()
+    second = run(tmp_path, compute)
+    messages = caplog.messages
     assert compute.calls == 1
     assert second == first
     assert (first.cached, second.cached) == (False, True)
@@ -260,7 +264,7 @@ WORKER = textwrap.dedent(
         return {"pid": os.getpid()}
 
     out = run_stage(work_dir=work, stage="slow", code=CODE, config={"a": 1}, inputs={},
-                    compute=compute, log=lambda m: None)
+                    compute=compute)
     print(out.manifest["metrics"]["pid"], out.key)
     """
 )
@@ -299,7 +303,7 @@ def test_killed_run_is_never_mistaken_for_complete(tmp_path):
     assert [(r["key"], r["state"]) for r in list_stages(work)] == [(key, "interrupted")]
 
     out = run_stage(work_dir=work, stage="slow", code=CODE, config={"a": 1}, inputs={},
-                    compute=Counter(), log=lambda m: None)
+                    compute=Counter())
     assert out.key == key and out.file("data.bin").read_bytes() == b"hello"
     assert entries(work / "slow") == [key]  # the abandoned folder was cleaned up
     assert [(r["key"], r["state"]) for r in list_stages(work)] == [(key, "complete")]

@@ -28,7 +28,7 @@ def run(tiny_world: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Pat
 
     root = tmp_path_factory.mktemp("evaluate")
     result = run_pipeline(load_config("smoke", ["gbdt.n_estimators=10"]), tiny_world, work_dir=root / "work", models=["gbdt", "feature"],
-                          submissions_dir=root / "submissions", log=lambda _: None)
+                          submissions_dir=root / "submissions")
     return root / "submissions", result.run_id
 
 

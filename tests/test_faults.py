@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import errno
+import logging
 import os
 import shutil
 import signal
@@ -27,21 +28,19 @@ import numpy as np
 import polars as pl
 import pytest
 
-import pipelines.prepare as prepare_module
+import pipelines.prune as prune_module
 from pipelines.cli import main
 from pipelines.collections import LAYOUT_XLA_DEFAULT, TILE_XLA
 from pipelines.config import load_config
 from pipelines.engine import TMP_PREFIX, list_stages
 from pipelines.errors import FormatError, PipelineError
-from pipelines.prepare import FOLDS_TABLE, GRAPHS_TABLE, prepare
+from pipelines.folds import FOLDS_TABLE
+from pipelines.prepare import prepare
+from pipelines.prune import GRAPHS_TABLE
 from pipelines.tpugraphs import list_graphs
 
 ROOT = Path(__file__).resolve().parent.parent
 RUN_TIMEOUT_S = 300
-
-
-def quiet(_: str) -> None:
-    pass
 
 
 def fast_config(*extra: str):
@@ -121,7 +120,7 @@ def test_a_bad_file_stops_prepare_with_an_error_naming_it(kind, data_copy, tmp_p
     DAMAGE[kind](bad)
     work = tmp_path / "work"
     with pytest.raises(FormatError) as raised:
-        prepare(fast_config(), data_copy, work, [LAYOUT_XLA_DEFAULT], log=quiet)
+        prepare(fast_config(), data_copy, work, [LAYOUT_XLA_DEFAULT])
     assert raised.value.path == bad
     assert str(bad) in str(raised.value) and "data.on_bad_file=skip" in str(raised.value)
     assert complete_stages(work) == [] and leftovers(work) == []
@@ -133,9 +132,9 @@ def test_a_foreign_non_npz_file_is_ignored_and_a_tile_graph_among_layout_files_i
     tile = list_graphs(data_copy, TILE_XLA, "train")[0].path
     shutil.copy2(tile, folder / "stray_tile_graph.npz")
     with pytest.raises(FormatError, match="stray_tile_graph.npz: missing key"):
-        prepare(fast_config(), data_copy, tmp_path / "work", [LAYOUT_XLA_DEFAULT], log=quiet)
+        prepare(fast_config(), data_copy, tmp_path / "work", [LAYOUT_XLA_DEFAULT])
     (folder / "stray_tile_graph.npz").unlink()
-    prepared = prepare(fast_config(), data_copy, tmp_path / "work", [LAYOUT_XLA_DEFAULT], log=quiet)
+    prepared = prepare(fast_config(), data_copy, tmp_path / "work", [LAYOUT_XLA_DEFAULT])
     assert "README" not in " ".join(prepared[LAYOUT_XLA_DEFAULT.name].graph_table["graph"].to_list())
 
 
@@ -149,16 +148,16 @@ def test_the_command_line_reports_a_bad_file_by_name(data_copy, tmp_path, capsys
     assert err.startswith(f"error: {bad}: corrupt or truncated archive") and "Traceback" not in err
 
 
-def test_skip_option_leaves_bad_files_out_with_a_warning_on_every_run_and_records_them(data_copy, tmp_path):
+def test_skip_option_leaves_bad_files_out_with_a_warning_on_every_run_and_records_them(data_copy, tmp_path, caplog):
     refs = list_graphs(data_copy, LAYOUT_XLA_DEFAULT, "train")
     bad, kept = refs[0], refs[1]
     _truncated(bad.path)
     config = fast_config("data.on_bad_file=skip")
-    messages: list[str] = []
-    prepared = prepare(config, data_copy, tmp_path / "work", [LAYOUT_XLA_DEFAULT], log=messages.append)
+    caplog.set_level(logging.INFO, logger="pipelines")
+    prepared = prepare(config, data_copy, tmp_path / "work", [LAYOUT_XLA_DEFAULT])
     item = prepared[LAYOUT_XLA_DEFAULT.name]
 
-    warnings = [m for m in messages if "warning" in m]
+    warnings = [m for m in caplog.messages if "warning" in m]
     assert len(warnings) == 1 and str(bad.path) in warnings[0] and "truncated" in warnings[0]
     skipped = item.stages["prune"].metrics["skipped_files"]
     assert [(s["split"], s["graph"], s["path"]) for s in skipped] == [("train", bad.stem, str(bad.path))]
@@ -170,19 +169,19 @@ def test_skip_option_leaves_bad_files_out_with_a_warning_on_every_run_and_record
     assert not (item.stages["node_arrays"].path / "train" / f"{bad.stem}.npz").exists()
     assert item.stages["prune"].metrics["graphs"]["train"] == len(refs) - 1
 
-    again: list[str] = []
-    prepared = prepare(config, data_copy, tmp_path / "work", [LAYOUT_XLA_DEFAULT], log=again.append)
+    caplog.clear()
+    prepared = prepare(config, data_copy, tmp_path / "work", [LAYOUT_XLA_DEFAULT])
     assert all(prepared[LAYOUT_XLA_DEFAULT.name].cached.values())
-    assert [m for m in again if "warning" in m] == warnings  # a cached skip is still reported
+    assert [m for m in caplog.messages if "warning" in m] == warnings  # a cached skip is still reported
 
     # the default ("error") never reuses the output that skipped the file
     with pytest.raises(FormatError, match="truncated"):
-        prepare(fast_config(), data_copy, tmp_path / "work", [LAYOUT_XLA_DEFAULT], log=quiet)
+        prepare(fast_config(), data_copy, tmp_path / "work", [LAYOUT_XLA_DEFAULT])
 
 
 def test_skip_option_is_a_no_op_on_good_data(tiny_world, tmp_path):
-    skip = prepare(fast_config("data.on_bad_file=skip"), tiny_world, tmp_path / "a", [TILE_XLA], log=quiet)
-    error = prepare(fast_config(), tiny_world, tmp_path / "b", [TILE_XLA], log=quiet)
+    skip = prepare(fast_config("data.on_bad_file=skip"), tiny_world, tmp_path / "a", [TILE_XLA])
+    error = prepare(fast_config(), tiny_world, tmp_path / "b", [TILE_XLA])
     assert skip["tile:xla"].stages["prune"].metrics["skipped_files"] == []
     assert skip["tile:xla"].graph_table.equals(error["tile:xla"].graph_table)
     assert pl.read_parquet(skip["tile:xla"].stages["folds"].file(FOLDS_TABLE)).equals(error["tile:xla"].folds())
@@ -194,7 +193,7 @@ def test_skip_option_is_a_no_op_on_good_data(tiny_world, tmp_path):
 def test_a_full_disk_in_the_middle_of_a_stage_is_a_clear_error_and_leaves_no_output(tiny_world, tmp_path,
                                                                                      monkeypatch):
     work = tmp_path / "work"
-    real_save = prepare_module.save_pruned
+    real_save = prune_module.save_pruned
     calls = []
 
     def save_until_full(path: Path, graph) -> None:
@@ -204,16 +203,16 @@ def test_a_full_disk_in_the_middle_of_a_stage_is_a_clear_error_and_leaves_no_out
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
         real_save(path, graph)
 
-    monkeypatch.setattr(prepare_module, "save_pruned", save_until_full)
+    monkeypatch.setattr(prune_module, "save_pruned", save_until_full)
     with pytest.raises(PipelineError) as raised:
-        prepare(fast_config(), tiny_world, work, [LAYOUT_XLA_DEFAULT], log=quiet)
+        prepare(fast_config(), tiny_world, work, [LAYOUT_XLA_DEFAULT])
     message = str(raised.value)
     assert str(work / "prune") in message and "No space left on device" in message and str(calls[2]) in message
     assert complete_stages(work) == [] and leftovers(work) == []
     assert not any(p.is_file() for p in (work / "prune").rglob("*"))
 
-    monkeypatch.setattr(prepare_module, "save_pruned", real_save)  # space freed: the rerun completes
-    prepared = prepare(fast_config(), tiny_world, work, [LAYOUT_XLA_DEFAULT], log=quiet)
+    monkeypatch.setattr(prune_module, "save_pruned", real_save)  # space freed: the rerun completes
+    prepared = prepare(fast_config(), tiny_world, work, [LAYOUT_XLA_DEFAULT])
     assert len(complete_stages(work)) == 4 and leftovers(work) == []
     assert prepared[LAYOUT_XLA_DEFAULT.name].graph_table.height == 10
 
@@ -226,9 +225,9 @@ def test_a_writer_error_without_errno_is_reported_as_disk_full_only_when_the_dis
     def failing_save(path: Path, graph) -> None:
         raise RuntimeError("parquet: File out of specification: Invalid thrift: transport error")
 
-    monkeypatch.setattr(prepare_module, "save_pruned", failing_save)
+    monkeypatch.setattr(prune_module, "save_pruned", failing_save)
     with pytest.raises(RuntimeError, match="thrift"):  # a disk with room: the error is not disguised
-        prepare(fast_config(), tiny_world, tmp_path / "a", [LAYOUT_XLA_DEFAULT], log=quiet)
+        prepare(fast_config(), tiny_world, tmp_path / "a", [LAYOUT_XLA_DEFAULT])
 
     real_statvfs = os.statvfs
 
@@ -239,7 +238,7 @@ def test_a_writer_error_without_errno_is_reported_as_disk_full_only_when_the_dis
 
     monkeypatch.setattr(engine.os, "statvfs", full)
     with pytest.raises(PipelineError, match=r"No space left on device \(RuntimeError: .*thrift"):
-        prepare(fast_config(), tiny_world, tmp_path / "b", [LAYOUT_XLA_DEFAULT], log=quiet)
+        prepare(fast_config(), tiny_world, tmp_path / "b", [LAYOUT_XLA_DEFAULT])
     assert complete_stages(tmp_path / "b") == [] and leftovers(tmp_path / "b") == []
 
 

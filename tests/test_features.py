@@ -123,6 +123,42 @@ def test_value_frequencies(layout_features) -> None:
     np.testing.assert_allclose(mean, 1.0)
 
 
+def test_value_frequencies_match_a_per_cell_count_on_both_counting_paths() -> None:
+    rng = np.random.default_rng(3)
+    # 40 configs over 4 distinct blocks: the bincount path; 3 configs over many: the sort path
+    for count, pool in ((40, 4), (3, 200)):
+        blocks = rng.integers(-1, 6, size=(pool, 6)).astype(np.int8)
+        configs = blocks[rng.integers(0, pool, size=(count, 5, 3))].reshape(count, 5, 18)
+        configs[:, 0] = configs[0, 0]  # a node whose cells never vary
+        cells = [tuple(configs[:, n, 6 * b : 6 * b + 6].tolist()) for n in range(5) for b in range(3)]
+        shares = [[column.count(column[r]) / count for column in cells if len(set(map(tuple, column))) > 1]
+                  for r in range(count)]
+        mean, lowest, logmean = value_frequencies(configs)
+        np.testing.assert_allclose(mean, [np.mean(row) for row in shares], rtol=1e-12)
+        np.testing.assert_allclose(lowest, [min(row) for row in shares], rtol=1e-12)
+        np.testing.assert_allclose(logmean, [np.mean(np.log(row)) for row in shares], rtol=1e-12)
+
+
+def test_block_codes_and_padding_table_agree_with_the_blocks() -> None:
+    from pipelines.features import block_codes, layout_codes, padding_table, slot_pairs, tile_padding
+
+    rng = np.random.default_rng(4)
+    configs = rng.integers(-1, 2, size=(30, 4, 18)).astype(np.int8)
+    codes = block_codes(configs)  # (30, 3, 4)
+    blocks = configs.reshape(30, 4, 3, 6).transpose(0, 2, 1, 3).reshape(-1, 6)
+    flat = codes.reshape(-1)
+    for i, j in rng.integers(0, flat.size, size=(500, 2)):
+        assert (flat[i] == flat[j]) == (blocks[i].tobytes() == blocks[j].tobytes())
+    np.testing.assert_array_equal(layout_codes(blocks), flat)
+    dims = rng.choice([0, 1, 3, 8, 9, 127, 128, 300], size=(6, 6))
+    table = padding_table(dims)
+    for pair in range(49):
+        layout = np.full((1, 6, 6), -1, np.int8)
+        layout[..., 0], layout[..., 1] = pair % 7 - 1, pair // 7 - 1
+        assert slot_pairs(layout, 0)[0, 0] == pair
+        np.testing.assert_array_equal(table[:, pair], tile_padding(dims, layout)[0])
+
+
 def test_feature_names_and_chunking_agree(monkeypatch, layout_features) -> None:
     graph = three_node_layout_graph()
     assert list(layout_features) == layout_feature_names(True)
@@ -197,12 +233,12 @@ def test_graph_arrays_from_pruned_graph() -> None:
     assert row["log_c28"] == pytest.approx(math.log1p(1e9), rel=1e-6)
     assert row["log_c53"] == pytest.approx(-math.log1p(3), rel=1e-6)
     assert row["c13"] == 1.0
-    np.testing.assert_array_equal(arrays.edge_index, [[0, 1], [1, 2]])  # row 0 producer, row 1 consumer
-    assert arrays.edge_index.dtype == np.int64 and arrays.opcode.dtype == np.int64
+    np.testing.assert_array_equal(arrays.message_edges, [[0, 1], [1, 2]])  # row 0 producer, row 1 consumer
+    assert arrays.message_edges.dtype == np.int64 and arrays.node_opcode.dtype == np.int64
     np.testing.assert_array_equal(arrays.config_nodes, [0, 2])
     assert arrays.config_feat.dtype == np.int8 and arrays.config_feat.shape == (3, 2, 18)
     np.testing.assert_array_equal(arrays.config_index, [4, 7, 9])
-    assert arrays.runtime.dtype == np.float64
+    assert arrays.target.dtype == np.float64
 
 
 def test_tile_graph_arrays_keep_raw_configs() -> None:

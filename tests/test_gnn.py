@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import math
 import subprocess
 import sys
@@ -76,9 +77,9 @@ def layout_graph(rng: np.random.Generator, n: int = 12, nc: int = 3, c: int = 24
     w = rng.normal(size=18) if weights is None else weights
     runtime = 1e9 + 1e6 * (config_feat.astype(np.float64) @ w).sum(1)
     return GraphArrays(
-        collection="layout:xla:random", stem=stem, split="train", opcode=rng.integers(0, 121, n),
-        node_feat=node_features(rng, n), edge_index=_edges(rng, n),
-        config_nodes=config_nodes, config_feat=config_feat, runtime=runtime, config_index=np.arange(c),
+        collection="layout:xla:random", stem=stem, split="train", node_opcode=rng.integers(0, 121, n),
+        node_feat=node_features(rng, n), message_edges=_edges(rng, n),
+        config_nodes=config_nodes, config_feat=config_feat, target=runtime, config_index=np.arange(c),
     )
 
 
@@ -88,9 +89,9 @@ def tile_graph(rng: np.random.Generator, n: int = 5, c: int = 16, stem: str = "t
     w = rng.normal(size=24) if weights is None else weights
     runtime = np.exp(0.3 * np.log(config_feat) @ w)
     return GraphArrays(
-        collection="tile:xla", stem=stem, split="train", opcode=rng.integers(0, 121, n),
-        node_feat=node_features(rng, n), edge_index=_edges(rng, n),
-        config_nodes=np.zeros(0, np.int64), config_feat=config_feat, runtime=runtime, config_index=np.arange(c),
+        collection="tile:xla", stem=stem, split="train", node_opcode=rng.integers(0, 121, n),
+        node_feat=node_features(rng, n), message_edges=_edges(rng, n),
+        config_nodes=np.zeros(0, np.int64), config_feat=config_feat, target=runtime, config_index=np.arange(c),
     )
 
 
@@ -102,7 +103,7 @@ def three_node(kind: str, c: int = 4) -> GraphArrays:
     else:
         g = layout_graph(rng, n=3, nc=1, c=c)
         g.config_nodes = np.array([1])
-    g.edge_index = np.array([[0, 1], [1, 2]])
+    g.message_edges = np.array([[0, 1], [1, 2]])
     return g
 
 
@@ -156,7 +157,7 @@ def test_three_node_shapes_and_gradients(kind, conv, attention, loss):
     scores = model.score(model.encode(collate(graphs)), configs)
     assert scores.shape == (2, 4)
     assert configs.mask.tolist() == [[True] * 4, [True, True, False, False]]
-    value = make_loss(loss, cfg.margin)(scores, configs.runtime, configs.mask)
+    value = make_loss(loss, cfg.margin)(scores, configs.target, configs.mask)
     value.backward()
     assert torch.isfinite(value)
     assert model.head[-1].weight.grad is not None and torch.isfinite(model.head[-1].weight.grad).all()
@@ -281,7 +282,7 @@ def test_learns_easy_layout_signal():
     graphs = easy_world(0, "layout", 10)
     ranker = gnn(epochs=30, lr=1e-2, configs_per_graph=16, patience=0)
     ranker.fit(graphs[:7], graphs[7:], seed=0)
-    taus = [kendalltau(p, g.runtime)[0] for p, g in zip(per_graph(ranker.predict(graphs[7:]), graphs[7:]), graphs[7:])]
+    taus = [kendalltau(p, g.target)[0] for p, g in zip(per_graph(ranker.predict(graphs[7:]), graphs[7:]), graphs[7:])]
     assert np.mean(taus) > 0.4, taus
     assert ranker.best_score_ == pytest.approx(max(h["valid"] for h in ranker.history_))
 
@@ -290,7 +291,8 @@ def test_learns_easy_tile_signal():
     graphs = easy_world(1, "tile", 40)
     ranker = gnn("tile", epochs=10, lr=3e-3, graphs_per_step=8, configs_per_graph=16, patience=0)
     ranker.fit(graphs[:30], seed=0)
-    taus = [kendalltau(p, g.runtime)[0] for p, g in zip(per_graph(ranker.predict(graphs[30:]), graphs[30:]), graphs[30:])]
+    taus = [kendalltau(p, g.target)[0]
+            for p, g in zip(per_graph(ranker.predict(graphs[30:]), graphs[30:]), graphs[30:])]
     assert np.mean(taus) > 0.4, taus
 
 
@@ -319,19 +321,31 @@ class _Interrupt(Exception):
     pass
 
 
-def test_resume_from_checkpoint_matches_uninterrupted_run(tmp_path):
+class _StopAfterTwo(logging.Filter):
+    """Kills the fit where it logs epoch 2 (after its checkpoint was saved)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.getMessage().startswith("epoch 2/"):
+            raise _Interrupt
+        return True
+
+
+def test_resume_from_checkpoint_matches_uninterrupted_run(tmp_path, caplog):
+    caplog.set_level(logging.DEBUG, logger="pipelines.models.gnn")  # epoch lines are DEBUG
     graphs = easy_world(3, "layout", 5)
     hp = dict(epochs=4, dropout=0.1, patience=0)
     straight = gnn(**hp).fit(graphs[:4], graphs[4:], seed=0)
 
-    def stop_after_two(message: str) -> None:
-        if message.startswith("epoch 2/"):
-            raise _Interrupt
-
-    with pytest.raises(_Interrupt):
-        gnn(**hp).fit(graphs[:4], graphs[4:], seed=0, checkpoint_dir=tmp_path, log=stop_after_two)
-    messages = []
-    resumed = gnn(**hp).fit(graphs[:4], graphs[4:], seed=0, checkpoint_dir=tmp_path, log=messages.append)
+    trainer_log, stop = logging.getLogger("pipelines.models.gnn.trainer"), _StopAfterTwo()
+    trainer_log.addFilter(stop)
+    try:
+        with pytest.raises(_Interrupt):
+            gnn(**hp).fit(graphs[:4], graphs[4:], seed=0, checkpoint_dir=tmp_path)
+    finally:
+        trainer_log.removeFilter(stop)
+    caplog.clear()
+    resumed = gnn(**hp).fit(graphs[:4], graphs[4:], seed=0, checkpoint_dir=tmp_path)
+    messages = caplog.messages
     assert messages[0].startswith("resumed") and "after epoch 2" in messages[0]
     assert [h["epoch"] for h in resumed.history_] == [1, 2, 3, 4]
     for (name, a), b in zip(straight.model_.state_dict().items(), resumed.model_.state_dict().values()):
@@ -352,25 +366,25 @@ def test_save_load_round_trip(tmp_path):
         GNNRanker.load(tmp_path, "junk")
 
 
-def test_pretraining_changes_only_the_encoder():
+def test_pretraining_changes_only_the_encoder(caplog):
     cfg = GNNConfig(pretrain=True, pretrain_epochs=2, **FAST)
     torch.manual_seed(0)
     model = GNNModel(cfg, FEAT, "layout")
     before = {k: v.clone() for k, v in model.state_dict().items()}
     encoder_ids = {id(p) for p in encoder_parameters(model)}
     graphs = [prepare_graph(g, 0) for g in easy_world(5, "layout", 3)]
-    losses = pretrain_encoder(model, graphs, cfg, np.random.default_rng(0), log=lambda m: None)
+    losses = pretrain_encoder(model, graphs, cfg, np.random.default_rng(0))
     assert len(losses) == 2 and all(math.isfinite(v) for v in losses)
     for name, param in model.named_parameters():
         changed = not torch.equal(before[name], param.detach())
         assert changed == (id(param) in encoder_ids), name
     # and the ranker runs it (on unlabeled graphs too) before supervised training
-    messages = []
+    caplog.set_level(logging.DEBUG, logger="pipelines.models.gnn")
     unlabeled = easy_world(6, "layout", 1)
-    unlabeled[0].runtime[:] = 0
+    unlabeled[0].target[:] = 0
     gnn(pretrain=True, pretrain_epochs=1, epochs=1).fit(
-        easy_world(5, "layout", 2), seed=0, log=messages.append, unlabeled=unlabeled)
-    assert any(m.startswith("pretrain epoch 1/1") for m in messages)
+        easy_world(5, "layout", 2), seed=0, unlabeled=unlabeled)
+    assert any(m.startswith("pretrain epoch 1/1") for m in caplog.messages)
 
 
 def test_stage_adapter_flattens_predictions_in_index_order(monkeypatch):
@@ -391,7 +405,7 @@ def test_stage_adapter_flattens_predictions_in_index_order(monkeypatch):
     assert [g.num_configs for g in train] == [10, 10]
     kept = train[0].config_index
     assert np.all(np.diff(kept) > 0)  # a sample kept in file order, rows aligned with their runtimes
-    np.testing.assert_array_equal(train[0].runtime, graphs["layout0"].runtime[kept])
+    np.testing.assert_array_equal(train[0].target, graphs["layout0"].target[kept])
     ranker = adapter.make({**FAST, "epochs": 1}, LAYOUT_XLA_RANDOM, num_threads=1).fit(train, seed=0)
     test = adapter.load(FakePrepared(), ["layout2", "layout0"], settings={}, fit=False, seed=0)
     names, index = adapter.index(test)
@@ -481,6 +495,26 @@ def test_deterministic_mode_and_auto_device_change_nothing_on_cpu():
         for other in (fit(deterministic=True).predict(graphs), fit(device="auto").predict(graphs)):
             np.testing.assert_array_equal(plain, other)
     assert not torch.are_deterministic_algorithms_enabled()  # restored after the fit
+
+
+def test_prediction_runs_in_deterministic_mode_when_asked(monkeypatch):
+    """On CUDA the scoring sums with atomics: predict must run under gnn.deterministic like the fit
+    (two H100 fits gave different test predictions before it did)."""
+    from pipelines.models.gnn import model as gnn_model
+
+    graphs = easy_world(8, "layout", 3)
+    ranker = gnn(epochs=1, deterministic=True).fit(graphs[:2], graphs[2:], seed=0)
+    modes = []
+    segment_sum = gnn_model.segment_sum
+
+    def recording_segment_sum(*args, **kwargs):
+        modes.append(torch.are_deterministic_algorithms_enabled())
+        return segment_sum(*args, **kwargs)
+
+    monkeypatch.setattr(gnn_model, "segment_sum", recording_segment_sum)
+    ranker.predict(graphs)
+    assert modes and all(modes)  # every pooling sum of the scoring ran with deterministic algorithms
+    assert not torch.are_deterministic_algorithms_enabled()  # and the switch is restored after
 
 
 def test_gpu_config_asks_for_auto_and_runs_anywhere():

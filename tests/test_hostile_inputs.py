@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import errno
 import json
+import logging
 import os
 import shutil
 import subprocess
@@ -28,10 +29,6 @@ from pipelines.submission import validate_submission
 from pipelines.tpugraphs import TileGraph, collection_dir, list_graphs, load_graph, save_graph
 
 REPO = Path(__file__).resolve().parents[1]
-
-
-def quiet(_: str) -> None:
-    pass
 
 
 def fast_config(*extra: str):
@@ -60,7 +57,7 @@ def published(tiny_world: Path, tmp_path_factory: pytest.TempPathFactory) -> dic
     """One cheap run (the random baseline) of the tiny world."""
     base = tmp_path_factory.mktemp("published")
     result = run_pipeline(fast_config(), tiny_world, work_dir=base / "work", models=["random"],
-                          submissions_dir=base / "subs", log=quiet)
+                          submissions_dir=base / "subs")
     return {"root": tiny_world, "subs": base / "subs", "work": base / "work", "result": result}
 
 
@@ -140,18 +137,17 @@ def _plant_unreadable(folder: Path, tmp_path: Path) -> list[Path]:
 def test_03_unreadable_train_entries_are_errors_naming_each(world, tmp_path):
     bad = _plant_unreadable(collection_dir(world, TILE_XLA, "train"), tmp_path)
     with pytest.raises(FormatError) as caught:
-        prepare(fast_config(), world, tmp_path / "work", [TILE_XLA], log=quiet)
+        prepare(fast_config(), world, tmp_path / "work", [TILE_XLA])
     message = str(caught.value)
     assert all(str(path) in message for path in bad)
     assert "dangling symlink" in message and "symlink loop" in message and "FIFO" in message
     assert not (tmp_path / "work").exists()  # found before the first stage
 
 
-def test_03_with_skip_unreadable_entries_are_recorded_warnings(world, tmp_path):
+def test_03_with_skip_unreadable_entries_are_recorded_warnings(world, tmp_path, caplog):
     bad = _plant_unreadable(collection_dir(world, TILE_XLA, "train"), tmp_path)
-    lines: list[str] = []
-    prepared = prepare(fast_config("data.on_bad_file=skip"), world, tmp_path / "work", [TILE_XLA],
-                       log=lines.append)
+    prepared = prepare(fast_config("data.on_bad_file=skip"), world, tmp_path / "work", [TILE_XLA])
+    lines = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     skipped = prepared[TILE_XLA.name].stages["prune"].metrics["skipped_files"]
     assert sorted(item["path"] for item in skipped) == sorted(str(p) for p in bad)
     assert all(any(str(p) in line and "warning" in line for line in lines) for p in bad)
@@ -164,7 +160,7 @@ def test_04_a_missing_collection_fails_before_any_stage(world, tmp_path):
     shutil.rmtree(collection_dir(world, LAYOUT_NLP_RANDOM, "train").parent)
     with pytest.raises(FormatError, match="layout/nlp/random"):
         run_pipeline(fast_config(), world, work_dir=tmp_path / "work", models=["random"],
-                     submissions_dir=tmp_path / "subs", log=quiet)
+                     submissions_dir=tmp_path / "subs")
     assert not (tmp_path / "work").exists() and not (tmp_path / "subs").exists()
 
 
@@ -174,7 +170,7 @@ def test_04_an_empty_test_split_is_named_before_any_stage(world, tmp_path):
         path.unlink()
     with pytest.raises(FormatError) as caught:
         run_pipeline(fast_config(), world, work_dir=tmp_path / "work", models=["random"],
-                     submissions_dir=tmp_path / "subs", log=quiet)
+                     submissions_dir=tmp_path / "subs")
     assert str(test_dir) in str(caught.value) and "tile:xla" in str(caught.value)
     assert not (tmp_path / "work").exists()
 
@@ -367,7 +363,7 @@ def test_09_extra_an_interrupted_publish_leaves_no_run_folder(published, tmp_pat
     rows = read_submission(published["result"].submission)
     with pytest.raises(KeyboardInterrupt):
         run.publish_submission(rows, {"config": {}, "stages": {}}, data_root=published["root"],
-                               submissions_dir=tmp_path / "subs", log=quiet)
+                               submissions_dir=tmp_path / "subs")
     assert list((tmp_path / "subs").iterdir()) == []
 
 
@@ -378,7 +374,7 @@ def test_09_a_dead_runs_tmp_stage_folder_goes_when_the_stage_is_reused(published
     leftover = stage_dir / f".tmp-{key}-killed1"
     leftover.mkdir()
     (leftover / ".lock").write_text("999999\n")
-    prepare(fast_config(), published["root"], work, [TILE_XLA], log=quiet)
+    prepare(fast_config(), published["root"], work, [TILE_XLA])
     assert not leftover.exists()
 
 
@@ -430,7 +426,7 @@ def test_11_dev_zero_is_not_a_config():
 def test_12_a_work_dir_in_the_data_root_is_refused_and_nothing_is_written(world, inside):
     before = snapshot(world)
     with pytest.raises(ConfigError, match="inside the data root"):
-        prepare(fast_config(), world, world / inside, [TILE_XLA], log=quiet)
+        prepare(fast_config(), world, world / inside, [TILE_XLA])
     assert snapshot(world) == before
 
 

@@ -23,7 +23,7 @@ OVERRIDES = ["gnn.epochs=2", "gnn.patience=0", "gnn.hidden=8", "gnn.free_layers=
 def prepared(tiny_world: Path, tmp_path_factory: pytest.TempPathFactory):
     config = load_config("smoke", OVERRIDES)
     work = tmp_path_factory.mktemp("contract") / "work"
-    return config, prepare(config, tiny_world, work, list(COLLECTIONS), log=lambda _: None)
+    return config, prepare(config, tiny_world, work, list(COLLECTIONS))
 
 
 def _data(adapter, item, settings):

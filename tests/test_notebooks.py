@@ -26,26 +26,33 @@ def test_notebooks_are_numbered_in_order():
     assert [p.name[:3] for p in NOTEBOOKS] == ["01-", "02-", "03-", "04-", "05-"]
 
 
-def test_settings_smoke_switch_and_overrides(tmp_path):
-    smoke = analysis.notebook_settings({"TPUGRAPHS_SMOKE": "1", "TPUGRAPHS_SCRATCH": str(tmp_path)})
+def test_settings_come_from_one_config_and_overrides(tmp_path):
+    scratch = f"notebook.scratch='{tmp_path}'"
+    smoke = analysis.notebook_settings({"TPUGRAPHS_CONFIG": "smoke", "TPUGRAPHS_SET": scratch})
     assert smoke.smoke and smoke.scale == "tiny" and smoke.folds == 2 and smoke.seeds == (0, 1)
-    assert smoke.config == "smoke" and smoke.overrides == ()
+    assert smoke.config == "smoke" and smoke.overrides == () and smoke.run_id is None
     assert smoke.data_root == tmp_path / "tiny-world" and smoke.work_dir == tmp_path / "work"
     assert smoke.config_overrides("prune.hops=2")[:2] == ["folds.k=2", "run.seeds=[0, 1]"]
     assert smoke.config_overrides("prune.hops=2")[-1] == "prune.hops=2"
 
-    default = analysis.notebook_settings({"TPUGRAPHS_FOLDS": "3", "TPUGRAPHS_SEEDS": "4,5",
-                                          "TPUGRAPHS_COLLECTIONS": "layout:xla:random", "TPUGRAPHS_SET": "a=1; b=2"})
+    default = analysis.notebook_settings({"TPUGRAPHS_SET": "folds.k=3; run.seeds=[4, 5]; prune.hops=2; "
+                                                           "notebook.collections=['layout:xla:random']; "
+                                                           "notebook.run_id=r1"})
     assert not default.smoke and default.scale == "small" and default.data_root == Path("data/synthetic-small")
     assert (default.folds, default.seeds, default.collections) == (3, (4, 5), ("layout:xla:random",))
-    assert default.overrides == ("a=1", "b=2")
+    assert default.overrides == ("folds.k=3", "run.seeds=[4, 5]", "prune.hops=2") and default.run_id == "r1"
     assert smoke.models == ("gbdt", "feature", "random") and default.models is None
-    assert analysis.notebook_settings({"TPUGRAPHS_SMOKE": "yes", "TPUGRAPHS_SCRATCH": str(tmp_path),
-                                       "TPUGRAPHS_MODELS": "gbdt, gnn"}).models == ("gbdt", "gnn")
-    assert analysis.choose_models(smoke, ["gbdt", "gnn", "no-such-model"], log=lambda _: None) == ["gbdt"]
+    with_gnn = {"TPUGRAPHS_CONFIG": "smoke", "TPUGRAPHS_SET": f'{scratch}; run.models=["gbdt", "gnn"]'}
+    assert analysis.notebook_settings(with_gnn).models == ("gbdt", "gnn")
+    assert analysis.choose_models(smoke, ["gbdt", "gnn", "no-such-model"]) == ["gbdt"]
     assert analysis.notebook_settings({}).folds == 5 and len(analysis.notebook_settings({}).seeds) == 3
-    with pytest.raises(analysis.ConfigError, match="TPUGRAPHS_SEEDS"):
-        analysis.notebook_settings({"TPUGRAPHS_SEEDS": "a"})
+    # every value is checked by the config's own checker before a notebook runs anything
+    with pytest.raises(analysis.ConfigError, match="run.seeds"):
+        analysis.notebook_settings({"TPUGRAPHS_SET": "run.seeds=['a']"})
+    with pytest.raises(analysis.ConfigError, match="notebook.data_root"):
+        analysis.notebook_settings({"TPUGRAPHS_SET": "notebook.dataroot=x"})
+    with pytest.raises(analysis.ConfigError, match="no_such_config"):
+        analysis.notebook_settings({"TPUGRAPHS_CONFIG": "no_such_config"})
 
 
 def test_summarize_cells_mean_over_seeds_and_spreads_by_hand():
@@ -109,7 +116,8 @@ def test_importance_shares_groups_and_opcode_mix():
 def smoke_env(tiny_world, tmp_path_factory):
     """One scratch folder shared by the five notebooks, so later ones reuse cached stages."""
     scratch = tmp_path_factory.mktemp("notebooks")
-    return {"TPUGRAPHS_SMOKE": "1", "TPUGRAPHS_SCRATCH": str(scratch), "TPUGRAPHS_DATA_ROOT": str(tiny_world),
+    return {"TPUGRAPHS_CONFIG": "smoke",
+            "TPUGRAPHS_SET": f"notebook.scratch='{scratch}'; notebook.data_root='{tiny_world}'",
             "MPLBACKEND": "Agg", "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
 
 
@@ -127,7 +135,7 @@ def test_notebook_executes_in_smoke_mode(path, smoke_env, monkeypatch):
     errors = [o for c in notebook.cells if c.cell_type == "code" for o in c.get("outputs", [])
               if o.get("output_type") == "error"]
     assert not errors
-    figures = Path(smoke_env["TPUGRAPHS_SCRATCH"]) / "work" / "figures"
+    figures = analysis.notebook_settings(smoke_env).work_dir / "figures"
     assert list(figures.glob(f"{path.name[:2]}-*.png")), "every notebook saves at least one figure"
 
 

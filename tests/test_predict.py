@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import shutil
 from pathlib import Path
 
@@ -26,15 +27,11 @@ TINY_GNN = ["gnn.epochs=3", "gnn.patience=0", "gnn.hidden=8", "gnn.free_layers=1
             "gnn.eval_max_configs=16"]
 
 
-def quiet(_: str) -> None:
-    pass
-
-
 @pytest.fixture(scope="module")
 def run(tiny_world: Path, tmp_path_factory: pytest.TempPathFactory):
     base = tmp_path_factory.mktemp("predict")
     result = run_pipeline(load_config("smoke"), tiny_world, work_dir=base / "work", models=["gbdt", "feature"],
-                          submissions_dir=base / "subs", log=quiet)
+                          submissions_dir=base / "subs")
     return {"result": result, "base": base, "root": tiny_world}
 
 
@@ -58,7 +55,7 @@ def test_predict_on_the_original_data_root_reproduces_the_csv_byte_for_byte(run,
 
     monkeypatch.setattr(train, "fit_predict_fold", no_training)
     source = run["result"]
-    again = predict_run(source.run_id, run["root"], submissions_dir=run["base"] / "subs", log=quiet)
+    again = predict_run(source.run_id, run["root"], submissions_dir=run["base"] / "subs")
     assert again.run_id != source.run_id
     assert again.submission.read_bytes() == source.submission.read_bytes()
     assert again.manifest["kind"] == "predict" and again.manifest["source_run"] == source.run_id
@@ -89,7 +86,7 @@ def test_predict_refuses_a_tampered_model(run, tmp_path):
     model = sorted((work / ref["stage"] / ref["key"] / "models").glob("*.txt"))[0]
     model.write_text(model.read_text().replace("tree", "TREE", 1))  # same size: the stage still looks complete
     with pytest.raises(PipelineError, match="SHA-256"):
-        predict_run(run["result"].run_id, run["root"], submissions_dir=run["base"] / "subs", work_dir=work, log=quiet)
+        predict_run(run["result"].run_id, run["root"], submissions_dir=run["base"] / "subs", work_dir=work)
 
 
 # ----------------------------------------------------------------------------- resume after a kill
@@ -112,23 +109,25 @@ def _train_killed_after(config, prepared, model, work, jobs_done, monkeypatch):
 
     monkeypatch.setattr(train, "fit_predict_fold", dying)
     with pytest.raises(Killed):
-        train.train_model(config, prepared, model=model, work_dir=work, log=quiet)
+        train.train_model(config, prepared, model=model, work_dir=work)
     monkeypatch.setattr(train, "fit_predict_fold", real)
     return calls
 
 
 def test_a_killed_training_stage_trains_only_the_unfinished_folds_and_gives_the_same_bytes(tiny_world, tmp_path,
-                                                                                          monkeypatch):
+                                                                                          monkeypatch, caplog):
     config = load_config("smoke", ["folds.k=3", "run.seeds=[0, 1]"])
-    prepared = prepare(config, tiny_world, tmp_path / "work", [TILE_XLA], log=quiet)[TILE_XLA.name]
-    reference = train.train_model(config, prepared, model="gbdt", work_dir=tmp_path / "clean", log=quiet)
+    prepared = prepare(config, tiny_world, tmp_path / "work", [TILE_XLA])[TILE_XLA.name]
+    reference = train.train_model(config, prepared, model="gbdt", work_dir=tmp_path / "clean")
 
     done_before = _train_killed_after(config, prepared, "gbdt", tmp_path / "work", 4, monkeypatch)
     trained_after = []
     real = train.fit_predict_fold
     monkeypatch.setattr(train, "fit_predict_fold", lambda *a, **k: trained_after.append(a[5:7]) or real(*a, **k))
-    lines: list[str] = []
-    resumed = train.train_model(config, prepared, model="gbdt", work_dir=tmp_path / "work", log=lines.append)
+    caplog.set_level(logging.INFO, logger="pipelines")
+    caplog.clear()
+    resumed = train.train_model(config, prepared, model="gbdt", work_dir=tmp_path / "work")
+    lines = caplog.messages
     assert len(done_before) == 4 and len(trained_after) == 2
     assert not set(done_before) & set(trained_after)
     assert any("resuming: 4 of 6 fold jobs already done" in line for line in lines)
@@ -154,12 +153,12 @@ def test_a_killed_run_restarts_and_submits_the_same_csv(tiny_world, tmp_path, mo
     monkeypatch.setattr(train, "fit_predict_fold", dying)
     with pytest.raises(Killed):
         run_pipeline(config, tiny_world, work_dir=tmp_path / "work", models=["gbdt"],
-                     submissions_dir=tmp_path / "subs", log=quiet)
+                     submissions_dir=tmp_path / "subs")
     monkeypatch.setattr(train, "fit_predict_fold", real)
     resumed = run_pipeline(config, tiny_world, work_dir=tmp_path / "work", models=["gbdt"],
-                           submissions_dir=tmp_path / "subs", log=quiet)
+                           submissions_dir=tmp_path / "subs")
     clean = run_pipeline(config, tiny_world, work_dir=tmp_path / "clean", models=["gbdt"],
-                         submissions_dir=tmp_path / "subs", log=quiet)
+                         submissions_dir=tmp_path / "subs")
     assert resumed.submission.read_bytes() == clean.submission.read_bytes()
     tile = resumed.manifest["stages"][TILE_XLA.name]["train"]["gbdt"]
     stage = load_stage_manifest(tmp_path / "work", tile)
@@ -170,12 +169,13 @@ def load_stage_manifest(work: Path, ref: dict) -> dict:
     return json.loads((work / ref["stage"] / ref["key"] / "manifest.json").read_text())
 
 
-def test_a_killed_gnn_fold_resumes_from_its_last_epoch_with_the_same_predictions(tiny_world, tmp_path, monkeypatch):
+def test_a_killed_gnn_fold_resumes_from_its_last_epoch_with_the_same_predictions(tiny_world, tmp_path, monkeypatch,
+                                                                                 caplog):
     from pipelines.models.gnn import trainer
 
     config = load_config("smoke", TINY_GNN)
-    prepared = prepare(config, tiny_world, tmp_path / "work", [TILE_XLA], log=quiet)[TILE_XLA.name]
-    reference = train.train_model(config, prepared, model="gnn", work_dir=tmp_path / "clean", log=quiet)
+    prepared = prepare(config, tiny_world, tmp_path / "work", [TILE_XLA])[TILE_XLA.name]
+    reference = train.train_model(config, prepared, model="gnn", work_dir=tmp_path / "clean")
 
     real_save = trainer.save_checkpoint
     saved = []
@@ -188,18 +188,18 @@ def test_a_killed_gnn_fold_resumes_from_its_last_epoch_with_the_same_predictions
 
     monkeypatch.setattr(trainer, "save_checkpoint", dying_save)
     with pytest.raises(Killed):
-        train.train_model(config, prepared, model="gnn", work_dir=tmp_path / "work", log=quiet)
+        train.train_model(config, prepared, model="gnn", work_dir=tmp_path / "work")
     monkeypatch.setattr(trainer, "save_checkpoint", real_save)
     assert saved == [1, 2, 3, 1, 2]
 
-    lines: list[str] = []
+    caplog.set_level(logging.INFO, logger="pipelines")
+    caplog.clear()
     epochs_trained = []
     monkeypatch.setattr(trainer, "save_checkpoint",
                         lambda *a: epochs_trained.append(a[5].epoch) or real_save(*a))
-    resumed = train.train_model(config, prepared, model="gnn", work_dir=tmp_path / "work",
-                                log=lines.append)
+    resumed = train.train_model(config, prepared, model="gnn", work_dir=tmp_path / "work")
     assert epochs_trained == [3]  # only fold 1's last epoch
-    assert any("resuming: 1 of 2 fold jobs" in line for line in lines)
+    assert any("resuming: 1 of 2 fold jobs" in line for line in caplog.messages)
     ours = pl.read_parquet(resumed.path / train.PREDICTIONS_FILE)
     theirs = pl.read_parquet(reference.path / train.PREDICTIONS_FILE)
     assert ours.equals(theirs)
@@ -208,11 +208,11 @@ def test_a_killed_gnn_fold_resumes_from_its_last_epoch_with_the_same_predictions
 
 def test_predict_valid_split_needs_held_out_valid_graphs_and_then_score_scores_it(run, tiny_world, tmp_path, capsys):
     with pytest.raises(ConfigError, match="holdout_valid"):
-        predict_run(run["result"].run_id, run["root"], submissions_dir=run["base"] / "subs", split="valid", log=quiet)
+        predict_run(run["result"].run_id, run["root"], submissions_dir=run["base"] / "subs", split="valid")
 
     subs = tmp_path / "subs"
     held_out = run_pipeline(load_config("smoke", ["folds.holdout_valid=true"]), tiny_world,
-                            work_dir=tmp_path / "work", models=["feature"], submissions_dir=subs, log=quiet)
+                            work_dir=tmp_path / "work", models=["feature"], submissions_dir=subs)
     assert main(["predict", "--run", held_out.run_id, "--data-root", str(tiny_world), "--split", "valid",
                  "--submissions-dir", str(subs)]) == 0
     path = Path(capsys.readouterr().out.strip().splitlines()[-1])

@@ -83,7 +83,7 @@ def quick():
 
 def test_prepare_end_to_end_and_cache(world: Path, tmp_path: Path, quick) -> None:
     work = tmp_path / "work"
-    first = prepare(quick, world, work, ["layout:xla:default", "tile:xla"], log=lambda _: None)
+    first = prepare(quick, world, work, ["layout:xla:default", "tile:xla"])
     layout, tile = first["layout:xla:default"], first["tile:xla"]
     assert set(layout.stages) == {"prune", "features", "node_arrays", "folds"}
     assert not any(layout.cached.values())
@@ -114,7 +114,7 @@ def test_prepare_end_to_end_and_cache(world: Path, tmp_path: Path, quick) -> Non
     # node arrays
     arrays = layout.load_graph_arrays(stem)
     assert arrays.node_feat.shape[1] == NODE_FEATURE_DIM and arrays.num_configs == 12 - DUPLICATES
-    np.testing.assert_array_equal(arrays.runtime, raw_runtime[arrays.config_index])
+    np.testing.assert_array_equal(arrays.target, raw_runtime[arrays.config_index])
 
     # tile: target is runtime / normalizer; duplicate config row removed from labelled graphs
     tile_counts = dict(tile.graph_table.select("split", "configs_after").unique().iter_rows())
@@ -132,14 +132,14 @@ def test_prepare_end_to_end_and_cache(world: Path, tmp_path: Path, quick) -> Non
     assert resnet.len() == 1
 
     # second call: everything reused, same keys
-    again = prepare(quick, world, work, ["layout:xla:default", "tile:xla"], log=lambda _: None)
+    again = prepare(quick, world, work, ["layout:xla:default", "tile:xla"])
     for name, prepared in again.items():
         assert all(prepared.cached.values()), name
         assert {k: o.key for k, o in prepared.stages.items()} == {k: o.key for k, o in first[name].stages.items()}
 
     # a pruning change re-keys prune and what reads it, not the folds; tile ignores hops
     deeper = load_config(None, ["folds.k=2", "features.max_configs_per_graph=7", "prune.hops=2"])
-    changed = prepare(deeper, world, work, ["layout:xla:default", "tile:xla"], log=lambda _: None)
+    changed = prepare(deeper, world, work, ["layout:xla:default", "tile:xla"])
     new, old = changed["layout:xla:default"], first["layout:xla:default"]
     for stage in ("prune", "features", "node_arrays"):
         assert new.stages[stage].key != old.stages[stage].key and not new.cached[stage]
@@ -181,8 +181,7 @@ def test_data_stages_write_the_same_bytes_with_any_number_of_workers(world: Path
     runs = {}
     for jobs in (1, 3):
         config = load_config(None, ["folds.k=2", "features.max_configs_per_graph=7", f"run.n_jobs={jobs}"])
-        runs[jobs] = prepare(config, world, tmp_path / f"jobs{jobs}", ["layout:xla:default", "tile:xla"],
-                             log=lambda _: None)
+        runs[jobs] = prepare(config, world, tmp_path / f"jobs{jobs}", ["layout:xla:default", "tile:xla"])
     one, three = (stage_bytes(runs[j]) for j in (1, 3))
     assert len(one) > 20 and one == three
     # the worker count is not part of any stage key: one cache serves every machine

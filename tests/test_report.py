@@ -51,7 +51,7 @@ def demo_run(tiny_world, tmp_path_factory):
 
     root = tmp_path_factory.mktemp("report")
     result = run_pipeline(load_config("smoke", FAST), tiny_world, work_dir=root / "work", models=["gbdt", "feature"],
-                          submissions_dir=root / "submissions", log=lambda _: None)
+                          submissions_dir=root / "submissions")
     return root, result
 
 
@@ -118,7 +118,7 @@ def test_a_reblended_run_reports_its_source_runs(demo_run):
     from pipelines.run import ensemble_runs
 
     root, result = demo_run
-    again = ensemble_runs([result.run_id], submissions_dir=root / "submissions", method="rank", log=lambda _: None)
+    again = ensemble_runs([result.run_id], submissions_dir=root / "submissions", method="rank")
     text = (again.run_dir / REPORT_FILE).read_text(encoding="utf-8")
     assert f"re-blend of 1 run(s), training nothing: {result.run_id} (2 folds x seeds [0, 1])" in text
     assert "None folds" not in text

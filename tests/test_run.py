@@ -28,14 +28,11 @@ from pipelines.run import (
     submission_rows,
 )
 from pipelines.submission import read_submission, validate_submission
+from tests.conftest import logged_messages
 
 
 def fast_config(*extra: str):
     return load_config("smoke", extra)
-
-
-def quiet(_: str) -> None:
-    pass
 
 
 # ----------------------------------------------------------------------------- pure parts
@@ -81,12 +78,12 @@ def runs(tiny_world: Path, tmp_path_factory: pytest.TempPathFactory) -> dict:
     config = fast_config()
     out = {"root": tiny_world, "subs": subs, "work": base / "work-a"}
     out["a"] = run_pipeline(config, tiny_world, work_dir=base / "work-a", models=["gbdt", "random"],
-                            submissions_dir=subs, log=quiet)
+                            submissions_dir=subs)
     out["b"] = run_pipeline(config, tiny_world, work_dir=base / "work-b", models=["gbdt", "random"],
-                            submissions_dir=subs, log=quiet)
-    lines: list[str] = []
-    out["again"] = run_pipeline(config, tiny_world, work_dir=base / "work-a", models=["gbdt", "random"],
-                                submissions_dir=subs, log=lines.append)
+                            submissions_dir=subs)
+    with logged_messages() as lines:
+        out["again"] = run_pipeline(config, tiny_world, work_dir=base / "work-a", models=["gbdt", "random"],
+                                    submissions_dir=subs)
     out["again_log"] = lines
     return out
 
@@ -137,7 +134,7 @@ def test_manifest_records_stages_scores_and_weights(runs):
 def test_one_model_is_submitted_as_its_fold_averaged_normalised_test_scores(runs, tmp_path):
     root = runs["root"]
     result = run_pipeline(fast_config(), root, work_dir=runs["work"], models=["gbdt"],
-                          submissions_dir=tmp_path / "subs", log=quiet)
+                          submissions_dir=tmp_path / "subs")
     assert set(result.computed) == {f"ensemble/{s['ensemble']}" for s in result.manifest["stages"].values()}
     assert all(w == {"gbdt": 1.0} for w in result.manifest["ensemble_weights"].values())
     # By hand: min-max scale each fold model's scores per graph, average the fold models, order.
@@ -160,7 +157,7 @@ def test_invalid_rows_are_refused_and_leave_no_run_folder(runs, tmp_path):
     rows.pop(sorted(rows)[0])
     with pytest.raises(SubmissionError, match="missing"):
         publish_submission(rows, {"config": {}, "stages": {}}, data_root=runs["root"],
-                           submissions_dir=tmp_path / "subs", log=quiet)
+                           submissions_dir=tmp_path / "subs")
     assert list((tmp_path / "subs").iterdir()) == []
 
 
@@ -173,7 +170,7 @@ def test_a_taken_run_id_gets_a_new_folder_never_the_old_one(runs, tmp_path, monk
     (taken / SUBMISSION_FILE).write_text("theirs")
     rows = read_submission(runs["a"].submission)
     run_id, path, _ = publish_submission(rows, {"config": {}, "stages": {}}, data_root=runs["root"],
-                                         submissions_dir=tmp_path / "subs", log=quiet)
+                                         submissions_dir=tmp_path / "subs")
     assert run_id == "20260101T000000Z-deadbeef-2" and path.read_bytes() == runs["a"].submission.read_bytes()
     assert (taken / SUBMISSION_FILE).read_text() == "theirs"
 
@@ -183,8 +180,7 @@ def test_a_taken_run_id_gets_a_new_folder_never_the_old_one(runs, tmp_path, monk
 
 def test_ensemble_command_reblends_saved_runs_without_training(runs, monkeypatch, capsys):
     root, subs = runs["root"], runs["subs"]
-    other = run_pipeline(fast_config(), root, work_dir=runs["work"], models=["feature"], submissions_dir=subs,
-                         log=quiet)
+    other = run_pipeline(fast_config(), root, work_dir=runs["work"], models=["feature"], submissions_dir=subs)
 
     def no_training(*args, **kwargs):
         raise AssertionError("the ensemble command must not train")
@@ -218,7 +214,7 @@ def test_ensemble_names_the_missing_stage_folder_when_the_cache_is_gone(runs, tm
     ref = runs["a"].manifest["stages"]["tile:xla"]["train"]["random"]
     shutil.rmtree(work / ref["stage"] / ref["key"])
     with pytest.raises(PipelineError, match=f"{ref['stage']}/{ref['key']}"):
-        ensemble_runs([runs["a"].run_id], submissions_dir=runs["subs"], work_dir=work, log=quiet)
+        ensemble_runs([runs["a"].run_id], submissions_dir=runs["subs"], work_dir=work)
 
 
 # ----------------------------------------------------------------------------- determinism, CLI, demo
@@ -231,8 +227,8 @@ def test_lightgbm_predictions_do_not_depend_on_the_thread_count(tiny_world, tmp_
     for threads in (1, 2):
         config = fast_config(f"gbdt.num_threads={threads}")
         work = tmp_path / f"work-{threads}"
-        prepared = prepare(config, tiny_world, work, [TILE_XLA], log=quiet)[TILE_XLA.name]
-        output = train.train_model(config, prepared, model="gbdt", work_dir=work, log=quiet)
+        prepared = prepare(config, tiny_world, work, [TILE_XLA])[TILE_XLA.name]
+        output = train.train_model(config, prepared, model="gbdt", work_dir=work)
         frames.append(read_predictions(output.file(train.PREDICTIONS_FILE)))
     assert frames[0].equals(frames[1])
 
@@ -248,18 +244,17 @@ def test_run_command_prints_the_table_and_the_submission_path_last(runs, tmp_pat
                  "--models", "nosuch", "--submissions-dir", str(tmp_path / "subs")]) == 2
 
 
-def test_demo_runs_the_pipeline_on_a_generated_world(runs, tmp_path):
+def test_demo_runs_the_pipeline_on_a_generated_world(runs, tmp_path, capsys):
     from pipelines.demo import run_demo
 
-    lines: list[str] = []
     code = run_demo(runs["root"], "tiny", 0, submissions_dir=tmp_path / "subs", work_dir=runs["work"],
-                    config="smoke", overrides=["run.models=['gbdt']", "ensemble.models=['gbdt']"],
-                    log=lambda line: lines.append(str(line)))
+                    config="smoke", overrides=["run.models=['gbdt']", "ensemble.models=['gbdt']"])
     assert code == 0
+    lines = capsys.readouterr().out.splitlines()  # the result is printed (also with --quiet), not logged
     path = Path(lines[-1])
     assert validate_submission(path, runs["root"]) > 0
     assert any("stages reused" in line for line in lines)
-    assert lines[-2].splitlines()[-1].startswith("combined OOF score")
+    assert lines[-2].startswith("combined OOF score")
 
 
 # ----------------------------------------------------------------------------- CLI papercuts

@@ -21,7 +21,7 @@ from tests.test_kaggle_io import fake, no_credentials  # noqa: F401  (fixtures: 
 def one_run(tiny_world: Path, tmp_path_factory: pytest.TempPathFactory):
     base = tmp_path_factory.mktemp("runs")
     result = run_pipeline(load_config("smoke"), tiny_world, work_dir=base / "work", models=["random", "feature"],
-                          submissions_dir=base / "subs", log=lambda _: None)
+                          submissions_dir=base / "subs")
     return result, base
 
 

@@ -4,6 +4,7 @@ collection (fast, every path incl. parallel jobs), and end to end on a tiny synt
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -167,7 +168,7 @@ def test_registry_names_and_errors():
 def test_stage_writes_predictions_scores_and_metrics(tmp_path: Path):
     prepared = memory_prepared()
     config = quick_config()
-    out = train_model(config, prepared, model="gbdt", work_dir=tmp_path, log=lambda _: None)
+    out = train_model(config, prepared, model="gbdt", work_dir=tmp_path)
     predictions = read_predictions(out.file(PREDICTIONS_FILE))
     oof = predictions.filter(pl.col("split") == "oof")
     # every CV config once per seed, from the fold that held its graph out
@@ -196,28 +197,28 @@ def test_stage_writes_predictions_scores_and_metrics(tmp_path: Path):
     assert manifest["config"]["settings"]["objective"] == "pairwise"  # the base objective of layout collections
 
 
-def test_stage_is_cached_and_keyed_by_model_settings(tmp_path: Path):
+def test_stage_is_cached_and_keyed_by_model_settings(tmp_path: Path, caplog):
+    caplog.set_level(logging.INFO, logger="pipelines")
     prepared = memory_prepared()
-    logs: list[str] = []
     one_seed = "run.seeds=[0]"
-    first = train_model(quick_config(one_seed), prepared, model="gbdt", work_dir=tmp_path, log=logs.append)
-    again = train_model(quick_config(one_seed), prepared, model="gbdt", work_dir=tmp_path, log=logs.append)
-    assert again.key == first.key and logs[-1] == f"[train-gbdt] cached {first.key}"
+    first = train_model(quick_config(one_seed), prepared, model="gbdt", work_dir=tmp_path)
+    again = train_model(quick_config(one_seed), prepared, model="gbdt", work_dir=tmp_path)
+    assert again.key == first.key and caplog.messages[-1] == f"[train-gbdt] cached {first.key}"
     other = quick_config(one_seed, 'gbdt.collections."tile:xla".num_leaves=15')  # another collection's override
-    assert train_model(other, prepared, model="gbdt", work_dir=tmp_path, log=logs.append).key == first.key
+    assert train_model(other, prepared, model="gbdt", work_dir=tmp_path).key == first.key
     changed = quick_config(one_seed, 'gbdt.collections."layout:xla:random".num_leaves=15')
-    assert train_model(changed, prepared, model="gbdt", work_dir=tmp_path, log=logs.append).key != first.key
+    assert train_model(changed, prepared, model="gbdt", work_dir=tmp_path).key != first.key
 
 
 def test_models_beat_random_and_parallel_jobs_match_serial(tmp_path: Path):
     prepared = memory_prepared(TILE_XLA, holdout=0)
-    silent = dict(work_dir=tmp_path, log=lambda _: None)
+    silent = dict(work_dir=tmp_path)
     one_seed = "run.seeds=[0]"
     random = train_model(quick_config(), prepared, model="random", **silent).metrics
     feature = train_model(quick_config(one_seed), prepared, model="feature", **silent).metrics
     serial = train_model(quick_config(one_seed, "gbdt.objective=regression"), prepared, model="gbdt", **silent)
     parallel = train_model(quick_config(one_seed, "gbdt.objective=regression", "run.n_jobs=2"), prepared,
-                           model="gbdt", work_dir=tmp_path / "parallel", log=lambda _: None)
+                           model="gbdt", work_dir=tmp_path / "parallel")
     assert random["metric"] == "top5 slowdown" and random["holdout_graphs"] == 0
     assert all(m["column"] == "f_signal" and m["sign"] == 1.0 for m in feature["models"])
     assert feature["oof_score"] > random["oof_score"] + 0.1

@@ -57,14 +57,13 @@ def test_two_trials_write_a_config_that_run_accepts(tiny_world: Path, tmp_path: 
     from pipelines.prepare import prepare
     from pipelines.train import train_model
 
-    item = prepare(tuned, tiny_world, work, [COLLECTION], log=lambda _: None)[COLLECTION]
-    output = train_model(tuned, item, model="gbdt", work_dir=work, log=lambda _: None)
+    item = prepare(tuned, tiny_world, work, [COLLECTION])[COLLECTION]
+    output = train_model(tuned, item, model="gbdt", work_dir=work)
     assert output.cached and f"{output.stage}/{output.key}" == manifest["best_stage"]
     assert output.metrics["oof_score"] == pytest.approx(manifest["best_value"])
 
     # the study is resumable: a second call adds trials to the same study and rewrites its own file
-    result = tune("smoke", FAST, model="gbdt", collection=COLLECTION, trials=1, data_root=tiny_world, work_dir=work,
-                  log=lambda _: None)
+    result = tune("smoke", FAST, model="gbdt", collection=COLLECTION, trials=1, data_root=tiny_world, work_dir=work)
     assert result.trials_complete == 3 and result.config_file == config_file
     assert main(["run", "--config", str(config_file), "--data-root", str(tiny_world), "--work-dir", str(work),
                  "--models", "gbdt", "--submissions-dir", str(tmp_path / "subs")]) == 0
@@ -75,5 +74,5 @@ def test_tune_never_overwrites_a_file_it_did_not_write(tiny_world: Path, tmp_pat
     mine.write_text('extends = "base"\n')
     with pytest.raises(PipelineError, match="not written by `tune`"):
         tune("smoke", FAST, model="gbdt", collection=COLLECTION, trials=1, data_root=tiny_world,
-             work_dir=tmp_path / "work", out=mine, log=lambda _: None)
+             work_dir=tmp_path / "work", out=mine)
     assert mine.read_text() == 'extends = "base"\n'

@@ -25,7 +25,7 @@ def subsample_configs(graph: GraphArrays, max_configs: int, seed: int) -> GraphA
         return graph
     rng = np.random.default_rng([seed, *graph.stem.encode()])
     keep = np.sort(rng.choice(graph.num_configs, size=max_configs, replace=False))
-    return replace(graph, config_feat=graph.config_feat[keep], runtime=graph.runtime[keep],
+    return replace(graph, config_feat=graph.config_feat[keep], target=graph.target[keep],
                    config_index=graph.config_index[keep])
 
 

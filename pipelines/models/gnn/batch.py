@@ -57,9 +57,9 @@ class PreparedGraph(GraphSize):
     """One graph's tensors-to-be plus its (numpy, possibly huge) configs and runtimes."""
 
     kind: str
-    opcode: np.ndarray
+    node_opcode: np.ndarray
     node_feat: np.ndarray
-    edge_index: np.ndarray
+    message_edges: np.ndarray
     inv_deg_in: np.ndarray
     inv_deg_out: np.ndarray
     config_nodes: np.ndarray
@@ -68,7 +68,7 @@ class PreparedGraph(GraphSize):
     config_shapes: np.ndarray  # float64 (nc, 2, 6): dims of each configurable node's output and input tensor
     config_layouts: np.ndarray  # int64 (nc, 2, 6): their default minor_to_major (node features 134-139)
     config_feat: np.ndarray  # int8 (c, nc, 18) or float32 (c, 24)
-    runtime: np.ndarray  # float64 (c,)
+    target: np.ndarray  # float64 (c,)
     chain_src: np.ndarray  # int64 (E,) chain ends, see GraphArrays.chain_*
     chain_dst: np.ndarray
     chain_kernel: np.ndarray
@@ -84,12 +84,12 @@ def _check(graph: GraphArrays) -> None:
     problems = []
     if graph.node_feat.ndim != 2 or graph.node_feat.shape[0] != n:
         problems.append(f"node_feat shape {graph.node_feat.shape} does not match {n} nodes")
-    if graph.edge_index.ndim != 2 or graph.edge_index.shape[0] != 2:
-        problems.append(f"edge_index must be (2, m), got {graph.edge_index.shape}")
-    elif graph.edge_index.size and (graph.edge_index.min() < 0 or graph.edge_index.max() >= n):
-        problems.append("edge_index refers to a node out of range")
-    if graph.runtime.shape != (graph.num_configs,):
-        problems.append(f"runtime shape {graph.runtime.shape} does not match {graph.num_configs} configs")
+    if graph.message_edges.ndim != 2 or graph.message_edges.shape[0] != 2:
+        problems.append(f"message_edges must be (2, m), got {graph.message_edges.shape}")
+    elif graph.message_edges.size and (graph.message_edges.min() < 0 or graph.message_edges.max() >= n):
+        problems.append("message_edges refers to a node out of range")
+    if graph.target.shape != (graph.num_configs,):
+        problems.append(f"target shape {graph.target.shape} does not match {graph.num_configs} configs")
     if graph.num_configs < 1:
         problems.append("no configs")
     if graph_kind(graph) == "layout":
@@ -167,7 +167,7 @@ def prepare_graph(graph: GraphArrays, config_layers: int) -> PreparedGraph:
     """Validate one graph and precompute degrees and (layout) the hop levels of the fused layers."""
     _check(graph)
     n = graph.num_nodes
-    src, dst = (graph.edge_index[i].astype(np.int64, copy=False) for i in (0, 1))
+    src, dst = (graph.message_edges[i].astype(np.int64, copy=False) for i in (0, 1))
     inv_in = 1.0 / np.maximum(np.bincount(dst, minlength=n), 1).astype(np.float32)
     inv_out = 1.0 / np.maximum(np.bincount(src, minlength=n), 1).astype(np.float32)
     kind = graph_kind(graph)
@@ -198,12 +198,12 @@ def prepare_graph(graph: GraphArrays, config_layers: int) -> PreparedGraph:
     config_shapes, config_layouts = _config_tensors(graph.node_feat, src, dst, config_nodes)
     return PreparedGraph(
         # copy=False: a collection's node features can take GBs; never hold them twice
-        kind=kind, opcode=graph.opcode.astype(np.int64, copy=False),
-        node_feat=graph.node_feat.astype(np.float32, copy=False), edge_index=np.stack([src, dst]),
+        kind=kind, node_opcode=graph.node_opcode.astype(np.int64, copy=False),
+        node_feat=graph.node_feat.astype(np.float32, copy=False), message_edges=np.stack([src, dst]),
         inv_deg_in=inv_in, inv_deg_out=inv_out,
         config_nodes=config_nodes, levels=levels, config_in_final=config_in_final,
         config_shapes=config_shapes, config_layouts=config_layouts,
-        config_feat=graph.config_feat, runtime=graph.runtime.astype(np.float64, copy=False),
+        config_feat=graph.config_feat, target=graph.target.astype(np.float64, copy=False),
         chain_src=graph.chain_src, chain_dst=graph.chain_dst, chain_kernel=graph.chain_kernel,
         chain_src_layout=graph.chain_src_layout, chain_dims=graph.chain_dims, chain_bytes=graph.chain_bytes,
     )
@@ -243,9 +243,9 @@ class GraphBatch:
     """A disjoint union of graphs (node ids offset per graph), PyG-style with a ``node_graph`` vector."""
 
     num_graphs: int
-    opcode: torch.Tensor  # (N,)
+    node_opcode: torch.Tensor  # (N,)
     node_feat: torch.Tensor  # (N, F)
-    edge_index: torch.Tensor  # (2, M)
+    message_edges: torch.Tensor  # (2, M)
     inv_deg_in: torch.Tensor  # (N,)
     inv_deg_out: torch.Tensor  # (N,)
     node_graph: torch.Tensor  # (N,) graph of each node
@@ -317,9 +317,10 @@ def collate(graphs: list[PreparedGraph]) -> GraphBatch:
     final_counts = [g.levels[-1].rows.shape[0] if num_levels else 0 for g in graphs]
     return GraphBatch(
         num_graphs=b,
-        opcode=_cat([g.opcode for g in graphs], torch.long),
+        node_opcode=_cat([g.node_opcode for g in graphs], torch.long),
         node_feat=torch.from_numpy(np.concatenate([g.node_feat for g in graphs])),
-        edge_index=torch.from_numpy(np.concatenate([g.edge_index + node_off[i] for i, g in enumerate(graphs)], axis=1)),
+        message_edges=torch.from_numpy(np.concatenate([g.message_edges + node_off[i] for i, g in enumerate(graphs)],
+                                                       axis=1)),
         inv_deg_in=_cat([g.inv_deg_in for g in graphs], torch.float32),
         inv_deg_out=_cat([g.inv_deg_out for g in graphs], torch.float32),
         node_graph=node_graph,
@@ -355,7 +356,7 @@ class ConfigBatch:
 
     values: torch.Tensor  # layout: long (U, 18) distinct blocks, ids 0..6; tile: float (B, K, 24) log-scaled
     mask: torch.Tensor  # bool (B, K)
-    runtime: torch.Tensor  # float64 (B, K)
+    target: torch.Tensor  # float64 (B, K)
     inverse: torch.Tensor | None = None  # layout: long (R0, K) row of ``values`` of each node and config
     physics: torch.Tensor | None = None  # layout: float (R0, K, PHYSICS_DIM), see ``layout_physics``
     chain_ids: torch.Tensor | None = None  # layout with chains: long (E, K, 12) both layouts at each end, ids 0..6
@@ -375,7 +376,7 @@ def gather_configs(graphs: list[PreparedGraph], indices: list[np.ndarray], chain
     for i, idx in enumerate(indices):
         mask[i, : idx.shape[0]] = True
         padded.append(np.concatenate([idx, np.repeat(idx[:1], k - idx.shape[0])]))
-    runtime = torch.from_numpy(np.stack([g.runtime[p] for g, p in zip(graphs, padded)]))
+    target = torch.from_numpy(np.stack([g.target[p] for g, p in zip(graphs, padded)]))
     if graphs[0].kind == "layout":
         # (K, nc, 18) per graph -> (nc, K, 18): node-major like the node states
         parts = [np.ascontiguousarray(g.config_feat[p].transpose(1, 0, 2)) for g, p in zip(graphs, padded)]
@@ -395,11 +396,11 @@ def gather_configs(graphs: list[PreparedGraph], indices: list[np.ndarray], chain
                 np.concatenate([g.chain_dims for g in graphs]),
                 np.concatenate([g.chain_bytes for g in graphs]))
             extra = {"chain_ids": torch.from_numpy(ids), "chain_feat": torch.from_numpy(feat)}
-        return ConfigBatch(values=torch.from_numpy(blocks), mask=torch.from_numpy(mask), runtime=runtime,
+        return ConfigBatch(values=torch.from_numpy(blocks), mask=torch.from_numpy(mask), target=target,
                            inverse=torch.from_numpy(inverse), physics=torch.from_numpy(physics), **extra)
     raw = np.stack([g.config_feat[p] for g, p in zip(graphs, padded)]).astype(np.float32)
     values = torch.from_numpy(np.sign(raw) * np.log1p(np.abs(raw)))
-    return ConfigBatch(values=values, mask=torch.from_numpy(mask), runtime=runtime)
+    return ConfigBatch(values=values, mask=torch.from_numpy(mask), target=target)
 
 
 def distinct_blocks(config_values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

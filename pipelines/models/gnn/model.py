@@ -109,7 +109,7 @@ class SageLayer(nn.Module):
 
     def pre(self, x: torch.Tensor, batch: GraphBatch) -> torch.Tensor:
         """Pre-activation on the full graph; x is (N, H) or (N, K, H)."""
-        src, dst = batch.edge_index
+        src, dst = batch.message_edges
         n = x.shape[0]
         # linear before aggregation (equal by linearity) so the gather moves H-wide rows once
         agg_in = _weighted_gather_sum(F.linear(x, self.lin_in.weight), src, dst, batch.inv_deg_in[dst], n)
@@ -150,8 +150,8 @@ class GatLayer(nn.Module):
         self.dropout = nn.Dropout(dropout)
 
     def pre(self, x: torch.Tensor, batch: GraphBatch) -> torch.Tensor:
-        m = batch.edge_index.shape[1]
-        edges = torch.cat([batch.edge_index, batch.edge_index.flip(0)], dim=1)
+        m = batch.message_edges.shape[1]
+        edges = torch.cat([batch.message_edges, batch.message_edges.flip(0)], dim=1)
         direction = torch.cat([x.new_zeros(m), x.new_ones(m)]).unsqueeze(-1)
         if x.dim() == 2:
             return self.conv(x, edges, direction)
@@ -231,7 +231,7 @@ class GNNModel(nn.Module):
 
     def encode_nodes(self, batch: GraphBatch, opcode: torch.Tensor | None = None) -> torch.Tensor:
         """Node states after the config-free layers (N, H); ``opcode`` overrides (pre-training masks)."""
-        ops = batch.opcode if opcode is None else opcode
+        ops = batch.node_opcode if opcode is None else opcode
         h = self.input_proj(torch.cat([self.opcode_embed(ops), batch.node_feat], dim=-1))
         for layer in self.free_layers:
             h = layer(h, batch)

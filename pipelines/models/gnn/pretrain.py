@@ -14,8 +14,8 @@ Runs on every graph handed to it (train, valid and test alike); the decoders are
 
 from __future__ import annotations
 
+import logging
 import math
-from typing import Callable
 
 import numpy as np
 import torch
@@ -25,6 +25,8 @@ from torch import nn
 from pipelines.models.gnn.batch import PreparedGraph, collate
 from pipelines.models.gnn.model import MASK_OPCODE, NUM_OPCODES, GNNModel
 from pipelines.models.gnn_config import GNNConfig
+
+logger = logging.getLogger(__name__)
 
 
 def encoder_parameters(model: GNNModel) -> list[nn.Parameter]:
@@ -41,8 +43,8 @@ def random_pairs(rng: np.random.Generator, node_offset: np.ndarray, graph_sizes:
     return pick + node_offset[graph]
 
 
-def pretrain_encoder(model: GNNModel, graphs: list[PreparedGraph], cfg: GNNConfig, rng: np.random.Generator,
-                     log: Callable[[str], None]) -> list[float]:
+def pretrain_encoder(model: GNNModel, graphs: list[PreparedGraph], cfg: GNNConfig,
+                     rng: np.random.Generator) -> list[float]:
     """Train the encoder of ``model`` in place on ``graphs``; returns the mean loss of each epoch."""
     device = next(model.parameters()).device
     decoder = nn.Linear(cfg.hidden, NUM_OPCODES).to(device)
@@ -57,19 +59,19 @@ def pretrain_encoder(model: GNNModel, graphs: list[PreparedGraph], cfg: GNNConfi
         for start in range(0, len(graphs), cfg.graphs_per_step):
             chosen = [graphs[i] for i in order[start:start + cfg.graphs_per_step]]
             batch = collate(chosen).to(device)
-            n = batch.opcode.shape[0]
+            n = batch.node_opcode.shape[0]
             mask = rng.random(n) < cfg.pretrain_mask_rate
             mask[int(rng.integers(n))] = True  # at least one masked node per step
             masked = torch.from_numpy(mask).to(device)
-            opcode = batch.opcode.masked_fill(masked, MASK_OPCODE)
+            opcode = batch.node_opcode.masked_fill(masked, MASK_OPCODE)
             z = model.encode_nodes(batch, opcode)
-            loss = F.cross_entropy(decoder(z[masked]), batch.opcode[masked])
-            if batch.edge_index.shape[1]:
+            loss = F.cross_entropy(decoder(z[masked]), batch.node_opcode[masked])
+            if batch.message_edges.shape[1]:
                 sizes = np.array([g.num_nodes for g in chosen])
-                edges_per_graph = np.array([g.edge_index.shape[1] for g in chosen])
+                edges_per_graph = np.array([g.message_edges.shape[1] for g in chosen])
                 offsets = np.concatenate([[0], np.cumsum(sizes)[:-1]])
                 negative = torch.from_numpy(random_pairs(rng, offsets, sizes, edges_per_graph)).to(device)
-                pos = (z[batch.edge_index[0]] * z[batch.edge_index[1]]).sum(-1) * scale
+                pos = (z[batch.message_edges[0]] * z[batch.message_edges[1]]).sum(-1) * scale
                 neg = (z[negative[0]] * z[negative[1]]).sum(-1) * scale
                 loss = loss + F.binary_cross_entropy_with_logits(pos, torch.ones_like(pos)) \
                     + F.binary_cross_entropy_with_logits(neg, torch.zeros_like(neg))
@@ -79,5 +81,5 @@ def pretrain_encoder(model: GNNModel, graphs: list[PreparedGraph], cfg: GNNConfi
             optimizer.step()
             losses.append(loss.detach())
         history.append(float(np.mean(torch.stack(losses).tolist())))
-        log(f"pretrain epoch {epoch + 1}/{cfg.pretrain_epochs} loss {history[-1]:.4f}")
+        logger.debug(f"pretrain epoch {epoch + 1}/{cfg.pretrain_epochs} loss {history[-1]:.4f}")
     return history

@@ -26,10 +26,6 @@ from pipelines.node_arrays import GraphArrays
 MODEL_FORMAT = 2  # 2: saved by name into a folder, config resolved for its collection
 
 
-def _no_log(message: str) -> None:
-    del message
-
-
 @contextlib.contextmanager
 def _torch_threads(count: int) -> Iterator[None]:
     """Use ``count`` intra-op threads inside the block, restoring the caller's setting afterwards."""
@@ -81,7 +77,6 @@ class GNNRanker:
         *,
         seed: int,
         checkpoint_dir: Path | None = None,
-        log: Callable[[str], None] | None = None,
         unlabeled: list[GraphArrays] | None = None,
     ) -> GNNRanker:
         """Train on ``train``; early-stop on ``valid``; resume from ``checkpoint_dir`` if it holds a run.
@@ -89,7 +84,6 @@ class GNNRanker:
         ``unlabeled`` graphs (e.g. test) are used only by the optional encoder pre-training, which
         sees train, valid and unlabeled graphs alike.
         """
-        log = log or _no_log
         valid = list(valid or [])
         unlabeled = list(unlabeled or [])
         if not train:
@@ -100,7 +94,7 @@ class GNNRanker:
         kind = str(_single_value(train + valid + unlabeled, "kind (tile or layout)", graph_kind))
         feat_dim = int(_single_value(train + valid + unlabeled, "node feature width", lambda g: g.node_feat.shape[1]))
         for g in train + valid:
-            if not np.any(g.runtime > 0):
+            if not np.any(g.target > 0):
                 raise FormatError(f"{g.collection}:{g.stem}", "training/validation graph has no runtimes")
         cfg = self.config
         device = resolve_device(cfg.device)
@@ -117,10 +111,10 @@ class GNNRanker:
             def pretrain(rng: np.random.Generator) -> None:
                 if cfg.pretrain:
                     everything = prepared_train + prepared_valid + [prepare_graph(g, 0) for g in unlabeled]
-                    pretrain_encoder(model, everything, cfg, rng, log)
+                    pretrain_encoder(model, everything, cfg, rng)
 
             state = train_model(model, prepared_train, prepared_valid, cfg, seed=seed, fingerprint=fingerprint,
-                                checkpoint_path=checkpoint_path, log=log, before_training=pretrain)
+                                checkpoint_path=checkpoint_path, before_training=pretrain)
         model.eval()
         self.model_ = model
         self.kind_ = kind

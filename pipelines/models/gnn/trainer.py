@@ -8,6 +8,7 @@ are stored in the per-epoch checkpoint, so a resumed run continues exactly where
 from __future__ import annotations
 
 import copy
+import logging
 import math
 import os
 import sys
@@ -30,7 +31,9 @@ from pipelines.models.gnn.model import GNNModel
 from pipelines.models.gnn_config import GNNConfig
 
 CHECKPOINT_FORMAT = 1
-Log = Callable[[str], None]
+# Epoch lines are DEBUG: a fold job usually runs in a worker process, where nothing is printed, and
+# the stage logs each finished job; `--verbose` shows them for jobs run in the main process.
+logger = logging.getLogger(__name__)
 
 
 # ----------------------------------------------------------------------------- evaluation
@@ -117,7 +120,7 @@ def graph_metric(kind: str, scores: np.ndarray, runtime: np.ndarray) -> float:
 def validation_score(model: GNNModel, graphs: list[PreparedGraph], subsets: list[np.ndarray], cfg: GNNConfig,
                      batches: DeviceBatches | None = None) -> float:
     batches = batches or DeviceBatches(model_device(model))
-    values = [graph_metric(g.kind, score_graph(model, g, cfg, idx, batches.get([g], i)), g.runtime[idx])
+    values = [graph_metric(g.kind, score_graph(model, g, cfg, idx, batches.get([g], i)), g.target[idx])
               for i, (g, idx) in enumerate(zip(graphs, subsets))]
     values = [v for v in values if not math.isnan(v)]
     return float(np.mean(values)) if values else math.nan
@@ -156,7 +159,7 @@ def train_step(model: GNNModel, graphs: list[PreparedGraph], indices: list[np.nd
     configs = gather_configs(graphs, indices, model.chains).to(device, non_blocking=True)
     with autocast(device, precision):
         scores = model.score(model.encode(batch if batch is not None else collate(graphs).to(device)), configs)
-    loss = loss_fn(scores.float(), configs.runtime, configs.mask)
+    loss = loss_fn(scores.float(), configs.target, configs.mask)
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
     nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
@@ -237,7 +240,6 @@ def train_model(
     seed: int,
     fingerprint: str,
     checkpoint_path: Path | None,
-    log: Log,
     before_training: Callable[[np.random.Generator], None] | None = None,
 ) -> TrainState:
     """Train ``model`` in place; it ends holding the best-validation weights (or the last, without valid)."""
@@ -256,7 +258,7 @@ def train_model(
 
     if checkpoint_path is not None and checkpoint_path.exists():
         state = load_checkpoint(checkpoint_path, fingerprint, model, optimizer, scheduler, rng)
-        log(f"resumed from {checkpoint_path} after epoch {state.epoch}")
+        logger.debug(f"resumed from {checkpoint_path} after epoch {state.epoch}")
     else:
         state = TrainState()
         if before_training is not None:
@@ -301,9 +303,9 @@ def train_model(
                               "lr": scheduler.get_last_lr()[0], "seconds": seconds, "valid_seconds": valid_seconds})
         if checkpoint_path is not None:
             save_checkpoint(checkpoint_path, fingerprint, model, optimizer, scheduler, state, rng)
-        log(f"epoch {epoch}/{cfg.epochs} loss {np.mean(losses):.4f} valid {score:.4f} "
-            f"best {state.best_score:.4f}@{state.best_epoch} ({seconds:.1f}s)"
-            + (" early stop" if state.stopped else ""))
+        logger.debug(f"epoch {epoch}/{cfg.epochs} loss {np.mean(losses):.4f} valid {score:.4f} "
+                     f"best {state.best_score:.4f}@{state.best_epoch} ({seconds:.1f}s)"
+                     + (" early stop" if state.stopped else ""))
     if state.best_state is not None:  # None only when every validation score was NaN
         model.load_state_dict(state.best_state)
     return state
