@@ -4,8 +4,6 @@ and the non-learned baseline."""
 from __future__ import annotations
 
 import shutil
-import sys
-import types
 from pathlib import Path
 from typing import Callable
 

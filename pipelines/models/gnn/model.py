@@ -293,7 +293,6 @@ class GNNModel(nn.Module):
 
     def score(self, ctx: Context, configs: ConfigBatch, fused: bool = True) -> torch.Tensor:
         """Costs (B, K) of the configs of each graph; padded slots hold meaningless values."""
-        batch = ctx.batch
         if self.kind == "tile":
             c = self.config_proj(configs.values)
             feats = torch.cat([ctx.pooled.unsqueeze(1).expand(-1, c.shape[1], -1), c], dim=-1)
