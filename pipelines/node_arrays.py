@@ -16,7 +16,7 @@ import polars as pl
 from pipelines.collections import SPLITS, Collection
 from pipelines.engine import Code, StageOutput, run_stage
 from pipelines.errors import FormatError
-from pipelines.features import _Chains, _ConfigNodes
+from pipelines.layout_geometry import Chains, ConfigNodes
 from pipelines.parallel import map_in_order
 from pipelines.progress import Progress
 from pipelines.prune import PrunedGraph, load_pruned, pruned_path
@@ -37,7 +37,7 @@ class GraphArrays(GraphSize):
     config_feat: np.ndarray  # int8 (c, nc, 18) for layout; float32 (c, 24) for tile
     target: np.ndarray  # float64 (c,): runtime (layout) or runtime/normalizer (tile); zeros on test
     config_index: np.ndarray  # int64 (c,): row of each config in the original file (after de-duplication)
-    # Layout: where two layouts meet, directly or through elementwise chains (features._Chains), one
+    # Layout: where two layouts meet, directly or through elementwise chains (layout_geometry.Chains), one
     # row per "chain end" e: configurable producer -> configurable consumer, fixed producer (-1) ->
     # configurable consumer, configurable producer -> fixed consumer (-1). Empty for tile graphs.
     chain_src: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # (E,) position in config_nodes or -1
@@ -130,10 +130,10 @@ def shape_and_layout(transformed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def chain_end_arrays(graph: PrunedGraph) -> dict[str, np.ndarray]:
-    """The ``chain_*`` fields of a layout graph: the ends of :class:`pipelines.features._Chains` (the
+    """The ``chain_*`` fields of a layout graph: the ends of :class:`pipelines.layout_geometry.Chains` (the
     GBDT's chain features use the same ones), as rows ``src -> dst`` with -1 for a fixed-layout end."""
-    nodes = _ConfigNodes.of(graph)
-    chains = _Chains.of(graph, nodes)
+    nodes = ConfigNodes.of(graph)
+    chains = Chains.of(graph, nodes)
     fixed_out = np.flatnonzero(chains.fixed_out)
     none = np.full(fixed_out.size, -1, np.int64)
     src = np.concatenate([chains.pair_producer, np.full(chains.fixed_in_consumer.size, -1, np.int64), fixed_out])
@@ -179,7 +179,7 @@ def make_graph_arrays(graph: PrunedGraph, collection: str, split: str) -> GraphA
 # ----------------------------------------------------------------------------- stage: node arrays (I/O shell)
 
 # The code the stage runs (part of its key): this module and what it imports (prune, the reader, and
-# features, whose chain logic gives the chain ends).
+# the layout geometry, whose chain logic gives the chain ends).
 NODE_ARRAYS_CODE = Code(("pipelines.node_arrays",))
 
 

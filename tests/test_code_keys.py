@@ -60,12 +60,18 @@ def test_fingerprint_is_per_stage_and_ignores_comments_and_docstrings(package_co
     features.write_text("# a new comment\n\n" + features.read_text().replace('"""', '"""Reworded. ', 1))
     assert _fingerprints() == before
 
-    # a real edit to the features module: features recomputes, and the GNN's training (its batches
-    # read the chain ends and the (8, 128) tile padding from it); prune, folds and the GBDT do not
+    # a real edit to the features module: features recomputes; prune, folds and both models' training do not
     _edit(features, "def config_feature_table(", "UNUSED_CONSTANT = 3\n\n\ndef config_feature_table(")
     after = _fingerprints()
-    assert after["features"] != before["features"] and after["train-gnn"] != before["train-gnn"]
-    assert {k: after[k] for k in ("prune", "folds", "train-gbdt")} == {k: before[k] for k in ("prune", "folds", "train-gbdt")}
+    assert after["features"] != before["features"]
+    assert {k: v for k, v in after.items() if k != "features"} == {k: v for k, v in before.items() if k != "features"}
+
+    # the layout geometry both read (chain ends, (8, 128) tile padding): features and the GNN's training
+    _edit(package_copy / "layout_geometry.py", "def tile_padding(", "Z = 4\n\n\ndef tile_padding(")
+    geometry = _fingerprints()
+    assert geometry["features"] != after["features"] and geometry["train-gnn"] != after["train-gnn"]
+    assert {k: geometry[k] for k in ("prune", "folds", "train-gbdt")} == {k: after[k] for k in ("prune", "folds", "train-gbdt")}
+    after = geometry
 
     # a module a stage imports transitively (the reader, under prune) changes both prune and features
     _edit(package_copy / "tpugraphs.py", "from __future__ import annotations", "from __future__ import annotations\nX = 1")
@@ -108,10 +114,15 @@ def test_editing_a_stage_module_recomputes_that_stage_end_to_end(tmp_path, tiny_
     _edit(src / "pipelines" / "features.py", "def config_feature_table(",
           "UNUSED_CONSTANT = 3\n\n\ndef config_feature_table(")
     second = _run_and_collect(src, tiny_world, work)
-    # the node arrays take their chain ends from the features module: they recompute too
-    assert second["features"] != first["features"] and second["node_arrays"] != first["node_arrays"]
-    assert {s: second[s] for s in ("prune", "folds")} == {s: first[s] for s in ("prune", "folds")}
+    assert second["features"] != first["features"]
+    assert {s: second[s] for s in ("prune", "node_arrays", "folds")} == {s: first[s] for s in ("prune", "node_arrays", "folds")}
     assert len(_complete(work / "features")) == 2 and len(_complete(work / "prune")) == 1
+
+    # the chain ends of the node arrays come from the layout geometry: editing it recomputes both
+    _edit(src / "pipelines" / "layout_geometry.py", "def tile_padding(", "Z = 4\n\n\ndef tile_padding(")
+    third = _run_and_collect(src, tiny_world, work)
+    assert third["features"] != second["features"] and third["node_arrays"] != second["node_arrays"]
+    assert {s: third[s] for s in ("prune", "folds")} == {s: second[s] for s in ("prune", "folds")}
 
 
 def _complete(stage_dir: Path) -> list[Path]:

@@ -10,7 +10,6 @@ import pytest
 
 from pipelines.features import (
     config_feature_table,
-    config_pairs,
     graph_aggregates,
     graph_feature_table,
     layout_config_features,
@@ -18,6 +17,7 @@ from pipelines.features import (
     tile_config_features,
     value_frequencies,
 )
+from pipelines.layout_geometry import config_pairs
 from pipelines.node_arrays import (NODE_FEATURE_DIM, make_graph_arrays, node_feature_names, shape_and_layout,
                                    transform_node_feat)
 from pipelines.prune import PrunedGraph
@@ -140,7 +140,7 @@ def test_value_frequencies_match_a_per_cell_count_on_both_counting_paths() -> No
 
 
 def test_block_codes_and_padding_table_agree_with_the_blocks() -> None:
-    from pipelines.features import block_codes, layout_codes, padding_table, slot_pairs, tile_padding
+    from pipelines.layout_geometry import block_codes, layout_codes, padding_table, slot_pairs, tile_padding
 
     rng = np.random.default_rng(4)
     configs = rng.integers(-1, 2, size=(30, 4, 18)).astype(np.int8)
@@ -312,7 +312,7 @@ def chain_graph() -> PrunedGraph:
 
 
 def test_chain_ends_stop_at_the_first_non_passable_node() -> None:
-    from pipelines.features import chain_ends
+    from pipelines.layout_geometry import chain_ends
 
     graph = chain_graph()
     elementwise = np.isin(graph.node_opcode, [ADD])

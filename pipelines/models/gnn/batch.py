@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from pipelines.errors import FormatError
-from pipelines.features import tile_padding
+from pipelines.layout_geometry import tile_padding
 from pipelines.node_arrays import NODE_FEATURE_DIM, GraphArrays, shape_and_layout
 from pipelines.tpugraphs import GraphSize
 
