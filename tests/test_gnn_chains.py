@@ -16,15 +16,9 @@ from pipelines.node_arrays import NODE_FEATURE_DIM, load_graph_arrays, make_grap
 from pipelines.prune import PrunedGraph
 from tests.test_features import ADD, DEFAULT, DOT, block, chain_graph, node
 
-FAST = dict(hidden=16, opcode_dim=8, config_value_dim=4, progress=False, num_threads=1)
+from tests.test_gnn import FAST, _one_torch_thread
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_torch_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures(_one_torch_thread.__name__)  # test_gnn's one-thread fixture, here too
 
 
 def node_major(configs: np.ndarray) -> np.ndarray:
