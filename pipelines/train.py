@@ -32,6 +32,7 @@ an offset added to every run seed (``gbdt.seed``, ``gnn.seed``).
 from __future__ import annotations
 
 import dataclasses
+import errno
 import hashlib
 import json
 import logging
@@ -275,10 +276,13 @@ def save_fold_result(result: FoldResult, partial: Path) -> bool:
     except FileNotFoundError:
         shutil.rmtree(work, ignore_errors=True)
         return False
-    except OSError:
+    except OSError as exc:
         shutil.rmtree(work, ignore_errors=True)
-        if not (partial / name / FOLD_RESULT).is_file():
-            raise
+        if (partial / name / FOLD_RESULT).is_file():
+            return True  # a twin finished by another process is kept
+        if exc.errno in (errno.EEXIST, errno.ENOTEMPTY):
+            return False  # a concurrent run finished the stage and is removing ``partial``, twin included
+        raise
     except BaseException:
         shutil.rmtree(work, ignore_errors=True)
         raise

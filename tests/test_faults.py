@@ -430,6 +430,27 @@ def test_a_run_killed_in_each_stage_and_restarted_gives_the_same_submission(tiny
 # ----------------------------------------------------------------------------- concurrency
 
 
+def test_a_fold_job_finishing_while_a_concurrent_run_removes_the_partial_folder_is_not_an_error(tmp_path):
+    """A run that finished the stage removes ``.folds-<key>/`` while the other run saves the same fold
+    job: the rename meets a half-removed twin (not empty, no fold.json). The job's result stands; it
+    just cannot be resumed from (seen once in CI as "Directory not empty")."""
+    from pipelines.train import FOLD_RESULT, FoldResult, fold_job_name, load_fold_result, save_fold_result
+
+    result = FoldResult(1, 0, pl.DataFrame({"graph": ["g"], "score": [0.5]}), pl.DataFrame({"graph": ["g"]}),
+                        None, {"epochs": 1}, 1.5, {"model.txt": b"weights"})
+    partial = tmp_path / ".folds-key"
+    being_removed = partial / fold_job_name(1, 0)
+    being_removed.mkdir(parents=True)
+    (being_removed / "predictions.parquet").write_bytes(b"half removed")
+    assert save_fold_result(result, partial) is False
+    assert sorted(p.name for p in partial.iterdir()) == [being_removed.name]  # our private copy is gone
+
+    shutil.rmtree(being_removed)  # a complete twin is kept, and counts as saved
+    assert save_fold_result(result, partial) is True and (being_removed / FOLD_RESULT).is_file()
+    assert save_fold_result(result, partial) is True
+    assert load_fold_result(being_removed).model_files == {"model.txt": b"weights"}
+
+
 def test_two_concurrent_runs_on_one_work_dir_both_finish_with_identical_outputs(tiny_world, tmp_path, uninterrupted):
     work = tmp_path / "work"
     processes = [subprocess.Popen([sys.executable, "-m", "pipelines",
