@@ -366,6 +366,18 @@ def test_save_load_round_trip(tmp_path):
         GNNRanker.load(tmp_path, "junk")
 
 
+def test_a_layout_model_saved_before_config_pairs_existed_loads_without_them(tmp_path):
+    graphs = easy_world(9, "layout", 3)
+    ranker = gnn(epochs=1, config_pairs=False).fit(graphs[:2], graphs[2:], seed=0)
+    ranker.save(tmp_path, "old")
+    saved = torch.load(tmp_path / "old.pt", weights_only=False)
+    del saved["config"]["config_pairs"]  # what a model file written before the option holds
+    torch.save(saved, tmp_path / "old.pt")
+    loaded = GNNRanker.load(tmp_path, "old")
+    assert loaded.config.config_pairs is False and GNNConfig().config_pairs is True
+    np.testing.assert_array_equal(ranker.predict(graphs), loaded.predict(graphs))
+
+
 def test_pretraining_changes_only_the_encoder(caplog):
     cfg = GNNConfig(pretrain=True, pretrain_epochs=2, **FAST)
     torch.manual_seed(0)
