@@ -311,9 +311,7 @@ def collate(graphs: list[PreparedGraph]) -> GraphBatch:
     outside = torch.ones(int(node_off[-1]), dtype=torch.bool)
     outside[final_rows] = False
     node_counts = [g.num_nodes for g in graphs]
-    config_off = np.cumsum([0] + [g.config_nodes.shape[0] for g in graphs])
-    chain_src = np.concatenate([np.where(g.chain_src >= 0, g.chain_src + config_off[i], -1) for i, g in enumerate(graphs)])
-    chain_dst = np.concatenate([np.where(g.chain_dst >= 0, g.chain_dst + config_off[i], -1) for i, g in enumerate(graphs)])
+    chain_src, chain_dst = _chain_rows(graphs)
     final_counts = [g.levels[-1].rows.shape[0] if num_levels else 0 for g in graphs]
     return GraphBatch(
         num_graphs=b,
@@ -342,6 +340,17 @@ def collate(graphs: list[PreparedGraph]) -> GraphBatch:
         chain_dst_at=torch.from_numpy(np.flatnonzero(chain_dst >= 0)),
         chain_dst_row=torch.from_numpy(chain_dst[chain_dst >= 0]),
     )
+
+
+def _chain_rows(graphs: list[PreparedGraph]) -> tuple[np.ndarray, np.ndarray]:
+    """The chain ends' producer and consumer rows among the configurable nodes of the union of
+    ``graphs`` (each graph's positions offset by the configurable nodes before it; -1 stays -1)."""
+    offsets = np.cumsum([0] + [g.config_nodes.shape[0] for g in graphs])
+
+    def rows(ends: list[np.ndarray]) -> np.ndarray:
+        return np.concatenate([np.where(e >= 0, e + offset, -1) for e, offset in zip(ends, offsets)])
+
+    return rows([g.chain_src for g in graphs]), rows([g.chain_dst for g in graphs])
 
 
 @dataclass
@@ -386,11 +395,8 @@ def gather_configs(graphs: list[PreparedGraph], indices: list[np.ndarray], chain
                                  np.concatenate([g.config_layouts for g in graphs]))
         extra = {}
         if chains:
-            off = np.cumsum([0] + [g.config_nodes.shape[0] for g in graphs])
             ids, feat = chain_layouts(
-                node_values,
-                np.concatenate([np.where(g.chain_src >= 0, g.chain_src + off[i], -1) for i, g in enumerate(graphs)]),
-                np.concatenate([np.where(g.chain_dst >= 0, g.chain_dst + off[i], -1) for i, g in enumerate(graphs)]),
+                node_values, *_chain_rows(graphs),
                 np.concatenate([g.chain_kernel for g in graphs]),
                 np.concatenate([g.chain_src_layout for g in graphs]),
                 np.concatenate([g.chain_dims for g in graphs]),
