@@ -714,7 +714,7 @@ def _publish(work: Path, final: Path, stage: str, key: str, force: bool) -> bool
     """Rename ``work`` to ``final``; False if a complete output by another run was kept instead."""
     with _guard_writes(final.parent):
         for _ in range(5):
-            if _rename_if_free(work, final):
+            if rename_if_free(work, final):
                 return True
             if not force and _read_complete(final, stage, key) is not None:
                 return False
@@ -725,14 +725,14 @@ def _publish(work: Path, final: Path, stage: str, key: str, force: bool) -> bool
             except FileNotFoundError:
                 continue  # another run moved it first; try again
             try:
-                if _rename_if_free(work, final):
+                if rename_if_free(work, final):
                     return True
             finally:
                 shutil.rmtree(trash, ignore_errors=True)
     raise PipelineError(f"{final}: could not publish the output of stage {stage!r}: too many concurrent writers")
 
 
-def _rename_if_free(src: Path, dst: Path) -> bool:
+def rename_if_free(src: Path, dst: Path) -> bool:
     """``os.rename`` a folder; False (nothing moved) when ``dst`` exists and is not empty."""
     try:
         os.rename(src, dst)

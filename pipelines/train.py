@@ -32,7 +32,6 @@ an offset added to every run seed (``gbdt.seed``, ``gnn.seed``).
 from __future__ import annotations
 
 import dataclasses
-import errno
 import hashlib
 import json
 import logging
@@ -50,7 +49,7 @@ import polars as pl
 
 from pipelines.collections import Collection
 from pipelines.config import PipelineConfig
-from pipelines.engine import Code, StageOutput, run_stage, stage_key, write_json_atomic
+from pipelines.engine import Code, StageOutput, rename_if_free, run_stage, stage_key, write_json_atomic
 from pipelines.errors import PipelineError
 from pipelines.machine import available_cores, available_memory
 from pipelines.models.contract import ModelAdapter, Ranker
@@ -272,17 +271,18 @@ def save_fold_result(result: FoldResult, partial: Path) -> bool:
             (work / file).write_bytes(data)
         write_json_atomic(work / FOLD_RESULT, {"fold": result.fold, "seed": result.seed, "facts": result.facts,
                                               "wall_s": result.wall_s, "model_files": list(result.model_files)})
-        os.rename(work, partial / name)
+        if not rename_if_free(work, partial / name):
+            shutil.rmtree(work, ignore_errors=True)
+            # the twin another process finished is kept; a half-removed one (a concurrent run finished
+            # the stage and is removing ``partial``) cannot be resumed from
+            return (partial / name / FOLD_RESULT).is_file()
     except FileNotFoundError:
         shutil.rmtree(work, ignore_errors=True)
         return False
-    except OSError as exc:
+    except OSError:
         shutil.rmtree(work, ignore_errors=True)
-        if (partial / name / FOLD_RESULT).is_file():
-            return True  # a twin finished by another process is kept
-        if exc.errno in (errno.EEXIST, errno.ENOTEMPTY):
-            return False  # a concurrent run finished the stage and is removing ``partial``, twin included
-        raise
+        if not (partial / name / FOLD_RESULT).is_file():
+            raise
     except BaseException:
         shutil.rmtree(work, ignore_errors=True)
         raise
