@@ -38,6 +38,7 @@ from typing import Sequence
 
 from benchmarks import data_stages, gnn_throughput, training
 from benchmarks.common import RESULTS, WORLDS, build_big_world, build_world, machine
+from pipelines.machine import available_cores
 
 LAYOUT = ("layout:xla:default", "layout:xla:random", "layout:nlp:default", "layout:nlp:random")
 TILE = "tile:xla"
@@ -90,9 +91,9 @@ def main(argv: Sequence[str] | None = None) -> Path:
     print(f"benchmark worlds under {WORLDS} (layout limit {args.limit}, tile limit {args.tile_limit})")
     roots = {}
     if TILE in collections:
-        roots[TILE] = build_world(TILE, args.tile_limit, jobs=os.cpu_count() or 1)
+        roots[TILE] = build_world(TILE, args.tile_limit, jobs=available_cores())
     if any(c in LAYOUT for c in collections):
-        layout_root = build_world("all", args.limit, jobs=os.cpu_count() or 1)
+        layout_root = build_world("all", args.limit, jobs=available_cores())
         roots.update({c: layout_root for c in collections if c in LAYOUT})
     work = WORLDS / "work"
 
