@@ -3,7 +3,7 @@
 Usage: python -m benchmarks.stage_hashes --root DATA_ROOT --work FRESH_DIR --out HASHES.json [--set k=v ...]
        python -m benchmarks.stage_hashes --compare BEFORE.json AFTER.json
 
-Runs prune, features and node arrays of every collection of the root (recomputed, in one process)
+Runs prune, features and node arrays of every collection of the root (``prepare.run_data_stages``, recomputed)
 and records, per collection and stage, the hash of every output file (``manifest.json`` aside: it
 holds keys and wall times) and the manifest's ``metrics``. Run it on the old and the new code with
 the same root and config, then ``--compare``.
@@ -22,10 +22,7 @@ from typing import Sequence
 def stage_hashes(root: Path, work: Path, overrides: Sequence[str] = ()) -> dict[str, str]:
     from pipelines.collections import parse_collection
     from pipelines.config import load_config
-    from pipelines.features import run_features
-    from pipelines.node_arrays import run_node_arrays
-    from pipelines.prepare import collection_refs, raw_data_key
-    from pipelines.prune import read_graph_table, run_prune
+    from pipelines.prepare import collection_refs, raw_data_key, run_data_stages
     from pipelines.tpugraphs import available_collections
 
     config = load_config(None, list(overrides))
@@ -33,11 +30,8 @@ def stage_hashes(root: Path, work: Path, overrides: Sequence[str] = ()) -> dict[
     for collection in available_collections(root):
         c = parse_collection(collection.name)
         refs = collection_refs(root, c)
-        key = raw_data_key(root, refs)
-        prune = run_prune(config, c, work, refs, key, True)
-        features = run_features(config, c, work, refs, key, prune, True)
-        arrays = run_node_arrays(c, work, read_graph_table(prune), prune, True, config.run.n_jobs)
-        for stage, output in (("prune", prune), ("features", features), ("node_arrays", arrays)):
+        stages = run_data_stages(config, c, work, refs, raw_data_key(root, refs), force=True, with_folds=False)
+        for stage, output in stages.items():
             folder = Path(output.path)
             for path in sorted(folder.rglob("*")):
                 if path.is_file() and path.name != "manifest.json":
