@@ -484,7 +484,7 @@ def choose_models(settings: NotebookSettings, wanted: Sequence[str]) -> list[str
 
 def latest_run(submissions_dir: Path) -> str | None:
     """The newest run-id under ``submissions_dir`` that has a manifest (run-ids sort by time)."""
-    from pipelines.run import RUN_MANIFEST
+    from pipelines.run_folders import RUN_MANIFEST
 
     if not submissions_dir.is_dir():
         return None
@@ -507,7 +507,7 @@ def run_outputs(submissions_dir: Path | str, run_id: str, work_dir: Path | str |
     """Load the training, ensemble and prune outputs of a run from its ``manifest.json``
     (``work_dir`` overrides the work dir the run recorded, e.g. after moving the cache)."""
     from pipelines.ensemble import ENSEMBLE_STAGE
-    from pipelines.run import read_run_manifest
+    from pipelines.run_folders import read_run_manifest
 
     manifest = read_run_manifest(submissions_dir, run_id)
     root = Path(work_dir) if work_dir is not None else Path(manifest["work_dir"])

@@ -246,7 +246,7 @@ def _add_status(sub: argparse._SubParsersAction) -> None:
 
 def _run_status(args: argparse.Namespace) -> int:
     from pipelines.engine import format_status, list_stages
-    from pipelines.run import tidy_submissions
+    from pipelines.run_folders import tidy_submissions
 
     for item in tidy_submissions(args.submissions_dir):
         print(f"incomplete run folder {item['path']} (no manifest.json: publishing was interrupted; "
@@ -442,8 +442,10 @@ def _run_runs(args: argparse.Namespace) -> int:
     from pipelines import runs
 
     if args.action == "compare":
-        a = runs.load_manifest(args.submissions_dir, args.run_a)
-        b = runs.load_manifest(args.submissions_dir, args.run_b)
+        from pipelines.run_folders import read_run_manifest
+
+        a = read_run_manifest(args.submissions_dir, args.run_a)
+        b = read_run_manifest(args.submissions_dir, args.run_b)
         print(runs.compare_runs(args.run_a, a, args.run_b, b))
         return 0
     if args.limit is not None and args.limit < 1:

@@ -271,7 +271,7 @@ def model_rows(manifest: Mapping[str, Any], work_dir: Path | None) -> dict[str, 
 def evaluate_run(run_id: str, data_root: Path | str, *, submissions_dir: Path | str = "submissions",
                  work_dir: Path | str | None = None, with_models: bool = True) -> tuple[Evaluation, Path]:
     """Evaluate a run on a world with hidden labels and write ``evaluation.json`` into its folder."""
-    from pipelines.run import RUN_MANIFEST, SUBMISSION_FILE, read_run_manifest
+    from pipelines.run_folders import RUN_MANIFEST, SUBMISSION_FILE, read_run_manifest
     from pipelines.submission import read_submission, validate_submission
 
     data_root = Path(data_root)

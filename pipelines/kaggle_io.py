@@ -542,12 +542,13 @@ def submit_run(
     which ``runs list`` shows.
     """
     from pipelines.engine import file_sha256, write_json_atomic
-    from pipelines.runs import SUBMITTED_RECORD, load_manifest, read_submitted, run_summary
+    from pipelines.run_folders import SUBMISSION_FILE, read_run_manifest
+    from pipelines.runs import SUBMITTED_RECORD, read_submitted, run_summary
 
     run_dir = Path(submissions_dir) / run_id
-    manifest = load_manifest(submissions_dir, run_id)
+    manifest = read_run_manifest(submissions_dir, run_id)
     recorded = manifest.get("submission") or {}
-    file = run_dir / recorded.get("file", "submission.csv")
+    file = run_dir / recorded.get("file", SUBMISSION_FILE)
     if not file.is_file():
         raise PipelineError(f"{file}: run {run_id} has no submission file")
     digest = file_sha256(file)

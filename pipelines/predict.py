@@ -25,7 +25,8 @@ from pipelines.collections import Collection, parse_collection
 from pipelines.engine import StageOutput, code_version, file_sha256, fingerprint, library_versions, load_stage
 from pipelines.errors import ConfigError, PipelineError
 from pipelines.paths import SUBMISSIONS_DIR
-from pipelines.run import RunResult, read_run_manifest, scores_from_manifest, write_run_report
+from pipelines.run import RunResult, scores_from_manifest, write_run_report
+from pipelines.run_folders import read_run_manifest
 
 logger = logging.getLogger(__name__)
 
@@ -139,7 +140,8 @@ def predict_run(run_id: str, data_root: Path | str, *, submissions_dir: Path | s
     can score."""
     from pipelines.config import PipelineConfig, config_from_dict
     from pipelines.ensemble import blend, prepare_model_scores
-    from pipelines.run import default_command, publish_submission, submission_rows
+    from pipelines.run import default_command, submission_rows
+    from pipelines.run_folders import publish_submission
 
     started = time.perf_counter()
     data_root, submissions_dir = Path(data_root), Path(submissions_dir)

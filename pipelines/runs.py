@@ -2,7 +2,8 @@
 
 Everything comes from each run folder's ``manifest.json`` (and ``submitted.json``, the record
 ``submit RUN_ID`` keeps): no stage output, no parquet, no heavy import, so listing hundreds of
-runs takes a fraction of a second. Only the standard library is imported here.
+runs takes a fraction of a second. Only the standard library, the engine and the run-folder helpers
+(``pipelines.run_folders``) are imported here.
 
 :func:`run_summary` (manifest -> one row), :func:`format_runs` and :func:`compare_runs` are pure;
 :func:`load_runs` is the I/O shell.
@@ -18,8 +19,8 @@ from typing import Any, Iterable, Mapping
 
 from pipelines.engine import flatten
 from pipelines.errors import PipelineError
+from pipelines.run_folders import RUN_MANIFEST
 
-RUN_MANIFEST = "manifest.json"
 SUBMITTED_RECORD = "submitted.json"  # written by ``submit RUN_ID`` (see pipelines.kaggle_io.submit_run)
 # Column labels of the five collections, in the competition's order.
 COLLECTION_LABELS = {
@@ -252,14 +253,3 @@ def filter_runs(rows: Iterable[dict[str, Any]], *, submitted_only: bool = False,
         wanted = str(Path(data_root).resolve())
         out = [r for r in out if r["data_root"] == wanted]
     return out
-
-
-def load_manifest(submissions_dir: Path | str, run_id: str) -> dict[str, Any]:
-    """The manifest of ``run_id``; a PipelineError naming the folder when there is none."""
-    run_dir = Path(submissions_dir) / run_id
-    manifest = read_manifest(run_dir)
-    if manifest is None:
-        state = "not a run manifest" if (run_dir / RUN_MANIFEST).is_file() else "no such run"
-        raise PipelineError(f"{run_dir / RUN_MANIFEST}: {state} (see `runs list --submissions-dir "
-                            f"{submissions_dir}`)")
-    return manifest

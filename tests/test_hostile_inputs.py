@@ -24,7 +24,8 @@ from pipelines.collections import LAYOUT_NLP_RANDOM, TILE_XLA
 from pipelines.config import load_config
 from pipelines.errors import ConfigError, FormatError, SubmissionError
 from pipelines.prepare import prepare
-from pipelines.run import SUBMISSION_FILE, run_pipeline
+from pipelines.run import run_pipeline
+from pipelines.run_folders import SUBMISSION_FILE
 from pipelines.submission import validate_submission
 from pipelines.tpugraphs import TileGraph, collection_dir, list_graphs, load_graph, save_graph
 
@@ -345,25 +346,25 @@ def test_09_publishing_debris_is_cleaned_and_a_manifestless_run_is_named_incompl
     for command in (["report", csv_only.name], ["ensemble", "--runs", csv_only.name]):
         assert main([*command, "--submissions-dir", str(subs)]) == 1
         assert "incomplete run folder" in capsys.readouterr().err
-    from pipelines.run import tidy_submissions
+    from pipelines.run_folders import tidy_submissions
 
     assert tidy_submissions(subs) == [{"run_id": csv_only.name, "path": str(csv_only), "state": "incomplete",
                                        "files": [SUBMISSION_FILE]}]
 
 
 def test_09_extra_an_interrupted_publish_leaves_no_run_folder(published, tmp_path, monkeypatch):
-    import pipelines.run as run
+    import pipelines.run_folders as run_folders
 
     def killed(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(run, "write_json_atomic", killed)
+    monkeypatch.setattr(run_folders, "write_json_atomic", killed)
     from pipelines.submission import read_submission
 
     rows = read_submission(published["result"].submission)
     with pytest.raises(KeyboardInterrupt):
-        run.publish_submission(rows, {"config": {}, "stages": {}}, data_root=published["root"],
-                               submissions_dir=tmp_path / "subs")
+        run_folders.publish_submission(rows, {"config": {}, "stages": {}}, data_root=published["root"],
+                                       submissions_dir=tmp_path / "subs")
     assert list((tmp_path / "subs").iterdir()) == []
 
 

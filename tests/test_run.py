@@ -18,15 +18,8 @@ from pipelines.collections import TILE_XLA
 from pipelines.config import load_config
 from pipelines.errors import ConfigError, FormatError, PipelineError, SubmissionError
 from pipelines.predictions import prediction_frame, read_predictions
-from pipelines.run import (
-    SUBMISSION_FILE,
-    ensemble_runs,
-    new_run_id,
-    publish_submission,
-    resolve_models,
-    run_pipeline,
-    submission_rows,
-)
+from pipelines.run import ensemble_runs, resolve_models, run_pipeline, submission_rows
+from pipelines.run_folders import SUBMISSION_FILE, new_run_id, publish_submission
 from pipelines.submission import read_submission, validate_submission
 from tests.conftest import logged_messages
 
@@ -162,9 +155,9 @@ def test_invalid_rows_are_refused_and_leave_no_run_folder(runs, tmp_path):
 
 
 def test_a_taken_run_id_gets_a_new_folder_never_the_old_one(runs, tmp_path, monkeypatch):
-    import pipelines.run as run
+    import pipelines.run_folders as run_folders
 
-    monkeypatch.setattr(run, "new_run_id", lambda payload, now: "20260101T000000Z-deadbeef")
+    monkeypatch.setattr(run_folders, "new_run_id", lambda payload, now: "20260101T000000Z-deadbeef")
     taken = tmp_path / "subs" / "20260101T000000Z-deadbeef"
     taken.mkdir(parents=True)
     (taken / SUBMISSION_FILE).write_text("theirs")
