@@ -1,6 +1,7 @@
 """Prune, features and node arrays against the I/O floor (``np.load`` of every array of every file).
 
 Usage: python -m benchmarks.data_stages --root DATA_ROOT [--collections ...] [--work DIR] [--jobs 1,2]
+                                         [--tile-root TILE_ROOT]
 
 Per collection, stage and worker count (``run.n_jobs``): wall time, peak RSS of a fresh process
 doing only that stage (and of its largest worker process), files/s and configs/s, and the wall time
@@ -179,10 +180,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--work", type=Path, default=Path("/tmp/bench-work"))
     parser.add_argument("--jobs", default="1,2", help="comma-separated worker counts (run.n_jobs) to measure")
     parser.add_argument("--nice", type=int, default=0)
+    parser.add_argument("--tile-root", type=Path, help="measure tile:xla on this root instead (a world with many "
+                        "tile files: a few files' figures are mostly process and pool start-up, which the "
+                        "extrapolation to 7,229 files would multiply)")
     args = parser.parse_args(argv)
     jobs = [int(j) for j in args.jobs.split(",")]
     rows = [row for c in args.collections.split(",")
-            for row in measure_collection(args.root, c, args.work, jobs=jobs, nice=args.nice)]
+            for row in measure_collection(args.tile_root if c == "tile:xla" and args.tile_root else args.root, c,
+                                          args.work, jobs=jobs, nice=args.nice)]
     print("\n".join(table(rows) + [""] + targets(rows)))
 
 
