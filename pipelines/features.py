@@ -497,15 +497,29 @@ def tile_vreg_features(config: np.ndarray, output: np.ndarray, tile_count: np.nd
 def config_feature_table(graph: PrunedGraph, *, value_frequency: bool = False) -> pl.DataFrame:
     """One row per config of ``graph``: ``graph``, ``config_index`` (int32), ``target`` (float64)
     and the ``f_*`` features (float32). Tile graphs ignore ``value_frequency``."""
+    return feature_table([graph.stem], [config_feature_columns(graph, value_frequency=value_frequency)])
+
+
+def config_feature_columns(graph: PrunedGraph, *, value_frequency: bool = False) -> dict[str, np.ndarray]:
+    """The columns of :func:`config_feature_table` but ``graph``, as arrays."""
     if graph.kind == "tile":
         columns = tile_config_features(graph.config_feat, graph.node_feat)
     else:
         columns = layout_config_features(graph, value_frequency)
+    return {"config_index": graph.config_index, "target": graph.target, **columns}
+
+
+def feature_table(stems: Sequence[str], columns: Sequence[dict[str, np.ndarray]]) -> pl.DataFrame:
+    """The config tables of several graphs (``stems``, their :func:`config_feature_columns`) as one
+    table, graph after graph: one DataFrame built instead of one per graph and a concatenation."""
+    merged = columns[0] if len(columns) == 1 else {name: np.concatenate([c[name] for c in columns])
+                                                   for name in columns[0]}
+    stem_column = [stem for stem, c in zip(stems, columns) for _ in range(c["config_index"].shape[0])]
     return pl.DataFrame({
-        "graph": pl.Series([graph.stem] * graph.num_configs, dtype=pl.String),
-        "config_index": pl.Series(graph.config_index, dtype=pl.Int32),
-        "target": pl.Series(graph.target, dtype=pl.Float64),
-        **{name: pl.Series(values, dtype=pl.Float32) for name, values in columns.items()},
+        "graph": pl.Series(stem_column, dtype=pl.String),
+        "config_index": pl.Series(merged["config_index"], dtype=pl.Int32),
+        "target": pl.Series(merged["target"], dtype=pl.Float64),
+        **{name: pl.Series(values, dtype=pl.Float32) for name, values in merged.items() if name.startswith("f_")},
     })
 
 
@@ -553,41 +567,41 @@ def features_config(config: PipelineConfig, collection: Collection) -> dict[str,
 
 
 def graph_features(ref: GraphRef, prune_path: Path, config: PipelineConfig,
-                   value_frequency: bool) -> tuple[pl.DataFrame, dict[str, float]]:
-    """The config table (labelled splits: a seeded sample of at most ``max_configs_per_graph``) and the
-    graph aggregates of one pruned graph."""
+                   value_frequency: bool) -> tuple[dict[str, np.ndarray], dict[str, float]]:
+    """The config feature columns (:func:`config_feature_columns`; labelled splits: a seeded sample of at
+    most ``max_configs_per_graph``) and the graph aggregates of one pruned graph."""
     pruned = load_pruned(pruned_path(prune_path, ref.split, ref.stem))
     if ref.split in LABELLED:
         pruned = sample_configs(pruned, config.features.max_configs_per_graph,
                                 seeded_rng(config.features.seed, ref.stem))
-    table = config_feature_table(pruned, value_frequency=value_frequency)
+    columns = config_feature_columns(pruned, value_frequency=value_frequency)
     if pruned.kind == "tile":  # unpruned: the graph is the whole program
         aggregate = graph_aggregates(pruned.node_feat, pruned.node_opcode, pruned.edge_index, pruned.config_nodes)
     else:  # aggregates describe the whole program, not the pruned part: re-read the raw structure
         del pruned
         raw = load_ref(ref, with_configs=False)
         aggregate = graph_aggregates(raw.node_feat, raw.node_opcode, raw.edge_index, raw.node_config_ids)
-    return table, aggregate
+    return columns, aggregate
 
 
 def _features_to(folder: Path, ref: GraphRef, prune_path: Path, config: PipelineConfig,
                  value_frequency: bool) -> list[tuple[int, list[str], dict[str, float]]]:
     """One features job for a graph with a table of its own: writes it; returns its row count, feature
     columns and graph aggregates (collected by the stage into one table per split)."""
-    table, aggregate = graph_features(ref, prune_path, config, value_frequency)
-    table.write_parquet(folder / _config_table_name(ref.split, ref.stem))
-    return [(table.height, [c for c in table.columns if c.startswith("f_")], aggregate)]
+    return _features_part_to(folder, [ref], _config_table_name(ref.split, ref.stem), prune_path, config,
+                             value_frequency)
 
 
-def _features_part_to(folder: Path, refs: list[GraphRef], part: str, prune_path: Path, config: PipelineConfig,
+def _features_part_to(folder: Path, refs: list[GraphRef], name: str, prune_path: Path, config: PipelineConfig,
                       value_frequency: bool) -> list[tuple[int, list[str], dict[str, float]]]:
-    """One features job for a part of small graphs: writes their tables, in order, into one file."""
-    tables, results = [], []
+    """One features job for ``refs``: writes their tables, in order, into one file ``name``."""
+    columns, results = [], []
     for ref in refs:
-        table, aggregate = graph_features(ref, prune_path, config, value_frequency)
-        tables.append(table)
-        results.append((table.height, [c for c in table.columns if c.startswith("f_")], aggregate))
-    pl.concat(tables).write_parquet(folder / _part_name(refs[0].split, part))
+        graph_columns, aggregate = graph_features(ref, prune_path, config, value_frequency)
+        columns.append(graph_columns)
+        results.append((graph_columns["config_index"].shape[0], [c for c in graph_columns if c.startswith("f_")],
+                        aggregate))
+    feature_table([ref.stem for ref in refs], columns).write_parquet(folder / name)
     return results
 
 
@@ -609,7 +623,8 @@ def run_features(config: PipelineConfig, collection: Collection, work_dir: Path,
             if collection.is_tile:
                 chunks = [items[start : start + TILE_GRAPHS_PER_PART] for start in range(0, len(items), TILE_GRAPHS_PER_PART)]
                 parts = [f"part-{k:05d}.parquet" for k in range(len(chunks))]
-                results = map_in_order(_features_part_to, [(folder, chunk, part, prune.path, config, vf)
+                results = map_in_order(_features_part_to, [(folder, chunk, _part_name(split, part), prune.path,
+                                                            config, vf)
                                                            for chunk, part in zip(chunks, parts)], config.run.n_jobs)
             else:
                 chunks, parts = [[ref] for ref in items], [None] * len(items)
