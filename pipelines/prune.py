@@ -11,6 +11,8 @@ The result of both steps is a :class:`PrunedGraph`, which the features and node-
 
 from __future__ import annotations
 
+import io
+import tokenize
 import zipfile
 import zlib
 from dataclasses import asdict, dataclass, replace
@@ -19,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import polars as pl
+import zstandard
 
 from pipelines.collections import LABELLED, Collection
 from pipelines.engine import Code, StageOutput, run_stage
@@ -254,34 +257,61 @@ def sample_configs(graph: PrunedGraph, max_configs: int, rng: np.random.Generato
 # ----------------------------------------------------------------------------- file format
 
 # A pruned graph is two files: ``<stem>.npz`` (deflated at level 1) holds everything but the configs,
-# which live beside it in ``<stem>.configs.npy``, a plain uncompressed .npy. Configs are the bulk (up
-# to ~220 MB of int8 for the largest layout file): writing them costs a copy into the page cache
-# instead of a deflate (0.7x the time of reading the raw file), and readers memory-map them, so a
-# reader touches only the rows it uses and holds no private copy. Their CRC-32, in ``meta``, is
-# checked on every load, as the zip format checks its members.
+# which live beside it in their own file. Configs are the bulk (up to ~220 MB of int8 for the largest
+# layout file) and a deflate of them cost 0.7x the time of reading the raw file, inflating them 0.3x.
+# Now they are either
+# * ``<stem>.configs.npy``, a plain .npy: written at memory speed and memory-mapped by readers, who touch
+#   only the rows they use and hold no private copy (random-search configs: zstd would shrink them ~7x
+#   for 0.6x the time of reading the raw file), or
+# * ``<stem>.configs.npy.zst``, the same bytes as one zstd frame (level 1), when a probe of the first
+#   rows shrinks at least ZSTD_MIN_RATIO times: default-search configs, mostly -1, shrink ~1000x and
+#   compress and decompress faster than the plain file is written and checked (read whole on load).
+# Their CRC-32 and storage, in ``meta``, are checked on every load, as the zip format checks its members.
 _NPZ_ARRAYS = ("node_feat", "node_opcode", "edge_index", "node_ids", "config_nodes", "config_index", "target",
                "file_target")
-CONFIGS_SUFFIX = ".configs.npy"
+CONFIGS_SUFFIX = {"npy": ".configs.npy", "zst": ".configs.npy.zst"}
+ZSTD_MIN_RATIO = 20
+ZSTD_PROBE_BYTES = 4 * 2**20
 # What np.load raises on a missing, truncated or corrupt npz (a flipped byte in deflated data: zlib.error).
 _UNREADABLE = (OSError, KeyError, ValueError, EOFError, zipfile.BadZipFile, zlib.error)
 
 
-def configs_path(path: Path | str) -> Path:
-    """The configs file that belongs to the pruned graph at ``path`` (``g.npz`` -> ``g.configs.npy``)."""
+def configs_path(path: Path | str, storage: str = "npy") -> Path:
+    """The configs file of the pruned graph at ``path``: ``g.npz`` -> ``g.configs.npy`` (``storage="npy"``)
+    or ``g.configs.npy.zst`` (``"zst"``)."""
     path = Path(path)
-    return path.with_name(path.stem + CONFIGS_SUFFIX)
+    return path.with_name(path.stem + CONFIGS_SUFFIX[storage])
+
+
+def configs_storage(configs: np.ndarray) -> str:
+    """``"zst"`` when the first ZSTD_PROBE_BYTES of the (C-contiguous) configs shrink at least
+    ZSTD_MIN_RATIO times with zstd level 1, else ``"npy"``."""
+    probe = memoryview(configs).cast("B")[:ZSTD_PROBE_BYTES] if configs.size else b""
+    if not probe:
+        return "npy"
+    return "zst" if len(zstandard.ZstdCompressor(level=1).compress(probe)) * ZSTD_MIN_RATIO <= len(probe) else "npy"
 
 
 def save_pruned(path: Path | str, graph: PrunedGraph) -> None:
-    """Write a pruned graph: ``path`` (an npz that ``np.load`` reads) and :func:`configs_path` (the configs).
+    """Write a pruned graph: ``path`` (an npz that ``np.load`` reads) and its configs (:func:`configs_path`,
+    stored as :func:`configs_storage` decides).
 
     Not atomic by itself: stages write into a temporary folder that is renamed into place.
     """
     path = Path(path)
     configs = np.ascontiguousarray(graph.config_feat)
-    with open(configs_path(path), "wb") as stream:
-        np.lib.format.write_array(stream, configs, allow_pickle=False)
-    arrays = {"meta": np.array([graph.stem, graph.kind, f"{zlib.crc32(configs):08x}"]),
+    storage = configs_storage(configs)
+    with open(configs_path(path, storage), "wb") as stream:
+        if storage == "npy":
+            np.lib.format.write_array(stream, configs, allow_pickle=False)
+        else:
+            header = io.BytesIO()
+            np.lib.format.write_array_header_1_0(header, np.lib.format.header_data_from_array_1_0(configs))
+            size = header.tell() + configs.nbytes  # in the frame header, so a reader allocates once
+            with zstandard.ZstdCompressor(level=1).stream_writer(stream, size=size, closefd=False) as writer:
+                writer.write(header.getvalue())
+                writer.write(memoryview(configs).cast("B") if configs.size else b"")
+    arrays = {"meta": np.array([graph.stem, graph.kind, f"{zlib.crc32(configs):08x}", storage]),
               **{name: getattr(graph, name) for name in _NPZ_ARRAYS}}
     with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_DEFLATED, compresslevel=1) as archive:
         for name, array in arrays.items():
@@ -290,33 +320,53 @@ def save_pruned(path: Path | str, graph: PrunedGraph) -> None:
 
 
 def load_pruned(path: Path | str) -> PrunedGraph:
-    """Read a pruned graph; its ``config_feat`` is a read-only memory map of the configs file (rows are
-    read from the page cache when used: select or copy the rows you keep)."""
+    """Read a pruned graph. Its ``config_feat`` is read-only: a memory map of a plain configs file (rows
+    are read from the page cache when used: select or copy the rows you keep), or the decompressed
+    array of a zstd one."""
     path = Path(path)
     try:
         with np.load(path, allow_pickle=False) as archive:
-            stem, kind, checksum = (str(v) for v in archive["meta"])
+            stem, kind, checksum, storage = (str(v) for v in archive["meta"])
             values = {name: archive[name] for name in _NPZ_ARRAYS}
+        configs_file = configs_path(path, storage)
     except _UNREADABLE as exc:
         raise FormatError(path, f"cannot read pruned graph ({exc})") from None
     shape = ((values["config_index"].shape[0], values["config_nodes"].shape[0], 18) if kind == "layout"
              else (values["config_index"].shape[0], 24))
-    config_feat = _load_configs(configs_path(path), shape, np.dtype(np.int8 if kind == "layout" else np.float32),
+    config_feat = _load_configs(configs_file, shape, np.dtype(np.int8 if kind == "layout" else np.float32),
                                 checksum)
     return PrunedGraph(stem=stem, kind=kind, config_feat=config_feat, **values)
 
 
 def _load_configs(path: Path, shape: tuple[int, ...], dtype: np.dtype, checksum: str) -> np.ndarray:
     try:
-        configs = np.load(path, mmap_mode="r", allow_pickle=False)
-    except (OSError, ValueError) as exc:
-        raise FormatError(path, f"cannot read pruned configs ({exc})") from None
+        if path.suffix == ".zst":
+            configs = _read_npy_bytes(zstandard.ZstdDecompressor().decompress(path.read_bytes()))
+        else:
+            configs = np.load(path, mmap_mode="r", allow_pickle=False)
+    # (numpy's parser of a damaged .npy header raises SyntaxError or TokenError)
+    except (OSError, ValueError, SyntaxError, tokenize.TokenError, zstandard.ZstdError) as exc:
+        raise FormatError(path, f"cannot read pruned configs ({type(exc).__name__}: {exc})") from None
     if configs.shape != shape or configs.dtype != dtype:
         raise FormatError(path, f"pruned configs are {configs.dtype} {configs.shape}, expected {dtype} {shape} "
                                 "from the graph beside them")
     if f"{zlib.crc32(configs):08x}" != checksum:
         raise FormatError(path, "pruned configs do not match their CRC-32 (a corrupt file)")
     return configs
+
+
+def _read_npy_bytes(data: bytes) -> np.ndarray:
+    """The array in ``data`` (the bytes of a .npy file), read-only and without a copy."""
+    stream = io.BytesIO(data)
+    if np.lib.format.read_magic(stream) != (1, 0):
+        raise ValueError("not a version 1.0 .npy")
+    shape, fortran_order, dtype = np.lib.format.read_array_header_1_0(stream)
+    if fortran_order or dtype.hasobject:
+        raise ValueError("unexpected .npy layout")
+    count = int(np.prod(shape))
+    if len(data) != stream.tell() + count * dtype.itemsize:
+        raise ValueError(f"{len(data)} bytes for a {dtype} {shape} array")
+    return np.frombuffer(data, dtype=dtype, count=count, offset=stream.tell()).reshape(shape)
 
 
 def load_file_target(path: Path | str) -> np.ndarray:

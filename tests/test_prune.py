@@ -11,6 +11,7 @@ import pytest
 from pipelines.errors import ConfigError, FormatError
 from pipelines.prune import (
     configs_path,
+    configs_storage,
     deduplicate_configs,
     deduplicate_graph,
     load_file_target,
@@ -226,7 +227,8 @@ def test_a_missing_truncated_corrupt_or_foreign_configs_file_is_a_format_error_n
     save_pruned(tmp_path / "other.npz", other)
     cases = {
         "cannot read pruned configs": [lambda npz, npy: npy.unlink(), lambda npz, npy: _cut(npy, 0.9),
-                                       lambda npz, npy: npy.write_bytes(b"\x93NUMPY garbage")],
+                                       lambda npz, npy: npy.write_bytes(b"\x93NUMPY garbage"),
+                                       lambda npz, npy: _flip(npy, 40)],  # inside the header's dict
         "do not match their CRC-32": [lambda npz, npy: _flip(npy, npy.stat().st_size - 5)],  # one config value
         "expected int8": [lambda npz, npy: npy.write_bytes((tmp_path / "other.configs.npy").read_bytes())],
     }
@@ -253,3 +255,30 @@ def test_chunked_hashing_and_checks_agree(monkeypatch) -> None:
     np.testing.assert_array_equal(values, expected[1])
     np.testing.assert_array_equal(values, rows)  # the minimum of each group is its first row's index
     assert len({configs[i].tobytes() for i in range(200)}) == rows.size
+
+
+def test_configs_that_compress_well_are_stored_with_zstd_and_read_back_the_same(tmp_path) -> None:
+    graph = random_layout_graph(np.random.default_rng(6), n=30, configs=500)
+    graph.node_config_feat[:] = -1  # mostly "the compiler chooses", as in default-search files
+    graph.node_config_feat[::50, 0, :2] = (0, 1)
+    pruned, _ = prune_layout_graph(graph, 1, "khop")
+    assert configs_storage(pruned.config_feat) == "zst"
+    save_pruned(tmp_path / "g.npz", pruned)
+    assert configs_path(tmp_path / "g.npz", "zst").is_file() and not configs_path(tmp_path / "g.npz").exists()
+    back = load_pruned(tmp_path / "g.npz")
+    np.testing.assert_array_equal(back.config_feat, pruned.config_feat)
+    assert back.config_feat.dtype == np.int8 and not back.config_feat.flags.writeable
+
+    zst = configs_path(tmp_path / "g.npz", "zst")
+    good = zst.read_bytes()
+    for damaged in (good[: len(good) // 2], good[:-1], b"garbage", good[:20] + bytes([good[20] ^ 0x40]) + good[21:],
+                    good[:-3] + bytes([good[-3] ^ 0x01]) + good[-2:]):
+        zst.write_bytes(damaged)
+        with pytest.raises(FormatError) as raised:
+            load_pruned(tmp_path / "g.npz")
+        assert raised.value.path == zst and "pruned configs" in raised.value.problem
+
+
+def test_random_configs_stay_plain() -> None:
+    configs = np.random.default_rng(0).integers(-1, 6, (300, 20, 18)).astype(np.int8)
+    assert configs_storage(configs) == "npy" and configs_storage(configs[:0]) == "npy"
