@@ -29,6 +29,7 @@ import polars as pl
 
 from pipelines.collections import LABELLED, Collection
 from pipelines.engine import Code, StageOutput, run_stage
+from pipelines.errors import PipelineError
 from pipelines.layout_geometry import (
     BLOCKS,
     CELLS_PER_CHUNK,
@@ -496,15 +497,29 @@ def tile_vreg_features(config: np.ndarray, output: np.ndarray, tile_count: np.nd
 def config_feature_table(graph: PrunedGraph, *, value_frequency: bool = False) -> pl.DataFrame:
     """One row per config of ``graph``: ``graph``, ``config_index`` (int32), ``target`` (float64)
     and the ``f_*`` features (float32). Tile graphs ignore ``value_frequency``."""
+    return feature_table([graph.stem], [config_feature_columns(graph, value_frequency=value_frequency)])
+
+
+def config_feature_columns(graph: PrunedGraph, *, value_frequency: bool = False) -> dict[str, np.ndarray]:
+    """The columns of :func:`config_feature_table` but ``graph``, as arrays."""
     if graph.kind == "tile":
         columns = tile_config_features(graph.config_feat, graph.node_feat)
     else:
         columns = layout_config_features(graph, value_frequency)
+    return {"config_index": graph.config_index, "target": graph.target, **columns}
+
+
+def feature_table(stems: Sequence[str], columns: Sequence[dict[str, np.ndarray]]) -> pl.DataFrame:
+    """The config tables of several graphs (``stems``, their :func:`config_feature_columns`) as one
+    table, graph after graph: one DataFrame built instead of one per graph and a concatenation."""
+    merged = columns[0] if len(columns) == 1 else {name: np.concatenate([c[name] for c in columns])
+                                                   for name in columns[0]}
+    stem_column = [stem for stem, c in zip(stems, columns) for _ in range(c["config_index"].shape[0])]
     return pl.DataFrame({
-        "graph": pl.Series([graph.stem] * graph.num_configs, dtype=pl.String),
-        "config_index": pl.Series(graph.config_index, dtype=pl.Int32),
-        "target": pl.Series(graph.target, dtype=pl.Float64),
-        **{name: pl.Series(values, dtype=pl.Float32) for name, values in columns.items()},
+        "graph": pl.Series(stem_column, dtype=pl.String),
+        "config_index": pl.Series(merged["config_index"], dtype=pl.Int32),
+        "target": pl.Series(merged["target"], dtype=pl.Float64),
+        **{name: pl.Series(values, dtype=pl.Float32) for name, values in merged.items() if name.startswith("f_")},
     })
 
 
@@ -522,10 +537,22 @@ def graph_feature_table(rows: list[dict[str, float]], stems: list[str]) -> pl.Da
 # The code the stage runs (part of its key): this module and what it imports (prune, the reader).
 FEATURES_CODE = Code(("pipelines.features",))
 GRAPH_FEATURES = "graph_features.parquet"
+# Tile graphs are many (7,229) and small (tens of configs after de-duplication): a parquet file each
+# would cost more than their features (polars spends ~2.4 ms per file written, whatever the
+# compression or statistics). Their config tables go TILE_GRAPHS_PER_PART graphs to a file,
+# <split>/configs/part-<k>.parquet, in file order; <split>/configs/parts.parquet says where each
+# graph's rows are. Layout graphs (thousands of configs each) keep a file per graph.
+TILE_GRAPHS_PER_PART = 64
+PARTS_TABLE = "parts.parquet"
+_PARTS_SCHEMA = {"graph": pl.String, "part": pl.String, "offset": pl.Int64, "rows": pl.Int64}
 
 
 def _config_table_name(split: str, stem: str) -> str:
     return f"{split}/configs/{stem}.parquet"
+
+
+def _part_name(split: str, part: str) -> str:
+    return f"{split}/configs/{part}"
 
 
 def seeded_rng(seed: int, stem: str) -> np.random.Generator:
@@ -539,44 +566,83 @@ def features_config(config: PipelineConfig, collection: Collection) -> dict[str,
             "value_frequency": collection.search == "default"}
 
 
-def _features_to(folder: Path, ref: GraphRef, prune_path: Path, config: PipelineConfig,
-                 value_frequency: bool) -> tuple[int, list[str], dict[str, float]]:
-    """One features job: writes the graph's config table; returns its row count, feature columns and
-    the graph aggregates (collected by the stage into one table per split)."""
+def graph_features(ref: GraphRef, prune_path: Path, config: PipelineConfig,
+                   value_frequency: bool) -> tuple[dict[str, np.ndarray], dict[str, float]]:
+    """The config feature columns (:func:`config_feature_columns`; labelled splits: a seeded sample of at
+    most ``max_configs_per_graph``) and the graph aggregates of one pruned graph."""
     pruned = load_pruned(pruned_path(prune_path, ref.split, ref.stem))
     if ref.split in LABELLED:
         pruned = sample_configs(pruned, config.features.max_configs_per_graph,
                                 seeded_rng(config.features.seed, ref.stem))
-    table = config_feature_table(pruned, value_frequency=value_frequency)
-    table.write_parquet(folder / _config_table_name(ref.split, ref.stem))
+    columns = config_feature_columns(pruned, value_frequency=value_frequency)
     if pruned.kind == "tile":  # unpruned: the graph is the whole program
         aggregate = graph_aggregates(pruned.node_feat, pruned.node_opcode, pruned.edge_index, pruned.config_nodes)
     else:  # aggregates describe the whole program, not the pruned part: re-read the raw structure
         del pruned
         raw = load_ref(ref, with_configs=False)
         aggregate = graph_aggregates(raw.node_feat, raw.node_opcode, raw.edge_index, raw.node_config_ids)
-    return table.height, [c for c in table.columns if c.startswith("f_")], aggregate
+    return columns, aggregate
+
+
+def _features_to(folder: Path, ref: GraphRef, prune_path: Path, config: PipelineConfig,
+                 value_frequency: bool) -> list[tuple[int, list[str], dict[str, float]]]:
+    """One features job for a graph with a table of its own: writes it; returns its row count, feature
+    columns and graph aggregates (collected by the stage into one table per split)."""
+    return _features_part_to(folder, [ref], _config_table_name(ref.split, ref.stem), prune_path, config,
+                             value_frequency)
+
+
+def _features_part_to(folder: Path, refs: list[GraphRef], name: str, prune_path: Path, config: PipelineConfig,
+                      value_frequency: bool) -> list[tuple[int, list[str], dict[str, float]]]:
+    """One features job for ``refs``: writes their tables, in order, into one file ``name``."""
+    columns, results = [], []
+    for ref in refs:
+        graph_columns, aggregate = graph_features(ref, prune_path, config, value_frequency)
+        columns.append(graph_columns)
+        results.append((graph_columns["config_index"].shape[0], [c for c in graph_columns if c.startswith("f_")],
+                        aggregate))
+    feature_table([ref.stem for ref in refs], columns).write_parquet(folder / name)
+    return results
 
 
 def run_features(config: PipelineConfig, collection: Collection, work_dir: Path, refs: dict[str, list[GraphRef]],
                  data_key: str, prune: StageOutput, force: bool) -> StageOutput:
-    """The features stage: prune output + raw structure -> per-graph config feature tables and one
-    graph-aggregate table per split (read them back with :func:`read_feature_rows`)."""
+    """The features stage: prune output + raw structure -> config feature tables (a file per layout
+    graph, parts of TILE_GRAPHS_PER_PART tile graphs) and one graph-aggregate table per split (read them
+    back with :func:`read_feature_rows`)."""
     stage_config = features_config(config, collection)
 
     def compute(folder: Path) -> dict[str, Any]:
         rows = 0
         columns: list[str] = []
         progress = Progress("[features]", sum(len(items) for items in refs.values()))
+        vf = stage_config["value_frequency"]
         for split, items in refs.items():
             (folder / split / "configs").mkdir(parents=True)
             aggregates = []
-            jobs = [(folder, ref, prune.path, config, stage_config["value_frequency"]) for ref in items]
-            for height, names, aggregate in map_in_order(_features_to, jobs, config.run.n_jobs):
-                progress.step()
-                rows += height
-                columns = columns or names
-                aggregates.append(aggregate)
+            if collection.is_tile:
+                chunks = [items[start : start + TILE_GRAPHS_PER_PART] for start in range(0, len(items), TILE_GRAPHS_PER_PART)]
+                parts = [f"part-{k:05d}.parquet" for k in range(len(chunks))]
+                results = map_in_order(_features_part_to, [(folder, chunk, _part_name(split, part), prune.path,
+                                                            config, vf)
+                                                           for chunk, part in zip(chunks, parts)], config.run.n_jobs)
+            else:
+                chunks, parts = [[ref] for ref in items], [None] * len(items)
+                results = map_in_order(_features_to, [(folder, ref, prune.path, config, vf) for ref in items],
+                                       config.run.n_jobs)
+            listing = []  # tile: (graph, part, offset, rows)
+            for chunk, part, batch in zip(chunks, parts, results):
+                offset = 0
+                for ref, (height, names, aggregate) in zip(chunk, batch):
+                    progress.step()
+                    rows += height
+                    columns = columns or names
+                    aggregates.append(aggregate)
+                    listing.append((ref.stem, part, offset, height))
+                    offset += height
+            if collection.is_tile:
+                pl.DataFrame(listing, schema=_PARTS_SCHEMA, orient="row").write_parquet(
+                    folder / _part_name(split, PARTS_TABLE))
             graph_feature_table(aggregates, [ref.stem for ref in items]).write_parquet(folder / split / GRAPH_FEATURES)
         return {"rows": rows, "config_features": len(columns)}
 
@@ -585,13 +651,41 @@ def run_features(config: PipelineConfig, collection: Collection, work_dir: Path,
                      seeds={"features": config.features.seed}, force=force)
 
 
+class _ConfigTables:
+    """The config table of each graph of a features stage output: its own file, or its rows of a part
+    file (parts read once per reader)."""
+
+    def __init__(self, features: StageOutput) -> None:
+        self.features = features
+        self.index: dict[str, dict[str, tuple[str, int, int]] | None] = {}
+        self.parts: dict[str, pl.DataFrame] = {}
+
+    def table(self, stem: str, split: str) -> pl.DataFrame:
+        if split not in self.index:
+            listing = self.features.path / _part_name(split, PARTS_TABLE)
+            self.index[split] = ({graph: (part, offset, rows) for graph, part, offset, rows in
+                                  pl.read_parquet(listing).iter_rows()} if listing.is_file() else None)
+        index = self.index[split]
+        if index is None:
+            return pl.read_parquet(self.features.file(_config_table_name(split, stem)))
+        if stem not in index:
+            raise PipelineError(f"{self.features.path}: output of stage 'features' has no graph {stem!r} in "
+                                f"{split} (see {_part_name(split, PARTS_TABLE)})")
+        part, offset, rows = index[stem]
+        name = _part_name(split, part)
+        if name not in self.parts:
+            self.parts[name] = pl.read_parquet(self.features.file(name))
+        return self.parts[name].slice(offset, rows)
+
+
 def read_feature_rows(features: StageOutput, graphs: Sequence[tuple[str, str]], max_configs: int | None = None,
                       seed: int = 0) -> pl.DataFrame:
     """Config feature rows of ``graphs`` ((stem, split) pairs; at most ``max_configs`` per graph, a
     seeded sample kept in file order), joined with their ``g_*`` graph aggregates."""
     tables = []
+    source = _ConfigTables(features)
     for stem, split in graphs:
-        table = pl.read_parquet(features.file(_config_table_name(split, stem)))
+        table = source.table(stem, split)
         if max_configs is not None and table.height > max_configs:
             table = table[np.sort(seeded_rng(seed, stem).choice(table.height, size=max_configs, replace=False))]
         tables.append(table)

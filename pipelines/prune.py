@@ -5,11 +5,14 @@ solutions lost nothing with 1 hop and saved 4x memory). Identical config rows, f
 training files, are collapsed so that no model sees the same configuration twice with two labels.
 Tile graphs are small and have no configurable nodes: they pass through unpruned.
 
-The result of both steps is a :class:`PrunedGraph`, which the features and node-arrays stages read.
+The result of both steps is a :class:`PrunedGraph`, which the features and node-arrays stages read
+(file format: :func:`save_pruned`).
 """
 
 from __future__ import annotations
 
+import io
+import tokenize
 import zipfile
 import zlib
 from dataclasses import asdict, dataclass, replace
@@ -18,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import polars as pl
+import zstandard
 
 from pipelines.collections import LABELLED, Collection
 from pipelines.engine import Code, StageOutput, run_stage
@@ -252,18 +256,63 @@ def sample_configs(graph: PrunedGraph, max_configs: int, rng: np.random.Generato
 
 # ----------------------------------------------------------------------------- file format
 
-_PRUNED_ARRAYS = ("node_feat", "node_opcode", "edge_index", "node_ids", "config_nodes", "config_feat",
-                  "config_index", "target", "file_target")
+# A pruned graph is two files: ``<stem>.npz`` (deflated at level 1) holds everything but the configs,
+# which live beside it in their own file. Configs are the bulk (up to ~220 MB of int8 for the largest
+# layout file) and a deflate of them cost 0.7x the time of reading the raw file, inflating them 0.3x.
+# Now they are either
+# * ``<stem>.configs.npy``, a plain .npy: written at memory speed and memory-mapped by readers, who touch
+#   only the rows they use and hold no private copy (random-search configs: zstd would shrink them ~7x
+#   for 0.6x the time of reading the raw file), or
+# * ``<stem>.configs.npy.zst``, the same bytes as one zstd frame (level 1), when a probe of the first
+#   rows shrinks at least ZSTD_MIN_RATIO times: default-search configs, mostly -1, shrink ~1000x and
+#   compress and decompress faster than the plain file is written and checked (read whole on load).
+# Their CRC-32 and storage, in ``meta``, are checked on every load, as the zip format checks its members.
+_NPZ_ARRAYS = ("node_feat", "node_opcode", "edge_index", "node_ids", "config_nodes", "config_index", "target",
+               "file_target")
+CONFIGS_SUFFIX = {"npy": ".configs.npy", "zst": ".configs.npy.zst"}
+ZSTD_MIN_RATIO = 20
+ZSTD_PROBE_BYTES = 4 * 2**20
+# What np.load raises on a missing, truncated or corrupt npz (a flipped byte in deflated data: zlib.error).
+_UNREADABLE = (OSError, KeyError, ValueError, EOFError, zipfile.BadZipFile, zlib.error)
+
+
+def configs_path(path: Path | str, storage: str = "npy") -> Path:
+    """The configs file of the pruned graph at ``path``: ``g.npz`` -> ``g.configs.npy`` (``storage="npy"``)
+    or ``g.configs.npy.zst`` (``"zst"``)."""
+    path = Path(path)
+    return path.with_name(path.stem + CONFIGS_SUFFIX[storage])
+
+
+def configs_storage(configs: np.ndarray) -> str:
+    """``"zst"`` when the first ZSTD_PROBE_BYTES of the (C-contiguous) configs shrink at least
+    ZSTD_MIN_RATIO times with zstd level 1, else ``"npy"``."""
+    probe = memoryview(configs).cast("B")[:ZSTD_PROBE_BYTES] if configs.size else b""
+    if not probe:
+        return "npy"
+    return "zst" if len(zstandard.ZstdCompressor(level=1).compress(probe)) * ZSTD_MIN_RATIO <= len(probe) else "npy"
 
 
 def save_pruned(path: Path | str, graph: PrunedGraph) -> None:
-    """Write a pruned graph as an npz that ``np.load`` reads, deflated at level 1: int8 configs
-    still compress several-fold, and writing is ~5x faster than ``np.savez_compressed`` (level 6),
-    whose files are only ~1.4x smaller (measured on a 5522 x 2192 x 18 config array).
+    """Write a pruned graph: ``path`` (an npz that ``np.load`` reads) and its configs (:func:`configs_path`,
+    stored as :func:`configs_storage` decides).
 
     Not atomic by itself: stages write into a temporary folder that is renamed into place.
     """
-    arrays = {"meta": np.array([graph.stem, graph.kind]), **{name: getattr(graph, name) for name in _PRUNED_ARRAYS}}
+    path = Path(path)
+    configs = np.ascontiguousarray(graph.config_feat)
+    storage = configs_storage(configs)
+    with open(configs_path(path, storage), "wb") as stream:
+        if storage == "npy":
+            np.lib.format.write_array(stream, configs, allow_pickle=False)
+        else:
+            header = io.BytesIO()
+            np.lib.format.write_array_header_1_0(header, np.lib.format.header_data_from_array_1_0(configs))
+            size = header.tell() + configs.nbytes  # in the frame header, so a reader allocates once
+            with zstandard.ZstdCompressor(level=1).stream_writer(stream, size=size, closefd=False) as writer:
+                writer.write(header.getvalue())
+                writer.write(memoryview(configs).cast("B") if configs.size else b"")
+    arrays = {"meta": np.array([graph.stem, graph.kind, f"{zlib.crc32(configs):08x}", storage]),
+              **{name: getattr(graph, name) for name in _NPZ_ARRAYS}}
     with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_DEFLATED, compresslevel=1) as archive:
         for name, array in arrays.items():
             with archive.open(f"{name}.npy", "w", force_zip64=True) as stream:
@@ -271,14 +320,53 @@ def save_pruned(path: Path | str, graph: PrunedGraph) -> None:
 
 
 def load_pruned(path: Path | str) -> PrunedGraph:
+    """Read a pruned graph. Its ``config_feat`` is read-only: a memory map of a plain configs file (rows
+    are read from the page cache when used: select or copy the rows you keep), or the decompressed
+    array of a zstd one."""
     path = Path(path)
     try:
         with np.load(path, allow_pickle=False) as archive:
-            stem, kind = (str(v) for v in archive["meta"])
-            values = {name: archive[name] for name in _PRUNED_ARRAYS}
-    except (OSError, KeyError, ValueError, zipfile.BadZipFile) as exc:
+            stem, kind, checksum, storage = (str(v) for v in archive["meta"])
+            values = {name: archive[name] for name in _NPZ_ARRAYS}
+        configs_file = configs_path(path, storage)
+    except _UNREADABLE as exc:
         raise FormatError(path, f"cannot read pruned graph ({exc})") from None
-    return PrunedGraph(stem=stem, kind=kind, **values)
+    shape = ((values["config_index"].shape[0], values["config_nodes"].shape[0], 18) if kind == "layout"
+             else (values["config_index"].shape[0], 24))
+    config_feat = _load_configs(configs_file, shape, np.dtype(np.int8 if kind == "layout" else np.float32),
+                                checksum)
+    return PrunedGraph(stem=stem, kind=kind, config_feat=config_feat, **values)
+
+
+def _load_configs(path: Path, shape: tuple[int, ...], dtype: np.dtype, checksum: str) -> np.ndarray:
+    try:
+        if path.suffix == ".zst":
+            configs = _read_npy_bytes(zstandard.ZstdDecompressor().decompress(path.read_bytes()))
+        else:
+            configs = np.load(path, mmap_mode="r", allow_pickle=False)
+    # (numpy's parser of a damaged .npy header raises SyntaxError or TokenError)
+    except (OSError, ValueError, SyntaxError, tokenize.TokenError, zstandard.ZstdError) as exc:
+        raise FormatError(path, f"cannot read pruned configs ({type(exc).__name__}: {exc})") from None
+    if configs.shape != shape or configs.dtype != dtype:
+        raise FormatError(path, f"pruned configs are {configs.dtype} {configs.shape}, expected {dtype} {shape} "
+                                "from the graph beside them")
+    if f"{zlib.crc32(configs):08x}" != checksum:
+        raise FormatError(path, "pruned configs do not match their CRC-32 (a corrupt file)")
+    return configs
+
+
+def _read_npy_bytes(data: bytes) -> np.ndarray:
+    """The array in ``data`` (the bytes of a .npy file), read-only and without a copy."""
+    stream = io.BytesIO(data)
+    if np.lib.format.read_magic(stream) != (1, 0):
+        raise ValueError("not a version 1.0 .npy")
+    shape, fortran_order, dtype = np.lib.format.read_array_header_1_0(stream)
+    if fortran_order or dtype.hasobject:
+        raise ValueError("unexpected .npy layout")
+    count = int(np.prod(shape))
+    if len(data) != stream.tell() + count * dtype.itemsize:
+        raise ValueError(f"{len(data)} bytes for a {dtype} {shape} array")
+    return np.frombuffer(data, dtype=dtype, count=count, offset=stream.tell()).reshape(shape)
 
 
 def load_file_target(path: Path | str) -> np.ndarray:
@@ -287,7 +375,7 @@ def load_file_target(path: Path | str) -> np.ndarray:
     try:
         with np.load(path, allow_pickle=False) as archive:
             return archive["file_target"]
-    except (OSError, KeyError, ValueError, zipfile.BadZipFile) as exc:
+    except _UNREADABLE as exc:
         raise FormatError(path, f"cannot read pruned graph ({exc})") from None
 
 
@@ -353,8 +441,9 @@ def _prune_to(folder: Path, ref: GraphRef,
 
 def run_prune(config: PipelineConfig, collection: Collection, work_dir: Path, refs: dict[str, list[GraphRef]],
               data_key: str, force: bool) -> StageOutput:
-    """The prune stage: raw files -> per-graph pruned npz plus ``graphs.parquet`` (read them back with
-    :func:`read_graph_table`, :func:`read_pruned`, :func:`read_file_target`)."""
+    """The prune stage: raw files -> per graph a pruned npz and its configs file (see :func:`save_pruned`),
+    plus ``graphs.parquet`` (read them back with :func:`read_graph_table`, :func:`read_pruned`,
+    :func:`read_file_target`)."""
     def compute(folder: Path) -> dict[str, Any]:
         rows, skipped = [], []
         for split in refs:

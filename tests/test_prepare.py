@@ -177,7 +177,8 @@ def stage_bytes(prepared: dict) -> dict[str, bytes]:
     return out
 
 
-def test_data_stages_write_the_same_bytes_with_any_number_of_workers(world: Path, tmp_path: Path) -> None:
+def test_data_stages_write_the_same_bytes_with_any_number_of_workers(world: Path, tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setattr("pipelines.features.TILE_GRAPHS_PER_PART", 2)  # tile tables in several parts
     runs = {}
     for jobs in (1, 3):
         config = load_config(None, ["folds.k=2", "features.max_configs_per_graph=7", f"run.n_jobs={jobs}"])
@@ -199,3 +200,28 @@ def test_errors_raised_in_a_worker_process_keep_their_file_and_problem(tmp_path:
     assert str(error) == f"{tmp_path / 'a.npz'}: truncated archive"
     submission = pickle.loads(pickle.dumps(SubmissionError("s.csv", ["row 3: bad id"])))
     assert submission.violations == ["row 3: bad id"] and "1 problem(s)" in str(submission)
+
+
+def test_tile_feature_tables_in_parts_read_back_as_each_graph_s_own_table(world: Path, tmp_path: Path,
+                                                                          monkeypatch) -> None:
+    import pipelines.features as features_module
+    from pipelines.errors import PipelineError
+    from pipelines.features import config_feature_table, read_feature_rows
+
+    config = load_config(None, ["folds.k=2"])
+    loaded = {}
+    for size in (1, 2, 64):
+        monkeypatch.setattr(features_module, "TILE_GRAPHS_PER_PART", size)
+        item = prepare(config, world, tmp_path / f"parts{size}", [TILE_XLA])[TILE_XLA.name]
+        train = item.stages["features"].path / "train" / "configs"
+        assert len(list(train.glob("part-*.parquet"))) == -(-len(TILE_STEMS["train"]) // size)
+        assert not (train / f"{TILE_STEMS['train'][0]}.parquet").exists()
+        graphs = sorted(item.graph_table["graph"].to_list())
+        for graph in graphs:  # each graph's rows are its own table, whichever part holds them
+            rows = item.load_features([graph])
+            own = config_feature_table(item.pruned_graph(graph))
+            assert rows.select(own.columns).equals(own) and rows.height == own.height > 0
+        loaded[size] = item.load_features(graphs[::-1], max_configs=3, seed=1)
+        with pytest.raises(PipelineError, match="no graph 'nope'"):
+            read_feature_rows(item.stages["features"], [("nope", "train")])
+    assert loaded[1].equals(loaded[2]) and loaded[1].equals(loaded[64]) and loaded[1].height == 3 * len(graphs)

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 from collections import deque
+from dataclasses import replace
 
 import numpy as np
 import pytest
 
-from pipelines.errors import ConfigError
+from pipelines.errors import ConfigError, FormatError
 from pipelines.prune import (
+    configs_path,
+    configs_storage,
     deduplicate_configs,
     deduplicate_graph,
     load_file_target,
@@ -173,6 +176,66 @@ def test_save_load_round_trip(tmp_path) -> None:
         np.testing.assert_array_equal(getattr(back, name), getattr(pruned, name))
         assert getattr(back, name).dtype == getattr(pruned, name).dtype
     np.testing.assert_array_equal(load_file_target(tmp_path / "g.npz"), pruned.file_target)
+    # the configs are a plain .npy beside the npz, memory-mapped read-only (no private copy)
+    assert configs_path(tmp_path / "g.npz") == tmp_path / "g.configs.npy"
+    assert isinstance(back.config_feat, np.memmap) and not back.config_feat.flags.writeable
+
+
+def test_tile_round_trip_with_deduplicated_and_no_configs(tmp_path) -> None:
+    graph = tile_as_pruned(TileGraph("t", np.ones((3, 140), np.float32), np.arange(3, dtype=np.uint8),
+                                     np.array([[1, 0], [2, 1]]), np.repeat(np.arange(24.0, dtype=np.float32)[None], 4, 0),
+                                     np.arange(1, 5), np.full(4, 2)))
+    for case in (deduplicate_graph(graph, "first"), replace(graph, config_feat=graph.config_feat[:0],
+                                                              config_index=graph.config_index[:0],
+                                                              target=graph.target[:0])):
+        save_pruned(tmp_path / "t.npz", case)
+        back = load_pruned(tmp_path / "t.npz")
+        assert (back.stem, back.kind, back.config_feat.dtype) == ("t", "tile", np.float32)
+        for name in ("node_feat", "edge_index", "config_feat", "config_index", "target", "file_target"):
+            np.testing.assert_array_equal(getattr(back, name), getattr(case, name))
+
+
+def _damaged(tmp_path, damage) -> FormatError:
+    pruned, _ = prune_layout_graph(random_layout_graph(np.random.default_rng(4), configs=40), 1, "khop")
+    save_pruned(tmp_path / "g.npz", pruned)
+    damage(tmp_path / "g.npz", tmp_path / "g.configs.npy")
+    with pytest.raises(FormatError) as raised:
+        load_pruned(tmp_path / "g.npz")
+    return raised.value
+
+
+def _cut(path, keep: float) -> None:
+    data = path.read_bytes()
+    path.write_bytes(data[: int(len(data) * keep)])
+
+
+def _flip(path, at: int) -> None:
+    data = bytearray(path.read_bytes())
+    data[at] ^= 0x40
+    path.write_bytes(bytes(data))
+
+
+def test_a_truncated_or_corrupt_graph_file_is_a_format_error_naming_it(tmp_path) -> None:
+    flips = [lambda npz, npy, share=share: _flip(npz, int(npz.stat().st_size * share)) for share in (0.1, 0.3, 0.5, 0.7)]
+    for damage in [lambda npz, npy: _cut(npz, 0.6), lambda npz, npy: npz.write_bytes(b"not a zip"), *flips]:
+        error = _damaged(tmp_path, damage)
+        assert error.path == tmp_path / "g.npz" and "cannot read pruned graph" in error.problem
+
+
+def test_a_missing_truncated_corrupt_or_foreign_configs_file_is_a_format_error_naming_it(tmp_path) -> None:
+    other, _ = prune_layout_graph(random_layout_graph(np.random.default_rng(5), configs=7), 1, "khop")
+    save_pruned(tmp_path / "other.npz", other)
+    cases = {
+        "cannot read pruned configs": [lambda npz, npy: npy.unlink(), lambda npz, npy: _cut(npy, 0.9),
+                                       lambda npz, npy: npy.write_bytes(b"\x93NUMPY garbage"),
+                                       lambda npz, npy: _flip(npy, 40)],  # inside the header's dict
+        "do not match their CRC-32": [lambda npz, npy: _flip(npy, npy.stat().st_size - 5)],  # one config value
+        "expected int8": [lambda npz, npy: npy.write_bytes((tmp_path / "other.configs.npy").read_bytes())],
+    }
+    for problem, damages in cases.items():
+        for damage in damages:
+            error = _damaged(tmp_path, damage)
+            assert error.path == tmp_path / "g.configs.npy" and problem in error.problem, error
 
 
 def test_hash_collisions_fall_back_to_exact_grouping(monkeypatch) -> None:
@@ -192,3 +255,30 @@ def test_chunked_hashing_and_checks_agree(monkeypatch) -> None:
     np.testing.assert_array_equal(values, expected[1])
     np.testing.assert_array_equal(values, rows)  # the minimum of each group is its first row's index
     assert len({configs[i].tobytes() for i in range(200)}) == rows.size
+
+
+def test_configs_that_compress_well_are_stored_with_zstd_and_read_back_the_same(tmp_path) -> None:
+    graph = random_layout_graph(np.random.default_rng(6), n=30, configs=500)
+    graph.node_config_feat[:] = -1  # mostly "the compiler chooses", as in default-search files
+    graph.node_config_feat[::50, 0, :2] = (0, 1)
+    pruned, _ = prune_layout_graph(graph, 1, "khop")
+    assert configs_storage(pruned.config_feat) == "zst"
+    save_pruned(tmp_path / "g.npz", pruned)
+    assert configs_path(tmp_path / "g.npz", "zst").is_file() and not configs_path(tmp_path / "g.npz").exists()
+    back = load_pruned(tmp_path / "g.npz")
+    np.testing.assert_array_equal(back.config_feat, pruned.config_feat)
+    assert back.config_feat.dtype == np.int8 and not back.config_feat.flags.writeable
+
+    zst = configs_path(tmp_path / "g.npz", "zst")
+    good = zst.read_bytes()
+    for damaged in (good[: len(good) // 2], good[:-1], b"garbage", good[:20] + bytes([good[20] ^ 0x40]) + good[21:],
+                    good[:-3] + bytes([good[-3] ^ 0x01]) + good[-2:]):
+        zst.write_bytes(damaged)
+        with pytest.raises(FormatError) as raised:
+            load_pruned(tmp_path / "g.npz")
+        assert raised.value.path == zst and "pruned configs" in raised.value.problem
+
+
+def test_random_configs_stay_plain() -> None:
+    configs = np.random.default_rng(0).integers(-1, 6, (300, 20, 18)).astype(np.int8)
+    assert configs_storage(configs) == "npy" and configs_storage(configs[:0]) == "npy"
