@@ -283,24 +283,26 @@ def configs_path(path: Path | str, storage: str = "npy") -> Path:
     return path.with_name(path.stem + CONFIGS_SUFFIX[storage])
 
 
-def configs_storage(configs: np.ndarray) -> str:
-    """``"zst"`` when the first ZSTD_PROBE_BYTES of the (C-contiguous) configs shrink at least
-    ZSTD_MIN_RATIO times with zstd level 1, else ``"npy"``."""
+def configs_storage(configs: np.ndarray, compress: str = "auto") -> str:
+    """``"zst"`` when ``compress`` is ``"always"``, or (``"auto"``) when the first ZSTD_PROBE_BYTES of the
+    (C-contiguous) configs shrink at least ZSTD_MIN_RATIO times with zstd level 1; else ``"npy"``."""
+    if compress == "always":
+        return "zst"
     probe = memoryview(configs).cast("B")[:ZSTD_PROBE_BYTES] if configs.size else b""
     if not probe:
         return "npy"
     return "zst" if len(zstandard.ZstdCompressor(level=1).compress(probe)) * ZSTD_MIN_RATIO <= len(probe) else "npy"
 
 
-def save_pruned(path: Path | str, graph: PrunedGraph) -> None:
+def save_pruned(path: Path | str, graph: PrunedGraph, compress: str = "auto") -> None:
     """Write a pruned graph: ``path`` (an npz that ``np.load`` reads) and its configs (:func:`configs_path`,
-    stored as :func:`configs_storage` decides).
+    stored as :func:`configs_storage` decides for ``compress``, ``prune.compress_configs``).
 
     Not atomic by itself: stages write into a temporary folder that is renamed into place.
     """
     path = Path(path)
     configs = np.ascontiguousarray(graph.config_feat)
-    storage = configs_storage(configs)
+    storage = configs_storage(configs, compress)
     with open(configs_path(path, storage), "wb") as stream:
         if storage == "npy":
             np.lib.format.write_array(stream, configs, allow_pickle=False)
@@ -403,7 +405,8 @@ def prune_config(config: PipelineConfig, collection: Collection) -> dict[str, An
     """What the prune stage of ``collection`` depends on (tile graphs ignore the pruning knobs)."""
     # on_bad_file is keyed: an output that skipped files must never be reused by a run that asks for errors
     if collection.is_tile:
-        return {"collection": collection.name, "dedup": config.prune.dedup, "on_bad_file": config.data.on_bad_file}
+        return {"collection": collection.name, "dedup": config.prune.dedup,
+                "compress_configs": config.prune.compress_configs, "on_bad_file": config.data.on_bad_file}
     return {"collection": collection.name, **asdict(config.prune), "on_bad_file": config.data.on_bad_file}
 
 
@@ -435,7 +438,7 @@ def _prune_to(folder: Path, ref: GraphRef,
         pruned, row = prune_one(ref, config)
     except FormatError as exc:
         return None, (str(exc.path), exc.problem)
-    save_pruned(pruned_path(folder, ref.split, ref.stem), pruned)
+    save_pruned(pruned_path(folder, ref.split, ref.stem), pruned, config.prune.compress_configs)
     return row, None
 
 

@@ -16,6 +16,7 @@ from pipelines.prune import (
     deduplicate_graph,
     load_file_target,
     load_pruned,
+    prune_config,
     prune_layout_graph,
     sample_configs,
     save_pruned,
@@ -282,3 +283,23 @@ def test_configs_that_compress_well_are_stored_with_zstd_and_read_back_the_same(
 def test_random_configs_stay_plain() -> None:
     configs = np.random.default_rng(0).integers(-1, 6, (300, 20, 18)).astype(np.int8)
     assert configs_storage(configs) == "npy" and configs_storage(configs[:0]) == "npy"
+
+
+def test_compress_configs_always_stores_random_configs_with_zstd_and_reads_them_back(tmp_path) -> None:
+    configs = np.random.default_rng(0).integers(-1, 6, (300, 20, 18)).astype(np.int8)
+    assert configs_storage(configs, "always") == "zst"
+    pruned, _ = prune_layout_graph(random_layout_graph(np.random.default_rng(7), n=30, configs=400), 1, "khop")
+    save_pruned(tmp_path / "g.npz", pruned, "always")
+    assert configs_path(tmp_path / "g.npz", "zst").is_file() and not configs_path(tmp_path / "g.npz").exists()
+    np.testing.assert_array_equal(load_pruned(tmp_path / "g.npz").config_feat, pruned.config_feat)
+
+
+def test_compress_configs_is_part_of_the_prune_key() -> None:
+    from pipelines.collections import parse_collection
+    from pipelines.config import load_config
+
+    for name in ("tile:xla", "layout:xla:random"):
+        collection = parse_collection(name)
+        auto = prune_config(load_config(None), collection)
+        always = prune_config(load_config(None, ["prune.compress_configs=\"always\""]), collection)
+        assert auto != always and always["compress_configs"] == "always"  # two storages, two stage keys
