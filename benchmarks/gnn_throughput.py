@@ -19,7 +19,9 @@ Each figure comes from a fresh process, so its peak RSS is its own:
 
 On a GPU the graph is copied to the device once (as ``trainer.DeviceBatches`` does in a fit) and
 the clock stops after ``torch.cuda.synchronize()``; ``H2D KB/step`` is what a training step copies
-to the device (the K sampled configs), ``peak device MB`` is ``torch.cuda.max_memory_allocated``.
+to the device (the bytes of the tensors of the K sampled configs' ``ConfigBatch``, which
+``.to(device)`` moves), ``H2D KB/graph`` what the graph's ``GraphBatch`` copies once per fit (both
+printed on CPU too, where the copies are no-ops), ``peak device MB`` is ``torch.cuda.max_memory_allocated``.
 """
 
 from __future__ import annotations
@@ -36,12 +38,22 @@ from dataclasses import replace
 import numpy as np
 import torch
 from pipelines.config import load_config, resolve_for_collection
-from pipelines.models.gnn.batch import gather_configs, prepare_graph
+from pipelines.models.gnn.batch import collate, gather_configs, prepare_graph
 from pipelines.models.gnn.device import resolve_device
 from pipelines.models.gnn.losses import make_loss
 from pipelines.models.gnn.model import GNNModel
 from pipelines.models.gnn.trainer import DeviceBatches, configs_per_chunk, sample_configs, score_graph, train_step
 from pipelines.node_arrays import GraphArrays, load_graph_arrays
+
+def tensor_bytes(obj):
+    """Bytes of every tensor of a batch dataclass (also inside lists and nested dataclasses)."""
+    def size(value):
+        if isinstance(value, torch.Tensor):
+            return value.nbytes
+        if isinstance(value, list):
+            return sum(size(v) for v in value)
+        return tensor_bytes(value) if hasattr(value, "__dataclass_fields__") else 0
+    return sum(size(getattr(obj, name)) for name in obj.__dataclass_fields__)
 
 def union(graph, copies):
     if copies == 1:
@@ -84,9 +96,10 @@ if {mode!r} == "train":
     torch.stack(losses).tolist()  # what the trainer reads back, once per epoch
     sync()
     seconds = time.perf_counter() - started
-    sample = gather_configs([prepared], [sample_configs(rng, graph.num_configs, cfg.configs_per_graph)], cfg.config_pairs)
-    h2d = sum(t.nbytes for t in vars(sample).values() if isinstance(t, torch.Tensor))
-    result.update(seconds=seconds, configs_per_s=cfg.configs_per_graph * {steps} / seconds, h2d_kb=h2d / 1024)
+    # what ``.to(device)`` moves: a step's K sampled configs, and the graph batch once per fit
+    sample = gather_configs([prepared], [sample_configs(rng, graph.num_configs, cfg.configs_per_graph)])
+    result.update(seconds=seconds, configs_per_s=cfg.configs_per_graph * {steps} / seconds,
+                  h2d_kb=tensor_bytes(sample) / 1024, graph_h2d_kb=tensor_bytes(collate([prepared])) / 1024)
 else:
     idx = np.arange({eval_configs}) % graph.num_configs
     score_graph(model, prepared, cfg, idx[:configs_per_chunk(cfg, prepared)])  # warm-up: one chunk (CUDA kernels, allocator)
@@ -128,17 +141,19 @@ def measure_throughput(work: Path, *, copies: Sequence[int] = (1, 2), steps: int
                                              steps=steps, eval_configs=eval_configs, device=device,
                                              precision=precision), nice=nice)
                     rows.append([r["device"], precision, mode, count, r["nodes"], r["config_nodes"], r["rows"],
-                                 r["seconds"], r["configs_per_s"], r.get("h2d_kb", "-"), r["peak_rss_mb"],
+                                 r["seconds"], r["configs_per_s"], r.get("h2d_kb", "-"), r.get("graph_h2d_kb", "-"),
+                                 r["peak_rss_mb"],
                                  r["peak_device_mb"] or "-"])
                     log(f"  {r['device']:<6} {precision} {mode:<7} x{count}: {r['nodes']} nodes, "
                         f"{r['config_nodes']} configurable, {r['configs_per_s']:.1f} configs/s, "
+                        + (f"H2D {r['h2d_kb']:.0f} KB/step + {r['graph_h2d_kb']:.0f} KB/graph, " if "h2d_kb" in r else "") +
                         f"peak {r['peak_rss_mb']:.0f} MB RSS, {r['peak_device_mb']:.0f} MB device")
     return rows
 
 
 def table(rows: list[list]) -> list[str]:
     header = ["device", "precision", "mode", "copies", "nodes", "configurable nodes", "config-dependent rows",
-              "seconds", "configs/s", "H2D KB/step", "peak RSS MB", "peak device MB"]
+              "seconds", "configs/s", "H2D KB/step", "H2D KB/graph (once per fit)", "peak RSS MB", "peak device MB"]
     return markdown_table(header, rows)
 
 

@@ -10,6 +10,9 @@ Layout graphs also carry their *chain ends* (``GraphArrays.chain_*``): where the
 configurable nodes (or of one and a fixed-layout node) meet, directly or through elementwise chains.
 Per config, ``chain_layouts`` says what each end sees: the two layouts and whether they disagree (a
 copy) with the copy's (8, 128)-padded bytes; the model's config-pair term reads them (O(ends x K)).
+It runs in torch inside the model, on the model's device, from the configs of a step (``ConfigBatch``)
+and the ends' static arrays (``GraphBatch``, copied once per graph batch): nothing per end and config
+is built on the host or copied to the device.
 """
 
 from __future__ import annotations
@@ -20,7 +23,6 @@ import numpy as np
 import torch
 
 from pipelines.errors import FormatError
-from pipelines.layout_geometry import tile_padding
 from pipelines.node_arrays import NODE_FEATURE_DIM, GraphArrays, shape_and_layout
 from pipelines.tpugraphs import GraphSize
 
@@ -267,6 +269,13 @@ class GraphBatch:
     chain_src_row: torch.Tensor | None = None  # ... and its row among the configurable nodes (R0)
     chain_dst_at: torch.Tensor | None = None  # ends whose consumer is configurable ...
     chain_dst_row: torch.Tensor | None = None  # ... and its row
+    # what ``chain_layouts`` reads per end (small dtypes; it widens them where an op needs it):
+    chain_src: torch.Tensor | None = None  # int32 (E,) producer's row among the configurable nodes, -1 = fixed
+    chain_dst: torch.Tensor | None = None  # int32 (E,) consumer's row, -1 = fixed
+    chain_kernel: torch.Tensor | None = None  # bool (E,) the consumer's kernel block, else its input block
+    chain_src_layout: torch.Tensor | None = None  # int8 (E, 6) producer's layout where no config decides it
+    chain_dims: torch.Tensor | None = None  # int64 (E, 6) the tensor's shape
+    chain_bytes: torch.Tensor | None = None  # float64 (E,) its unpadded bytes
 
     def to(self, device: torch.device | str, non_blocking: bool = False) -> GraphBatch:
         """This batch with every tensor on ``device`` (once per graph batch, not per config chunk)."""
@@ -339,6 +348,12 @@ def collate(graphs: list[PreparedGraph]) -> GraphBatch:
         chain_src_row=torch.from_numpy(chain_src[chain_src >= 0]),
         chain_dst_at=torch.from_numpy(np.flatnonzero(chain_dst >= 0)),
         chain_dst_row=torch.from_numpy(chain_dst[chain_dst >= 0]),
+        chain_src=torch.from_numpy(chain_src.astype(np.int32)),
+        chain_dst=torch.from_numpy(chain_dst.astype(np.int32)),
+        chain_kernel=_cat([g.chain_kernel for g in graphs], torch.bool),
+        chain_src_layout=_cat([g.chain_src_layout for g in graphs], torch.int8).reshape(-1, 6),
+        chain_dims=_cat([g.chain_dims for g in graphs], torch.long).reshape(-1, 6),
+        chain_bytes=_cat([g.chain_bytes for g in graphs], torch.float64),
     )
 
 
@@ -368,17 +383,15 @@ class ConfigBatch:
     target: torch.Tensor  # float64 (B, K)
     inverse: torch.Tensor | None = None  # layout: long (R0, K) row of ``values`` of each node and config
     physics: torch.Tensor | None = None  # layout: float (R0, K, PHYSICS_DIM), see ``layout_physics``
-    chain_ids: torch.Tensor | None = None  # layout with chains: long (E, K, 12) both layouts at each end, ids 0..6
-    chain_feat: torch.Tensor | None = None  # ... float (E, K, CHAIN_DIM), see ``chain_layouts``
 
     def to(self, device: torch.device | str, non_blocking: bool = False) -> ConfigBatch:
-        """This batch on ``device``: the only host-to-device copy of a training step (K sampled configs)."""
+        """This batch on ``device``: the only host-to-device copy of a training step (K sampled configs;
+        what the chain ends see is computed from them on the device, see ``chain_layouts``)."""
         return _to_device(self, torch.device(device), non_blocking)
 
 
-def gather_configs(graphs: list[PreparedGraph], indices: list[np.ndarray], chains: bool = False) -> ConfigBatch:
-    """Configs ``indices[i]`` of graph i, padded to a common K by repeating the first one (masked);
-    ``chains``: also what each chain end sees under each config (``chain_layouts``)."""
+def gather_configs(graphs: list[PreparedGraph], indices: list[np.ndarray]) -> ConfigBatch:
+    """Configs ``indices[i]`` of graph i, padded to a common K by repeating the first one (masked)."""
     k = max(idx.shape[0] for idx in indices)
     mask = np.zeros((len(graphs), k), bool)
     padded = []
@@ -393,17 +406,8 @@ def gather_configs(graphs: list[PreparedGraph], indices: list[np.ndarray], chain
         blocks, inverse = distinct_blocks(node_values)
         physics = layout_physics(node_values, np.concatenate([g.config_shapes for g in graphs]),
                                  np.concatenate([g.config_layouts for g in graphs]))
-        extra = {}
-        if chains:
-            ids, feat = chain_layouts(
-                node_values, *_chain_rows(graphs),
-                np.concatenate([g.chain_kernel for g in graphs]),
-                np.concatenate([g.chain_src_layout for g in graphs]),
-                np.concatenate([g.chain_dims for g in graphs]),
-                np.concatenate([g.chain_bytes for g in graphs]))
-            extra = {"chain_ids": torch.from_numpy(ids), "chain_feat": torch.from_numpy(feat)}
         return ConfigBatch(values=torch.from_numpy(blocks), mask=torch.from_numpy(mask), target=target,
-                           inverse=torch.from_numpy(inverse), physics=torch.from_numpy(physics), **extra)
+                           inverse=torch.from_numpy(inverse), physics=torch.from_numpy(physics))
     raw = np.stack([g.config_feat[p] for g, p in zip(graphs, padded)]).astype(np.float32)
     values = torch.from_numpy(np.sign(raw) * np.log1p(np.abs(raw)))
     return ConfigBatch(values=values, mask=torch.from_numpy(mask), target=target)
@@ -421,38 +425,54 @@ def distinct_blocks(config_values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return blocks, inverse.reshape(ids.shape[:-1])
 
 
-def chain_layouts(values: np.ndarray, src: np.ndarray, dst: np.ndarray, kernel: np.ndarray,
-                  src_layout: np.ndarray, dims: np.ndarray, nbytes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """What each chain end (E of them) sees under each config, from the node-major layout values (R, K, 18).
+def _tile_padding(dims: torch.Tensor, layouts: torch.Tensor) -> torch.Tensor:
+    """float64 (E, K): ``layout_geometry.tile_padding`` of each end's tensor (``dims`` float64 (E, 6)) under
+    the layouts (E, K, 6) of each config, in torch (the GBDT's numpy version; the same float64 steps)."""
+    def size(slot: torch.Tensor) -> torch.Tensor:
+        return torch.where(slot >= 0, dims.gather(1, slot.clamp(min=0)), 1.0).clamp(min=1.0)
 
-    The producer's layout is its output block, or ``src_layout`` where the block is all -1 or the
-    producer is fixed (``src`` -1). The consumer wants its input (or kernel) block; an all -1 block
-    lets the compiler take the operand's layout (no copy); a fixed consumer (``dst`` -1) keeps the
-    producer's default. A copy where they disagree reads and writes the tensor in (8, 128) tiles, as
-    the GBDT's chain features count it (``features._chain_copies``). Returns long (E, K, 12) ids
-    0..6 of the producer's and the consumer's layout, and float32 (E, K, CHAIN_DIM) features.
+    minor_slot, second_slot = layouts[..., 0], layouts[..., 1]
+    minor, second = size(minor_slot), size(second_slot)
+    padded = torch.ceil(minor / TPU_TILE[0]) * TPU_TILE[0] / minor
+    return padded * torch.where(second_slot >= 0, torch.ceil(second / TPU_TILE[1]) * TPU_TILE[1] / second, 1.0)
+
+
+def chain_layouts(values: torch.Tensor, inverse: torch.Tensor, src: torch.Tensor, dst: torch.Tensor,
+                  kernel: torch.Tensor, src_layout: torch.Tensor, dims: torch.Tensor,
+                  nbytes: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """What each chain end (E of them) sees under each of K configs, on the device of the inputs.
+
+    ``values`` (U, 18) layout ids 0..6 and ``inverse`` (R, K) are a ``ConfigBatch``'s distinct blocks
+    and each (configurable node, config)'s block; the ends are ``GraphBatch.chain_*`` (``src``/``dst``
+    rows among the R configurable nodes, -1 = a fixed-layout end). The producer's layout is its output
+    block, or ``src_layout`` where the block is all -1 or the producer is fixed. The consumer wants its
+    input (or kernel) block; an all -1 block lets the compiler take the operand's layout (no copy); a
+    fixed consumer keeps the producer's default. A copy where they disagree reads and writes the tensor
+    in (8, 128) tiles, as the GBDT's chain features count it (``features._chain_copies``). Returns long
+    (E, K, 12) ids 0..6 of the producer's and the consumer's layout, and float32 (E, K, CHAIN_DIM)
+    features (float64 arithmetic, as the GBDT's, before the cast).
     """
-    e, k = src.shape[0], values.shape[1]
-    if e == 0:
-        return np.zeros((0, k, 12), np.int64), np.zeros((0, k, CHAIN_DIM), np.float32)
+    e, k = src.shape[0], inverse.shape[1]
+    layouts = values.long() - LAYOUT_VALUE_OFFSET  # (U, 18) values -1..5
     fixed_src, fixed_dst = src < 0, dst < 0
-    default = np.broadcast_to(src_layout[:, None, :].astype(np.int64), (e, k, 6))
-    out = values[np.maximum(src, 0), :, 0:6].astype(np.int64)
+    default = src_layout.long()[:, None, :].expand(e, k, 6)
+    at_src = inverse.index_select(0, src.clamp(min=0).long())  # (E, K) block of the producer per config
+    at_dst = inverse.index_select(0, dst.clamp(min=0).long())
+    out = layouts[:, 0:6][at_src]  # (E, K, 6)
     src_chosen = ~fixed_src[:, None] & (out[..., 0] >= 0)
-    produced = np.where(src_chosen[..., None], out, default)
-    block = values[np.maximum(dst, 0)].astype(np.int64)
-    block = np.where(kernel[:, None, None], block[..., 12:18], block[..., 6:12])
-    wanted = np.where(fixed_dst[:, None, None], default, block)
+    produced = torch.where(src_chosen[..., None], out, default)
+    block = torch.where(kernel[:, None, None], layouts[:, 12:18][at_dst], layouts[:, 6:12][at_dst])
+    wanted = torch.where(fixed_dst[:, None, None], default, block)
     explicit = fixed_dst[:, None] | (wanted[..., 0] >= 0)
     differ = explicit & (produced != wanted).any(-1)
     tiled = explicit & (produced[..., :2] != wanted[..., :2]).any(-1)
-    moved = (tile_padding(dims, produced.transpose(1, 0, 2)) + tile_padding(dims, wanted.transpose(1, 0, 2))).T
+    shape = dims.to(torch.float64)
+    moved = _tile_padding(shape, produced) + _tile_padding(shape, wanted)
+    nbytes = nbytes.to(torch.float64)
     copy_bytes = differ * moved * nbytes[:, None]
-    kind = np.stack([~fixed_src & ~fixed_dst, fixed_src, fixed_dst], axis=1).astype(np.float32)  # (E, 3)
-    feat = np.concatenate([
-        np.stack([differ, tiled, np.log1p(copy_bytes) / 10.0,
-                  np.broadcast_to(np.log1p(nbytes)[:, None] / 10.0, (e, k)), explicit, src_chosen], axis=-1),
-        np.broadcast_to(kind[:, None, :], (e, k, 3)),
-    ], axis=-1).astype(np.float32)
-    ids = np.concatenate([produced, wanted], axis=-1) + LAYOUT_VALUE_OFFSET
-    return ids, feat
+    kind = torch.stack([~fixed_src & ~fixed_dst, fixed_src, fixed_dst], dim=1)  # (E, 3)
+    per_config = torch.stack([differ, tiled, torch.log1p(copy_bytes) / 10.0,
+                              (torch.log1p(nbytes) / 10.0)[:, None].expand(e, k), explicit, src_chosen], dim=-1)
+    feat = torch.cat([per_config.to(torch.float64), kind[:, None, :].expand(e, k, 3).to(torch.float64)], dim=-1)
+    ids = torch.cat([produced, wanted], dim=-1) + LAYOUT_VALUE_OFFSET
+    return ids, feat.to(torch.float32)

@@ -45,7 +45,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from pipelines.models.gnn.batch import CHAIN_DIM, LAYOUT_NUM_VALUES, PHYSICS_DIM, ConfigBatch, GraphBatch, Level
+from pipelines.models.gnn.batch import (CHAIN_DIM, LAYOUT_NUM_VALUES, PHYSICS_DIM, ConfigBatch, GraphBatch, Level,
+                                         chain_layouts)
 from pipelines.models.gnn_config import GNNConfig
 
 NUM_OPCODES = 121  # opcode ids 0..120
@@ -279,12 +280,10 @@ class GNNModel(nn.Module):
         if not self.chains:
             return x, None
         batch = ctx.batch
-        if configs.chain_ids is None:  # nothing to gather for graphs without chain ends (tests' hand-made graphs)
-            if batch.chain_graph.numel():
-                raise ValueError("config_pairs is on: gather the configs with chains=True")
-            return x, x.new_zeros((batch.num_graphs, x.shape[1], x.shape[2]))
-        e = self.value_embed(configs.chain_ids) + self.chain_slot_embed  # (E, K, 12, dv)
-        msg = self.chain_mlp(torch.cat([e.flatten(-2), configs.chain_feat.to(e.dtype)], dim=-1))  # (E, K, H)
+        ids, feat = chain_layouts(configs.values, configs.inverse, batch.chain_src, batch.chain_dst, batch.chain_kernel,
+                                  batch.chain_src_layout, batch.chain_dims, batch.chain_bytes)
+        e = self.value_embed(ids) + self.chain_slot_embed  # (E, K, 12, dv)
+        msg = self.chain_mlp(torch.cat([e.flatten(-2), feat.to(e.dtype)], dim=-1))  # (E, K, H)
         at_producer, at_consumer = self.chain_to_node(msg).chunk(2, dim=-1)
         x = x.index_add(0, batch.chain_src_row, at_producer.index_select(0, batch.chain_src_at).to(x.dtype))
         x = x.index_add(0, batch.chain_dst_row, at_consumer.index_select(0, batch.chain_dst_at).to(x.dtype))
