@@ -16,6 +16,7 @@ Each figure comes from a fresh process, so its peak RSS is its own:
   one warm-up step; configs/s = K x steps / seconds. Peak RSS includes the graph's arrays.
 * predict: every one of ``--eval-configs`` configs scored the way ``GNNRanker.predict`` does
   (encode once, chunks sized by ``eval_chunk`` / ``eval_chunk_mb``).
+``cpu s`` is the process's CPU time over the timed span (less inflated than wall time on a shared machine).
 
 On a GPU the graph is copied to the device once (as ``trainer.DeviceBatches`` does in a fit) and
 the clock stops after ``torch.cuda.synchronize()``; ``H2D KB/step`` is what a training step copies
@@ -91,24 +92,25 @@ if {mode!r} == "train":
                           batch=batches.get([prepared], 0), precision=cfg.precision)
     step()
     sync()
-    started = time.perf_counter()
+    started, cpu_started = time.perf_counter(), time.process_time()
     losses = [step() for _ in range({steps})]
     torch.stack(losses).tolist()  # what the trainer reads back, once per epoch
     sync()
-    seconds = time.perf_counter() - started
+    seconds, cpu_seconds = time.perf_counter() - started, time.process_time() - cpu_started
     # what ``.to(device)`` moves: a step's K sampled configs, and the graph batch once per fit
     sample = gather_configs([prepared], [sample_configs(rng, graph.num_configs, cfg.configs_per_graph)])
-    result.update(seconds=seconds, configs_per_s=cfg.configs_per_graph * {steps} / seconds,
+    result.update(seconds=seconds, cpu_seconds=cpu_seconds, configs_per_s=cfg.configs_per_graph * {steps} / seconds,
                   h2d_kb=tensor_bytes(sample) / 1024, graph_h2d_kb=tensor_bytes(collate([prepared])) / 1024)
 else:
     idx = np.arange({eval_configs}) % graph.num_configs
     score_graph(model, prepared, cfg, idx[:configs_per_chunk(cfg, prepared)])  # warm-up: one chunk (CUDA kernels, allocator)
     sync()
-    started = time.perf_counter()
+    started, cpu_started = time.perf_counter(), time.process_time()
     score_graph(model, prepared, cfg, idx)
     sync()
-    seconds = time.perf_counter() - started
-    result.update(seconds=seconds, configs_per_s={eval_configs} / seconds, chunk=configs_per_chunk(cfg, prepared))
+    seconds, cpu_seconds = time.perf_counter() - started, time.process_time() - cpu_started
+    result.update(seconds=seconds, cpu_seconds=cpu_seconds, configs_per_s={eval_configs} / seconds,
+                  chunk=configs_per_chunk(cfg, prepared))
 result["peak_device_mb"] = torch.cuda.max_memory_allocated(device) / 2**20 if cuda else 0.0
 """
 
@@ -141,19 +143,21 @@ def measure_throughput(work: Path, *, copies: Sequence[int] = (1, 2), steps: int
                                              steps=steps, eval_configs=eval_configs, device=device,
                                              precision=precision), nice=nice)
                     rows.append([r["device"], precision, mode, count, r["nodes"], r["config_nodes"], r["rows"],
-                                 r["seconds"], r["configs_per_s"], r.get("h2d_kb", "-"), r.get("graph_h2d_kb", "-"),
-                                 r["peak_rss_mb"],
+                                 r["seconds"], r["cpu_seconds"], r["configs_per_s"], r.get("h2d_kb", "-"),
+                                 r.get("graph_h2d_kb", "-"), r["peak_rss_mb"],
                                  r["peak_device_mb"] or "-"])
                     log(f"  {r['device']:<6} {precision} {mode:<7} x{count}: {r['nodes']} nodes, "
                         f"{r['config_nodes']} configurable, {r['configs_per_s']:.1f} configs/s, "
-                        + (f"H2D {r['h2d_kb']:.0f} KB/step + {r['graph_h2d_kb']:.0f} KB/graph, " if "h2d_kb" in r else "") +
+                        + (f"H2D {r['h2d_kb']:.0f} KB/step + {r['graph_h2d_kb']:.0f} KB/graph, "
+                           if "h2d_kb" in r else "") +
                         f"peak {r['peak_rss_mb']:.0f} MB RSS, {r['peak_device_mb']:.0f} MB device")
     return rows
 
 
 def table(rows: list[list]) -> list[str]:
     header = ["device", "precision", "mode", "copies", "nodes", "configurable nodes", "config-dependent rows",
-              "seconds", "configs/s", "H2D KB/step", "H2D KB/graph (once per fit)", "peak RSS MB", "peak device MB"]
+              "seconds", "cpu s (process)", "configs/s", "H2D KB/step", "H2D KB/graph (once per fit)", "peak RSS MB",
+              "peak device MB"]
     return markdown_table(header, rows)
 
 

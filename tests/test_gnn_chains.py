@@ -33,9 +33,10 @@ def test_chain_ends_and_what_they_see_match_the_gbdt_chain_features():
     ends = sorted(zip(arrays.chain_src.tolist(), arrays.chain_dst.tolist()))
     assert ends == [(-1, 0), (0, 1), (1, -1)]
     blocks, inverse = distinct_blocks(node_major(arrays.config_feat))  # as a ConfigBatch carries the configs
-    ids, feat = (t.numpy() for t in chain_layouts(
-        *(torch.from_numpy(a) for a in (blocks, inverse, arrays.chain_src, arrays.chain_dst, arrays.chain_kernel,
-                                        arrays.chain_src_layout, arrays.chain_dims, arrays.chain_bytes))))
+    seen = chain_layouts(*(torch.from_numpy(a) for a in (blocks, inverse, arrays.chain_src, arrays.chain_dst,
+                                                         arrays.chain_kernel, arrays.chain_src_layout,
+                                                         arrays.chain_dims, arrays.chain_bytes)))
+    ids, feat = seen.ids().numpy(), seen.feat.numpy()
     assert ids.shape == (3, 3, 12) and feat.shape == (3, 3, CHAIN_DIM) and ids.min() >= 0 and ids.max() <= 6
     gbdt = layout_config_features(graph, value_frequency=False)
     pair, fixed_in, fixed_out = (arrays.chain_src >= 0) & (arrays.chain_dst >= 0), arrays.chain_src < 0, arrays.chain_dst < 0
@@ -127,9 +128,9 @@ def test_fused_equals_unfused_and_batched_equals_single_with_pairs():
               for g in (chain_graph(), distant_pair_graph())]
     batch = collate(graphs)
     configs = gather_configs(graphs, [np.arange(3), np.arange(3)])
-    ids, feat = chain_layouts(configs.values, configs.inverse, batch.chain_src, batch.chain_dst, batch.chain_kernel,
-                              batch.chain_src_layout, batch.chain_dims, batch.chain_bytes)
-    assert ids.shape == (4, 3, 12) and feat.shape == (4, 3, CHAIN_DIM)
+    seen = chain_layouts(configs.values, configs.inverse, batch.chain_src, batch.chain_dst, batch.chain_kernel,
+                         batch.chain_src_layout, batch.chain_dims, batch.chain_bytes)
+    assert seen.ids().shape == (4, 3, 12) and seen.feat.shape == (4, 3, CHAIN_DIM)
     assert batch.chain_graph.tolist() == [0, 0, 0, 1]
     with torch.no_grad():
         ctx = model.encode(batch)

@@ -276,6 +276,7 @@ class GraphBatch:
     chain_src_layout: torch.Tensor | None = None  # int8 (E, 6) producer's layout where no config decides it
     chain_dims: torch.Tensor | None = None  # int64 (E, 6) the tensor's shape
     chain_bytes: torch.Tensor | None = None  # float64 (E,) its unpadded bytes
+    num_chain_ends: torch.Tensor | None = None  # (B,) float
 
     def to(self, device: torch.device | str, non_blocking: bool = False) -> GraphBatch:
         """This batch with every tensor on ``device`` (once per graph batch, not per config chunk)."""
@@ -354,6 +355,7 @@ def collate(graphs: list[PreparedGraph]) -> GraphBatch:
         chain_src_layout=_cat([g.chain_src_layout for g in graphs], torch.int8).reshape(-1, 6),
         chain_dims=_cat([g.chain_dims for g in graphs], torch.long).reshape(-1, 6),
         chain_bytes=_cat([g.chain_bytes for g in graphs], torch.float64),
+        num_chain_ends=torch.tensor([g.chain_src.shape[0] for g in graphs], dtype=torch.float32),
     )
 
 
@@ -437,9 +439,25 @@ def _tile_padding(dims: torch.Tensor, layouts: torch.Tensor) -> torch.Tensor:
     return padded * torch.where(second_slot >= 0, torch.ceil(second / TPU_TILE[1]) * TPU_TILE[1] / second, 1.0)
 
 
+@dataclass
+class ChainLayouts:
+    """What the E chain ends see under K configs (``chain_layouts``). Layouts are rows of ``table``, the
+    distinct 6-value layouts a step can hold: every distinct config block's output, input and kernel
+    part and every end's default, so the model embeds each of them once, not once per end and config."""
+
+    table: torch.Tensor  # long (3U + E, 6) ids 0..6: output parts, input parts, kernel parts, the ends' defaults
+    produced: torch.Tensor  # long (E, K) row of ``table`` of the producer's layout
+    wanted: torch.Tensor  # long (E, K) row of ``table`` of the layout the consumer wants
+    feat: torch.Tensor  # float32 (E, K, CHAIN_DIM)
+
+    def ids(self) -> torch.Tensor:
+        """long (E, K, 12): the producer's and the consumer's layout, ids 0..6."""
+        return torch.cat([self.table[self.produced], self.table[self.wanted]], dim=-1)
+
+
 def chain_layouts(values: torch.Tensor, inverse: torch.Tensor, src: torch.Tensor, dst: torch.Tensor,
                   kernel: torch.Tensor, src_layout: torch.Tensor, dims: torch.Tensor,
-                  nbytes: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+                  nbytes: torch.Tensor) -> ChainLayouts:
     """What each chain end (E of them) sees under each of K configs, on the device of the inputs.
 
     ``values`` (U, 18) layout ids 0..6 and ``inverse`` (R, K) are a ``ConfigBatch``'s distinct blocks
@@ -448,31 +466,32 @@ def chain_layouts(values: torch.Tensor, inverse: torch.Tensor, src: torch.Tensor
     block, or ``src_layout`` where the block is all -1 or the producer is fixed. The consumer wants its
     input (or kernel) block; an all -1 block lets the compiler take the operand's layout (no copy); a
     fixed consumer keeps the producer's default. A copy where they disagree reads and writes the tensor
-    in (8, 128) tiles, as the GBDT's chain features count it (``features._chain_copies``). Returns long
-    (E, K, 12) ids 0..6 of the producer's and the consumer's layout, and float32 (E, K, CHAIN_DIM)
-    features (float64 arithmetic, as the GBDT's, before the cast).
+    in (8, 128) tiles, as the GBDT's chain features count it (``features._chain_copies``); the features
+    are computed in float64, as the GBDT's, and cast to float32.
     """
-    e, k = src.shape[0], inverse.shape[1]
-    layouts = values.long() - LAYOUT_VALUE_OFFSET  # (U, 18) values -1..5
+    e, k, u = src.shape[0], inverse.shape[1], values.shape[0]
+    ids = values.long()
+    table = torch.cat([ids[:, 0:6], ids[:, 6:12], ids[:, 12:18], src_layout.long() + LAYOUT_VALUE_OFFSET])
+    layouts = table - LAYOUT_VALUE_OFFSET  # values -1..5
     fixed_src, fixed_dst = src < 0, dst < 0
-    default = src_layout.long()[:, None, :].expand(e, k, 6)
+    own_default = (3 * u + torch.arange(e, device=src.device))[:, None]  # (E, 1) row of each end's default
     at_src = inverse.index_select(0, src.clamp(min=0).long())  # (E, K) block of the producer per config
     at_dst = inverse.index_select(0, dst.clamp(min=0).long())
-    out = layouts[:, 0:6][at_src]  # (E, K, 6)
-    src_chosen = ~fixed_src[:, None] & (out[..., 0] >= 0)
-    produced = torch.where(src_chosen[..., None], out, default)
-    block = torch.where(kernel[:, None, None], layouts[:, 12:18][at_dst], layouts[:, 6:12][at_dst])
-    wanted = torch.where(fixed_dst[:, None, None], default, block)
-    explicit = fixed_dst[:, None] | (wanted[..., 0] >= 0)
-    differ = explicit & (produced != wanted).any(-1)
-    tiled = explicit & (produced[..., :2] != wanted[..., :2]).any(-1)
+    src_chosen = ~fixed_src[:, None] & (layouts[at_src, 0] >= 0)
+    produced = torch.where(src_chosen, at_src, own_default)
+    wanted = torch.where(fixed_dst[:, None], own_default, at_dst + torch.where(kernel, 2 * u, u)[:, None])
+    produced_layout, wanted_layout = layouts[produced], layouts[wanted]  # (E, K, 6)
+    explicit = fixed_dst[:, None] | (wanted_layout[..., 0] >= 0)
+    differ = explicit & (produced_layout != wanted_layout).any(-1)
+    tiled = explicit & (produced_layout[..., :2] != wanted_layout[..., :2]).any(-1)
     shape = dims.to(torch.float64)
-    moved = _tile_padding(shape, produced) + _tile_padding(shape, wanted)
+    moved = _tile_padding(shape, produced_layout) + _tile_padding(shape, wanted_layout)
     nbytes = nbytes.to(torch.float64)
     copy_bytes = differ * moved * nbytes[:, None]
-    kind = torch.stack([~fixed_src & ~fixed_dst, fixed_src, fixed_dst], dim=1)  # (E, 3)
-    per_config = torch.stack([differ, tiled, torch.log1p(copy_bytes) / 10.0,
-                              (torch.log1p(nbytes) / 10.0)[:, None].expand(e, k), explicit, src_chosen], dim=-1)
-    feat = torch.cat([per_config.to(torch.float64), kind[:, None, :].expand(e, k, 3).to(torch.float64)], dim=-1)
-    ids = torch.cat([produced, wanted], dim=-1) + LAYOUT_VALUE_OFFSET
-    return ids, feat.to(torch.float32)
+    # float32 columns: 0/1 flags are exact, the logs are rounded once from float64 (as the GBDT's are)
+    per_end = torch.stack([(torch.log1p(nbytes) / 10.0).float(), (~fixed_src & ~fixed_dst).float(),
+                           fixed_src.float(), fixed_dst.float()], dim=1)[:, None, :].expand(e, k, 4)
+    feat = torch.cat([torch.stack([differ.float(), tiled.float(), (torch.log1p(copy_bytes) / 10.0).float()], dim=-1),
+                      per_end[..., :1], torch.stack([explicit.float(), src_chosen.float()], dim=-1), per_end[..., 1:]],
+                     dim=-1)
+    return ChainLayouts(table, produced, wanted, feat)
