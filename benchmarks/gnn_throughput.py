@@ -1,7 +1,7 @@
 """GNN throughput and peak memory on the largest pruned layout graph (base config, 2 threads).
 
 Usage: python -m benchmarks.gnn_throughput [--work DIR] [--copies 1,2] [--steps N] [--eval-configs N]
-                                           [--device cpu,cuda] [--precision fp32,bf16]
+                                           [--device cpu,cuda] [--precision fp32,bf16] [--set gnn.KEY=VALUE ...]
 
 On a GPU workstation: ``python -m benchmarks.gnn_throughput --device cpu,cuda --precision fp32,bf16``
 (or ``make bench-gpu``) compares the same machine's CPU with its GPU.
@@ -47,7 +47,7 @@ from pipelines.models.gnn.trainer import DeviceBatches, configs_per_chunk, sampl
 from pipelines.node_arrays import GraphArrays, load_graph_arrays
 
 def tensor_bytes(obj):
-    """Bytes of every tensor of a batch dataclass (also inside lists and nested dataclasses)."""
+    # bytes of every tensor of a batch dataclass (also inside lists and nested dataclasses)
     def size(value):
         if isinstance(value, torch.Tensor):
             return value.nbytes
@@ -69,7 +69,7 @@ def union(graph, copies):
         target=graph.target, config_index=graph.config_index)
 
 torch.set_num_threads(2)
-cfg = replace(resolve_for_collection(load_config(None, []).gnn, {collection!r}), device={device!r}, precision={precision!r})
+cfg = replace(resolve_for_collection(load_config(None, {overrides!r}).gnn, {collection!r}), device={device!r}, precision={precision!r})
 device = resolve_device(cfg.device)
 cuda = device.type == "cuda"
 def sync():
@@ -131,7 +131,7 @@ def largest_layout_graph(work: Path) -> tuple[Path, str]:
 
 def measure_throughput(work: Path, *, copies: Sequence[int] = (1, 2), steps: int = 5, eval_configs: int = 1000,
                        devices: Sequence[str] = ("cpu",), precisions: Sequence[str] = ("fp32",), nice: int = 0,
-                       log=print) -> list[list]:
+                       overrides: Sequence[str] = (), log=print) -> list[list]:
     path, collection = largest_layout_graph(work)
     log(f"GNN throughput on {path} ({collection})")
     rows = []
@@ -141,7 +141,7 @@ def measure_throughput(work: Path, *, copies: Sequence[int] = (1, 2), steps: int
                 for mode in ("train", "predict"):
                     r = measure(_BODY.format(collection=collection, path=str(path), copies=count, mode=mode,
                                              steps=steps, eval_configs=eval_configs, device=device,
-                                             precision=precision), nice=nice)
+                                             precision=precision, overrides=list(overrides)), nice=nice)
                     rows.append([r["device"], precision, mode, count, r["nodes"], r["config_nodes"], r["rows"],
                                  r["seconds"], r["cpu_seconds"], r["configs_per_s"], r.get("h2d_kb", "-"),
                                  r.get("graph_h2d_kb", "-"), r["peak_rss_mb"],
@@ -170,10 +170,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--nice", type=int, default=0)
     parser.add_argument("--device", default="cpu", help="comma-separated gnn.device values: cpu, cuda, auto")
     parser.add_argument("--precision", default="fp32", help="comma-separated gnn.precision values: fp32, bf16")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="K=V",
+                        help="config override, e.g. gnn.config_pairs=false (repeatable)")
     args = parser.parse_args(argv)
     rows = measure_throughput(args.work, copies=[int(c) for c in args.copies.split(",")], steps=args.steps,
                               eval_configs=args.eval_configs, devices=args.device.split(","),
-                              precisions=args.precision.split(","), nice=args.nice)
+                              precisions=args.precision.split(","), nice=args.nice, overrides=args.overrides)
     print("\n".join(table(rows)))
 
 
