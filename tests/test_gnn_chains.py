@@ -147,3 +147,33 @@ def test_ranker_with_pairs_fits_and_predicts():
                        collection="layout:xla:default").fit(graphs, seed=0)
     costs = ranker.predict(graphs)
     assert costs.shape == (6,) and np.isfinite(costs).all()
+
+
+@pytest.mark.parametrize("together", [False, True])
+def test_folded_pair_term_equals_the_plain_message_mlp(together):
+    """``inject`` splits the pair MLP's first layer per distinct layout and folds its last layer into the
+    node projection and the pooled sum; the result is the plain per-end-and-config MLP's, up to rounding."""
+    cfg = GNNConfig(config_pairs=True, **FAST)
+    torch.manual_seed(2)
+    model = GNNModel(cfg, NODE_FEATURE_DIM, "layout").eval()
+    graphs = [prepare_graph(make_graph_arrays(g, "layout:xla:default", "train"), cfg.config_layers)
+              for g in (chain_graph(), distant_pair_graph())]
+    for part in ([graphs] if together else [[g] for g in graphs]):
+        batch, configs = collate(part), gather_configs(part, [np.arange(3)] * len(part))
+        with torch.no_grad():
+            ctx = model.encode(batch)
+            states, pooled = model.inject(ctx, configs)
+            seen = chain_layouts(configs.values, configs.inverse, batch.chain_src, batch.chain_dst, batch.chain_kernel,
+                                 batch.chain_src_layout, batch.chain_dims, batch.chain_bytes)
+            embedded = model.value_embed(seen.ids()) + model.chain_slot_embed  # (E, K, 12, dv)
+            message = model.chain_mlp(torch.cat([embedded.flatten(-2), seen.feat], dim=-1))
+            to_producer, to_consumer = model.chain_to_node(message).chunk(2, dim=-1)
+            expected = ctx.config_states.unsqueeze(1) + model.embed_layout_configs(configs)
+            for ends, share in ((batch.chain_src, to_producer), (batch.chain_dst, to_consumer)):
+                at = ends >= 0
+                expected = expected.index_add(0, ends[at].long(), share[at])
+            expected_pooled = torch.zeros_like(pooled).index_add(0, batch.chain_graph, message)
+            expected_pooled = expected_pooled / batch.num_config_nodes[:, None, None]
+        torch.testing.assert_close(states, expected, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(pooled, expected_pooled, rtol=1e-5, atol=1e-5)
+        assert not torch.allclose(pooled[:, 0], pooled[:, 1])  # the configs differ at some end

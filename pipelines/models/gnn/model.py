@@ -22,7 +22,11 @@ Layout, per step (one or more graphs, K configs each):
    config, an MLP message over the embedded layouts of both sides and the copy they imply. The
    message is added to both endpoint nodes before the config layers (so a layout reaches the node
    it meets, however many hops apart) and summed per config into the pooled representation (a copy
-   costs time wherever it is). O(ends x K): ends are about twice the configurable nodes.
+   costs time wherever it is). O(ends x K): ends are about twice the configurable nodes. What each
+   end sees is computed on the model's device from the step's configs (``batch.chain_layouts``);
+   the MLP's first layer runs once per distinct layout and side, and its last layer is folded
+   into the projection to the nodes and the pooled sum (``inject``), so the per-end-and-config work
+   is a gather, a GELU and a sum per node.
 3. Pooling per config: mean and max over all nodes (nodes outside ``D_L`` contribute their shared
    state once) and mean over the configurable nodes; a linear layer, optionally a transformer
    encoder layer across the K configs of a graph ("cross-config attention"), and an MLP head give
