@@ -1,7 +1,8 @@
-"""GNN throughput and peak memory on the largest pruned layout graph (base config, 2 threads).
+"""GNN throughput and peak memory on the largest pruned layout graph (base config, 2 threads by default).
 
 Usage: python -m benchmarks.gnn_throughput [--work DIR] [--copies 1,2] [--steps N] [--eval-configs N]
                                            [--device cpu,cuda] [--precision fp32,bf16] [--set gnn.KEY=VALUE ...]
+                                           [--threads N]
 
 On a GPU workstation: ``python -m benchmarks.gnn_throughput --device cpu,cuda --precision fp32,bf16``
 (or ``make bench-gpu``) compares the same machine's CPU with its GPU.
@@ -16,7 +17,9 @@ Each figure comes from a fresh process, so its peak RSS is its own:
   one warm-up step; configs/s = K x steps / seconds. Peak RSS includes the graph's arrays.
 * predict: every one of ``--eval-configs`` configs scored the way ``GNNRanker.predict`` does
   (encode once, chunks sized by ``eval_chunk`` / ``eval_chunk_mb``).
-``cpu s`` is the process's CPU time over the timed span (less inflated than wall time on a shared machine).
+``cpu s`` is the process's CPU time over the timed span. On a shared machine, compare code versions with
+``--threads 1`` and ``cpu s``: with two threads a busy neighbour makes each OpenMP team wait (and spin)
+for its descheduled partner, which inflates wall *and* CPU time erratically.
 
 On a GPU the graph is copied to the device once (as ``trainer.DeviceBatches`` does in a fit) and
 the clock stops after ``torch.cuda.synchronize()``; ``H2D KB/step`` is what a training step copies
@@ -68,7 +71,7 @@ def union(graph, copies):
         config_feat=np.concatenate([graph.config_feat] * copies, axis=1),
         target=graph.target, config_index=graph.config_index)
 
-torch.set_num_threads(2)
+torch.set_num_threads({threads})
 cfg = replace(resolve_for_collection(load_config(None, {overrides!r}).gnn, {collection!r}), device={device!r}, precision={precision!r})
 device = resolve_device(cfg.device)
 cuda = device.type == "cuda"
@@ -131,7 +134,7 @@ def largest_layout_graph(work: Path) -> tuple[Path, str]:
 
 def measure_throughput(work: Path, *, copies: Sequence[int] = (1, 2), steps: int = 5, eval_configs: int = 1000,
                        devices: Sequence[str] = ("cpu",), precisions: Sequence[str] = ("fp32",), nice: int = 0,
-                       overrides: Sequence[str] = (), log=print) -> list[list]:
+                       overrides: Sequence[str] = (), threads: int = 2, log=print) -> list[list]:
     path, collection = largest_layout_graph(work)
     log(f"GNN throughput on {path} ({collection})")
     rows = []
@@ -141,7 +144,8 @@ def measure_throughput(work: Path, *, copies: Sequence[int] = (1, 2), steps: int
                 for mode in ("train", "predict"):
                     r = measure(_BODY.format(collection=collection, path=str(path), copies=count, mode=mode,
                                              steps=steps, eval_configs=eval_configs, device=device,
-                                             precision=precision, overrides=list(overrides)), nice=nice)
+                                             precision=precision, overrides=list(overrides), threads=threads),
+                                 nice=nice)
                     rows.append([r["device"], precision, mode, count, r["nodes"], r["config_nodes"], r["rows"],
                                  r["seconds"], r["cpu_seconds"], r["configs_per_s"], r.get("h2d_kb", "-"),
                                  r.get("graph_h2d_kb", "-"), r["peak_rss_mb"],
@@ -172,10 +176,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--precision", default="fp32", help="comma-separated gnn.precision values: fp32, bf16")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="K=V",
                         help="config override, e.g. gnn.config_pairs=false (repeatable)")
+    parser.add_argument("--threads", type=int, default=2, help="torch threads of the measured process")
     args = parser.parse_args(argv)
     rows = measure_throughput(args.work, copies=[int(c) for c in args.copies.split(",")], steps=args.steps,
                               eval_configs=args.eval_configs, devices=args.device.split(","),
-                              precisions=args.precision.split(","), nice=args.nice, overrides=args.overrides)
+                              precisions=args.precision.split(","), nice=args.nice, overrides=args.overrides,
+                              threads=args.threads)
     print("\n".join(table(rows)))
 
 
