@@ -108,8 +108,8 @@ def test_pair_term_moves_scores_only_through_the_pair():
         model = GNNModel(GNNConfig(config_pairs=pairs, **FAST), NODE_FEATURE_DIM, "layout").eval()
         embed = model.embed_layout_configs
 
-        def silenced(batch, embed=embed):  # A's (row 0) and U's (row 2) node blocks as in config 0, for every config
-            embedded = embed(batch).clone()
+        def silenced(configs, batch, embed=embed):  # A's (row 0) and U's (row 2) node blocks as in config 0, always
+            embedded = embed(configs, batch).clone()
             embedded[[0, 2]] = embedded[[0, 2], :1]
             return embedded
 
@@ -168,7 +168,7 @@ def test_folded_pair_term_equals_the_plain_message_mlp(together):
             embedded = model.value_embed(seen.ids()) + model.chain_slot_embed  # (E, K, 12, dv)
             message = model.chain_mlp(torch.cat([embedded.flatten(-2), seen.feat], dim=-1))
             to_producer, to_consumer = model.chain_to_node(message).chunk(2, dim=-1)
-            expected = ctx.config_states.unsqueeze(1) + model.embed_layout_configs(configs)
+            expected = ctx.config_states.unsqueeze(1) + model.embed_layout_configs(configs, batch)
             for ends, share in ((batch.chain_src, to_producer), (batch.chain_dst, to_consumer)):
                 at = ends >= 0
                 expected = expected.index_add(0, ends[at].long(), share[at])

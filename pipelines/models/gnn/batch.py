@@ -132,37 +132,43 @@ def _config_tensors(node_feat: np.ndarray, src: np.ndarray, dst: np.ndarray,
             np.stack([layout[config_nodes], in_layout], axis=1))
 
 
-def _log_tile_waste(size: np.ndarray, multiple: int) -> np.ndarray:
+def _log_tile_waste(size: torch.Tensor, multiple: int) -> torch.Tensor:
     """log(padded / actual) of a dim padded up to ``multiple``; 0 for absent dims (size 0)."""
-    safe = np.maximum(size, 1.0)
-    return np.where(size > 0, np.log(np.ceil(safe / multiple) * multiple / safe), 0.0)
+    safe = size.clamp(min=1.0)
+    return torch.where(size > 0, torch.log(torch.ceil(safe / multiple) * multiple / safe), 0.0)
 
 
-def layout_physics(values: np.ndarray, shapes: np.ndarray, layouts: np.ndarray) -> np.ndarray:
+def layout_physics(values: torch.Tensor, inverse: torch.Tensor, shapes: torch.Tensor,
+                   layouts: torch.Tensor) -> torch.Tensor:
     """(R, K, PHYSICS_DIM) float32: what the layout of each (configurable node, config) implies in memory.
 
+    ``values`` (U, 18) layout ids 0..6 and ``inverse`` (R, K) are a ``ConfigBatch``'s distinct blocks and
+    each node's block per config; ``shapes`` (float64) and ``layouts`` (R, 2, 6) are ``GraphBatch.config_*``.
+    Runs on their device (in the model), so only the sampled blocks cross to a GPU per step.
     Per tensor (output block 0-5 with the node's shape, input block 6-11 with its operand's), the
     layout is the config's minor_to_major, or the tensor's default where the config leaves it to
     the compiler (-1). From it: set-by-config flag, log size and log (8 x 128) tile waste of the
     minor-most and second-minor dims, and whether the largest dim is minor-most. These are the
     padding facts a TPU layout decides; message passing alone would have to learn an index lookup.
+    Computed in float64 and rounded once to float32.
     """
     out = []
+    shapes = shapes.to(torch.float64)
     for block in range(2):
-        perm = values[..., 6 * block:6 * block + 6].astype(np.int64)  # (R, K, 6)
+        perm = values[:, 6 * block:6 * block + 2].long()[inverse] - LAYOUT_VALUE_OFFSET  # (R, K, 2): slots 0-1
         dims = shapes[:, block]  # (R, 6)
         rank = (dims > 0).sum(1)[:, None]  # (R, 1)
         chosen = perm[..., 0] >= 0
         sizes = []
         for slot, multiple in enumerate(TPU_TILE):
-            index = np.where(chosen, perm[..., slot], layouts[:, block, slot][:, None])  # (R, K)
+            index = torch.where(chosen, perm[..., slot], layouts[:, block, slot].long()[:, None])  # (R, K)
             # slot < rank: default layouts are 0-padded, so slot 1 of a rank-1 tensor reads a 0 that is no dim
             present = (index >= 0) & (index < rank) & (slot < rank)
-            size = np.where(present, np.take_along_axis(dims, np.clip(index, 0, 5), axis=1), 0.0)
+            size = torch.where(present, dims.gather(1, index.clamp(0, 5)), 0.0)
             sizes.append(size)
-            out += [np.log1p(size), _log_tile_waste(size, multiple)]
-        out += [chosen.astype(np.float64), (sizes[0] > 0) & (sizes[0] >= dims.max(1)[:, None])]
-    return np.stack(out, axis=-1).astype(np.float32)
+            out += [torch.log1p(size), _log_tile_waste(size, multiple)]
+        out += [chosen.to(torch.float64), ((sizes[0] > 0) & (sizes[0] >= dims.max(1).values[:, None])).to(torch.float64)]
+    return torch.stack(out, dim=-1).to(torch.float32)
 
 
 def prepare_graph(graph: GraphArrays, config_layers: int) -> PreparedGraph:
@@ -277,6 +283,9 @@ class GraphBatch:
     chain_dims: torch.Tensor | None = None  # int64 (E, 6) the tensor's shape
     chain_bytes: torch.Tensor | None = None  # float64 (E,) its unpadded bytes
     num_chain_ends: torch.Tensor | None = None  # (B,) float
+    # what ``layout_physics`` reads per configurable node (layout graphs)
+    config_shapes: torch.Tensor | None = None  # float64 (R0, 2, 6) dims of its output and input tensor
+    config_layouts: torch.Tensor | None = None  # int8 (R0, 2, 6) their default minor_to_major
 
     def to(self, device: torch.device | str, non_blocking: bool = False) -> GraphBatch:
         """This batch with every tensor on ``device`` (once per graph batch, not per config chunk)."""
@@ -356,6 +365,9 @@ def collate(graphs: list[PreparedGraph]) -> GraphBatch:
         chain_dims=_cat([g.chain_dims for g in graphs], torch.long).reshape(-1, 6),
         chain_bytes=_cat([g.chain_bytes for g in graphs], torch.float64),
         num_chain_ends=torch.tensor([g.chain_src.shape[0] for g in graphs], dtype=torch.float32),
+        config_shapes=torch.from_numpy(np.concatenate([g.config_shapes for g in graphs]).reshape(-1, 2, 6)),
+        config_layouts=torch.from_numpy(np.concatenate([g.config_layouts for g in graphs]).reshape(-1, 2, 6)
+                                        .astype(np.int8)),
     )
 
 
@@ -384,11 +396,11 @@ class ConfigBatch:
     mask: torch.Tensor  # bool (B, K)
     target: torch.Tensor  # float64 (B, K)
     inverse: torch.Tensor | None = None  # layout: long (R0, K) row of ``values`` of each node and config
-    physics: torch.Tensor | None = None  # layout: float (R0, K, PHYSICS_DIM), see ``layout_physics``
 
     def to(self, device: torch.device | str, non_blocking: bool = False) -> ConfigBatch:
-        """This batch on ``device``: the only host-to-device copy of a training step (K sampled configs;
-        what the chain ends see is computed from them on the device, see ``chain_layouts``)."""
+        """This batch on ``device``: the only host-to-device copy of a training step (the K sampled configs'
+        distinct blocks and inverse; what they imply, ``layout_physics`` and ``chain_layouts``, is
+        computed from them on the device)."""
         return _to_device(self, torch.device(device), non_blocking)
 
 
@@ -406,10 +418,8 @@ def gather_configs(graphs: list[PreparedGraph], indices: list[np.ndarray]) -> Co
         parts = [np.ascontiguousarray(g.config_feat[p].transpose(1, 0, 2)) for g, p in zip(graphs, padded)]
         node_values = np.concatenate(parts)
         blocks, inverse = distinct_blocks(node_values)
-        physics = layout_physics(node_values, np.concatenate([g.config_shapes for g in graphs]),
-                                 np.concatenate([g.config_layouts for g in graphs]))
         return ConfigBatch(values=torch.from_numpy(blocks), mask=torch.from_numpy(mask), target=target,
-                           inverse=torch.from_numpy(inverse), physics=torch.from_numpy(physics))
+                           inverse=torch.from_numpy(inverse))
     raw = np.stack([g.config_feat[p] for g, p in zip(graphs, padded)]).astype(np.float32)
     values = torch.from_numpy(np.sign(raw) * np.log1p(np.abs(raw)))
     return ConfigBatch(values=values, mask=torch.from_numpy(mask), target=target)

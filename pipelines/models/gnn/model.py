@@ -50,7 +50,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from pipelines.models.gnn.batch import (CHAIN_DIM, LAYOUT_NUM_VALUES, PHYSICS_DIM, ChainLayouts, ConfigBatch,
-                                         GraphBatch, Level, chain_layouts)
+                                         GraphBatch, Level, chain_layouts, layout_physics)
 from pipelines.models.gnn_config import GNNConfig
 
 NUM_OPCODES = 121  # opcode ids 0..120
@@ -269,18 +269,19 @@ class GNNModel(nn.Module):
 
     # --- config-dependent part
 
-    def embed_layout_configs(self, configs: ConfigBatch) -> torch.Tensor:
+    def embed_layout_configs(self, configs: ConfigBatch, batch: GraphBatch) -> torch.Tensor:
         """(R0, K, H) embedding of each configurable node's block; each distinct block is embedded once."""
         e = self.value_embed(configs.values) + self.slot_embed
         embedded = self.config_proj(e.flatten(-2))[configs.inverse]
         if self.physics_proj is not None:
-            embedded = embedded + self.physics_proj(configs.physics)
+            physics = layout_physics(configs.values, configs.inverse, batch.config_shapes, batch.config_layouts)
+            embedded = embedded + self.physics_proj(physics)
         return embedded
 
     def inject(self, ctx: Context, configs: ConfigBatch) -> tuple[torch.Tensor, torch.Tensor | None]:
         """States (R0, K, H) of the configurable nodes with their configs injected, and (with
         ``config_pairs``) the per-config sum of the chain-end messages (B, K, H), else None."""
-        x = ctx.config_states.unsqueeze(1) + self.embed_layout_configs(configs)
+        x = ctx.config_states.unsqueeze(1) + self.embed_layout_configs(configs, ctx.batch)
         if not self.chains:
             return x, None
         batch = ctx.batch
