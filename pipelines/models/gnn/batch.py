@@ -392,10 +392,10 @@ class ConfigBatch:
     (configurable node, config) to its block.
     """
 
-    values: torch.Tensor  # layout: long (U, 18) distinct blocks, ids 0..6; tile: float (B, K, 24) log-scaled
+    values: torch.Tensor  # layout: int8 (U, 18) distinct blocks, ids 0..6; tile: float (B, K, 24) log-scaled
     mask: torch.Tensor  # bool (B, K)
     target: torch.Tensor  # float64 (B, K)
-    inverse: torch.Tensor | None = None  # layout: long (R0, K) row of ``values`` of each node and config
+    inverse: torch.Tensor | None = None  # layout: int32 (R0, K) row of ``values`` of each node and config
 
     def to(self, device: torch.device | str, non_blocking: bool = False) -> ConfigBatch:
         """This batch on ``device``: the only host-to-device copy of a training step (the K sampled configs'
@@ -418,8 +418,9 @@ def gather_configs(graphs: list[PreparedGraph], indices: list[np.ndarray]) -> Co
         parts = [np.ascontiguousarray(g.config_feat[p].transpose(1, 0, 2)) for g, p in zip(graphs, padded)]
         node_values = np.concatenate(parts)
         blocks, inverse = distinct_blocks(node_values)
-        return ConfigBatch(values=torch.from_numpy(blocks), mask=torch.from_numpy(mask), target=target,
-                           inverse=torch.from_numpy(inverse))
+        # small dtypes cross to the device; the model widens them where an op needs long
+        return ConfigBatch(values=torch.from_numpy(blocks.astype(np.int8)), mask=torch.from_numpy(mask), target=target,
+                           inverse=torch.from_numpy(inverse.astype(np.int32)))
     raw = np.stack([g.config_feat[p] for g, p in zip(graphs, padded)]).astype(np.float32)
     values = torch.from_numpy(np.sign(raw) * np.log1p(np.abs(raw)))
     return ConfigBatch(values=values, mask=torch.from_numpy(mask), target=target)

@@ -271,7 +271,7 @@ class GNNModel(nn.Module):
 
     def embed_layout_configs(self, configs: ConfigBatch, batch: GraphBatch) -> torch.Tensor:
         """(R0, K, H) embedding of each configurable node's block; each distinct block is embedded once."""
-        e = self.value_embed(configs.values) + self.slot_embed
+        e = self.value_embed(configs.values.long()) + self.slot_embed
         embedded = self.config_proj(e.flatten(-2))[configs.inverse]
         if self.physics_proj is not None:
             physics = layout_physics(configs.values, configs.inverse, batch.config_shapes, batch.config_layouts)
