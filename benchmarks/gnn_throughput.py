@@ -62,14 +62,19 @@ def tensor_bytes(obj):
 def union(graph, copies):
     if copies == 1:
         return graph
-    n = graph.num_nodes
+    n, nc = graph.num_nodes, graph.config_nodes.shape[0]
     return GraphArrays(
         collection=graph.collection, stem=graph.stem, split=graph.split,
         node_opcode=np.tile(graph.node_opcode, copies), node_feat=np.tile(graph.node_feat, (copies, 1)),
         message_edges=np.concatenate([graph.message_edges + i * n for i in range(copies)], axis=1),
         config_nodes=np.concatenate([graph.config_nodes + i * n for i in range(copies)]),
         config_feat=np.concatenate([graph.config_feat] * copies, axis=1),
-        target=graph.target, config_index=graph.config_index)
+        target=graph.target, config_index=graph.config_index,
+        # the chain ends of every copy (rows among the configurable nodes, -1 = a fixed-layout end)
+        chain_src=np.concatenate([np.where(graph.chain_src >= 0, graph.chain_src + i * nc, -1) for i in range(copies)]),
+        chain_dst=np.concatenate([np.where(graph.chain_dst >= 0, graph.chain_dst + i * nc, -1) for i in range(copies)]),
+        **{{name: np.concatenate([getattr(graph, name)] * copies)
+            for name in ("chain_kernel", "chain_src_layout", "chain_dims", "chain_bytes")}})
 
 torch.set_num_threads({threads})
 cfg = replace(resolve_for_collection(load_config(None, {overrides!r}).gnn, {collection!r}), device={device!r}, precision={precision!r})
