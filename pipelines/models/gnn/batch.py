@@ -12,7 +12,8 @@ Per config, ``chain_layouts`` says what each end sees: the two layouts and wheth
 copy) with the copy's (8, 128)-padded bytes; the model's config-pair term reads them (O(ends x K)).
 It runs in torch inside the model, on the model's device, from the configs of a step (``ConfigBatch``)
 and the ends' static arrays (``GraphBatch``, copied once per graph batch): nothing per end and config
-is built on the host or copied to the device.
+is built on the host or copied to the device. ``layout_physics`` (what a layout implies per node and
+config) works the same way, so a step copies only its sampled configs' distinct blocks and inverse.
 """
 
 from __future__ import annotations
