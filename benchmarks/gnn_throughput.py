@@ -1,7 +1,8 @@
-"""GNN throughput and peak memory on the largest pruned layout graph (base config, 2 threads).
+"""GNN throughput and peak memory on the largest pruned layout graph (base config, 2 threads by default).
 
 Usage: python -m benchmarks.gnn_throughput [--work DIR] [--copies 1,2] [--steps N] [--eval-configs N]
-                                           [--device cpu,cuda] [--precision fp32,bf16]
+                                           [--device cpu,cuda] [--precision fp32,bf16] [--set gnn.KEY=VALUE ...]
+                                           [--threads N]
 
 On a GPU workstation: ``python -m benchmarks.gnn_throughput --device cpu,cuda --precision fp32,bf16``
 (or ``make bench-gpu``) compares the same machine's CPU with its GPU.
@@ -16,10 +17,15 @@ Each figure comes from a fresh process, so its peak RSS is its own:
   one warm-up step; configs/s = K x steps / seconds. Peak RSS includes the graph's arrays.
 * predict: every one of ``--eval-configs`` configs scored the way ``GNNRanker.predict`` does
   (encode once, chunks sized by ``eval_chunk`` / ``eval_chunk_mb``).
+``cpu s`` is the process's CPU time over the timed span. On a shared machine, compare code versions with
+``--threads 1`` and ``cpu s``: with two threads a busy neighbour makes each OpenMP team wait (and spin)
+for its descheduled partner, which inflates wall *and* CPU time erratically.
 
 On a GPU the graph is copied to the device once (as ``trainer.DeviceBatches`` does in a fit) and
 the clock stops after ``torch.cuda.synchronize()``; ``H2D KB/step`` is what a training step copies
-to the device (the K sampled configs), ``peak device MB`` is ``torch.cuda.max_memory_allocated``.
+to the device (the bytes of the tensors of the K sampled configs' ``ConfigBatch``, which
+``.to(device)`` moves), ``H2D KB/graph`` what the graph's ``GraphBatch`` copies once per fit (both
+printed on CPU too, where the copies are no-ops), ``peak device MB`` is ``torch.cuda.max_memory_allocated``.
 """
 
 from __future__ import annotations
@@ -36,27 +42,42 @@ from dataclasses import replace
 import numpy as np
 import torch
 from pipelines.config import load_config, resolve_for_collection
-from pipelines.models.gnn.batch import gather_configs, prepare_graph
+from pipelines.models.gnn.batch import collate, gather_configs, prepare_graph
 from pipelines.models.gnn.device import resolve_device
 from pipelines.models.gnn.losses import make_loss
 from pipelines.models.gnn.model import GNNModel
 from pipelines.models.gnn.trainer import DeviceBatches, configs_per_chunk, sample_configs, score_graph, train_step
 from pipelines.node_arrays import GraphArrays, load_graph_arrays
 
+def tensor_bytes(obj):
+    # bytes of every tensor of a batch dataclass (also inside lists and nested dataclasses)
+    def size(value):
+        if isinstance(value, torch.Tensor):
+            return value.nbytes
+        if isinstance(value, list):
+            return sum(size(v) for v in value)
+        return tensor_bytes(value) if hasattr(value, "__dataclass_fields__") else 0
+    return sum(size(getattr(obj, name)) for name in obj.__dataclass_fields__)
+
 def union(graph, copies):
     if copies == 1:
         return graph
-    n = graph.num_nodes
+    n, nc = graph.num_nodes, graph.config_nodes.shape[0]
     return GraphArrays(
         collection=graph.collection, stem=graph.stem, split=graph.split,
         node_opcode=np.tile(graph.node_opcode, copies), node_feat=np.tile(graph.node_feat, (copies, 1)),
         message_edges=np.concatenate([graph.message_edges + i * n for i in range(copies)], axis=1),
         config_nodes=np.concatenate([graph.config_nodes + i * n for i in range(copies)]),
         config_feat=np.concatenate([graph.config_feat] * copies, axis=1),
-        target=graph.target, config_index=graph.config_index)
+        target=graph.target, config_index=graph.config_index,
+        # the chain ends of every copy (rows among the configurable nodes, -1 = a fixed-layout end)
+        chain_src=np.concatenate([np.where(graph.chain_src >= 0, graph.chain_src + i * nc, -1) for i in range(copies)]),
+        chain_dst=np.concatenate([np.where(graph.chain_dst >= 0, graph.chain_dst + i * nc, -1) for i in range(copies)]),
+        **{{name: np.concatenate([getattr(graph, name)] * copies)
+            for name in ("chain_kernel", "chain_src_layout", "chain_dims", "chain_bytes")}})
 
-torch.set_num_threads(2)
-cfg = replace(resolve_for_collection(load_config(None, []).gnn, {collection!r}), device={device!r}, precision={precision!r})
+torch.set_num_threads({threads})
+cfg = replace(resolve_for_collection(load_config(None, {overrides!r}).gnn, {collection!r}), device={device!r}, precision={precision!r})
 device = resolve_device(cfg.device)
 cuda = device.type == "cuda"
 def sync():
@@ -79,23 +100,25 @@ if {mode!r} == "train":
                           batch=batches.get([prepared], 0), precision=cfg.precision)
     step()
     sync()
-    started = time.perf_counter()
+    started, cpu_started = time.perf_counter(), time.process_time()
     losses = [step() for _ in range({steps})]
     torch.stack(losses).tolist()  # what the trainer reads back, once per epoch
     sync()
-    seconds = time.perf_counter() - started
-    sample = gather_configs([prepared], [sample_configs(rng, graph.num_configs, cfg.configs_per_graph)], cfg.config_pairs)
-    h2d = sum(t.nbytes for t in vars(sample).values() if isinstance(t, torch.Tensor))
-    result.update(seconds=seconds, configs_per_s=cfg.configs_per_graph * {steps} / seconds, h2d_kb=h2d / 1024)
+    seconds, cpu_seconds = time.perf_counter() - started, time.process_time() - cpu_started
+    # what ``.to(device)`` moves: a step's K sampled configs, and the graph batch once per fit
+    sample = gather_configs([prepared], [sample_configs(rng, graph.num_configs, cfg.configs_per_graph)])
+    result.update(seconds=seconds, cpu_seconds=cpu_seconds, configs_per_s=cfg.configs_per_graph * {steps} / seconds,
+                  h2d_kb=tensor_bytes(sample) / 1024, graph_h2d_kb=tensor_bytes(collate([prepared])) / 1024)
 else:
     idx = np.arange({eval_configs}) % graph.num_configs
     score_graph(model, prepared, cfg, idx[:configs_per_chunk(cfg, prepared)])  # warm-up: one chunk (CUDA kernels, allocator)
     sync()
-    started = time.perf_counter()
+    started, cpu_started = time.perf_counter(), time.process_time()
     score_graph(model, prepared, cfg, idx)
     sync()
-    seconds = time.perf_counter() - started
-    result.update(seconds=seconds, configs_per_s={eval_configs} / seconds, chunk=configs_per_chunk(cfg, prepared))
+    seconds, cpu_seconds = time.perf_counter() - started, time.process_time() - cpu_started
+    result.update(seconds=seconds, cpu_seconds=cpu_seconds, configs_per_s={eval_configs} / seconds,
+                  chunk=configs_per_chunk(cfg, prepared))
 result["peak_device_mb"] = torch.cuda.max_memory_allocated(device) / 2**20 if cuda else 0.0
 """
 
@@ -116,7 +139,7 @@ def largest_layout_graph(work: Path) -> tuple[Path, str]:
 
 def measure_throughput(work: Path, *, copies: Sequence[int] = (1, 2), steps: int = 5, eval_configs: int = 1000,
                        devices: Sequence[str] = ("cpu",), precisions: Sequence[str] = ("fp32",), nice: int = 0,
-                       log=print) -> list[list]:
+                       overrides: Sequence[str] = (), threads: int = 2, log=print) -> list[list]:
     path, collection = largest_layout_graph(work)
     log(f"GNN throughput on {path} ({collection})")
     rows = []
@@ -126,19 +149,24 @@ def measure_throughput(work: Path, *, copies: Sequence[int] = (1, 2), steps: int
                 for mode in ("train", "predict"):
                     r = measure(_BODY.format(collection=collection, path=str(path), copies=count, mode=mode,
                                              steps=steps, eval_configs=eval_configs, device=device,
-                                             precision=precision), nice=nice)
+                                             precision=precision, overrides=list(overrides), threads=threads),
+                                 nice=nice)
                     rows.append([r["device"], precision, mode, count, r["nodes"], r["config_nodes"], r["rows"],
-                                 r["seconds"], r["configs_per_s"], r.get("h2d_kb", "-"), r["peak_rss_mb"],
+                                 r["seconds"], r["cpu_seconds"], r["configs_per_s"], r.get("h2d_kb", "-"),
+                                 r.get("graph_h2d_kb", "-"), r["peak_rss_mb"],
                                  r["peak_device_mb"] or "-"])
                     log(f"  {r['device']:<6} {precision} {mode:<7} x{count}: {r['nodes']} nodes, "
                         f"{r['config_nodes']} configurable, {r['configs_per_s']:.1f} configs/s, "
+                        + (f"H2D {r['h2d_kb']:.0f} KB/step + {r['graph_h2d_kb']:.0f} KB/graph, "
+                           if "h2d_kb" in r else "") +
                         f"peak {r['peak_rss_mb']:.0f} MB RSS, {r['peak_device_mb']:.0f} MB device")
     return rows
 
 
 def table(rows: list[list]) -> list[str]:
     header = ["device", "precision", "mode", "copies", "nodes", "configurable nodes", "config-dependent rows",
-              "seconds", "configs/s", "H2D KB/step", "peak RSS MB", "peak device MB"]
+              "seconds", "cpu s (process)", "configs/s", "H2D KB/step", "H2D KB/graph (once per fit)", "peak RSS MB",
+              "peak device MB"]
     return markdown_table(header, rows)
 
 
@@ -151,10 +179,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--nice", type=int, default=0)
     parser.add_argument("--device", default="cpu", help="comma-separated gnn.device values: cpu, cuda, auto")
     parser.add_argument("--precision", default="fp32", help="comma-separated gnn.precision values: fp32, bf16")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="K=V",
+                        help="config override, e.g. gnn.config_pairs=false (repeatable)")
+    parser.add_argument("--threads", type=int, default=2, help="torch threads of the measured process")
     args = parser.parse_args(argv)
     rows = measure_throughput(args.work, copies=[int(c) for c in args.copies.split(",")], steps=args.steps,
                               eval_configs=args.eval_configs, devices=args.device.split(","),
-                              precisions=args.precision.split(","), nice=args.nice)
+                              precisions=args.precision.split(","), nice=args.nice, overrides=args.overrides,
+                              threads=args.threads)
     print("\n".join(table(rows)))
 
 

@@ -236,7 +236,8 @@ def test_layout_physics_hand_case():
         [0, 1, -1, -1, -1, -1, *rest],  # transposed: 3 minor-most (padded to 128), 200 second (to 208)
         [-1] * 18,  # compiler's choice: the defaults of both tensors
     ]], dtype=np.int8)
-    got = layout_physics(values, shapes, layouts)[0]
+    blocks, inverse = distinct_blocks(values)  # as a ConfigBatch carries them
+    got = layout_physics(*(torch.from_numpy(a) for a in (blocks, inverse, shapes, layouts)))[0].numpy()
     waste = lambda size, multiple: np.log(np.ceil(size / multiple) * multiple / size)
     # per tensor: log1p(minor), waste(minor, 128), log1p(second), waste(second, 8), set by config, largest minor
     default_out = [np.log1p(200), waste(200, 128), np.log1p(3), waste(3, 8)]

@@ -9,7 +9,7 @@ import torch
 
 from pipelines.features import layout_config_features
 from pipelines.models.gnn import GNNRanker
-from pipelines.models.gnn.batch import CHAIN_DIM, chain_layouts, collate, gather_configs, prepare_graph
+from pipelines.models.gnn.batch import CHAIN_DIM, chain_layouts, collate, distinct_blocks, gather_configs, prepare_graph
 from pipelines.models.gnn.model import GNNModel
 from pipelines.models.gnn_config import GNNConfig
 from pipelines.node_arrays import NODE_FEATURE_DIM, load_graph_arrays, make_graph_arrays, save_graph_arrays
@@ -32,8 +32,11 @@ def test_chain_ends_and_what_they_see_match_the_gbdt_chain_features():
     # c0 -> add -> c1; parameter -> c0 (the broadcast into the add is free); c1 -> tuple (fixed)
     ends = sorted(zip(arrays.chain_src.tolist(), arrays.chain_dst.tolist()))
     assert ends == [(-1, 0), (0, 1), (1, -1)]
-    ids, feat = chain_layouts(node_major(arrays.config_feat), arrays.chain_src, arrays.chain_dst,
-                              arrays.chain_kernel, arrays.chain_src_layout, arrays.chain_dims, arrays.chain_bytes)
+    blocks, inverse = distinct_blocks(node_major(arrays.config_feat))  # as a ConfigBatch carries the configs
+    seen = chain_layouts(*(torch.from_numpy(a) for a in (blocks, inverse, arrays.chain_src, arrays.chain_dst,
+                                                         arrays.chain_kernel, arrays.chain_src_layout,
+                                                         arrays.chain_dims, arrays.chain_bytes)))
+    ids, feat = seen.ids().numpy(), seen.feat.numpy()
     assert ids.shape == (3, 3, 12) and feat.shape == (3, 3, CHAIN_DIM) and ids.min() >= 0 and ids.max() <= 6
     gbdt = layout_config_features(graph, value_frequency=False)
     pair, fixed_in, fixed_out = (arrays.chain_src >= 0) & (arrays.chain_dst >= 0), arrays.chain_src < 0, arrays.chain_dst < 0
@@ -78,7 +81,7 @@ def test_pair_term_carries_an_endpoint_layout_to_the_other_end_only(pairs):
     torch.manual_seed(0)
     model = GNNModel(cfg, NODE_FEATURE_DIM, "layout").eval()
     graph = prepare_graph(arrays, cfg.config_layers)
-    configs = gather_configs([graph], [np.arange(3)], chains=pairs)
+    configs = gather_configs([graph], [np.arange(3)])
     with torch.no_grad():
         ctx = model.encode(collate([graph]))
         states, chain_sum = model.inject(ctx, configs)  # (3 configurable nodes, 3 configs, H)
@@ -96,17 +99,21 @@ def test_pair_term_carries_an_endpoint_layout_to_the_other_end_only(pairs):
 
 
 def test_pair_term_moves_scores_only_through_the_pair():
-    """With the node-level injection of A's config silenced, only the pair term can see A's change."""
+    """With the node-level injection of A's and U's configs silenced, only the pair term can see A's change."""
     arrays = make_graph_arrays(distant_pair_graph(), "layout:xla:default", "train")
     graph = prepare_graph(arrays, 1)
-    configs = gather_configs([graph], [np.arange(3)], chains=True)
-    configs.inverse[0] = configs.inverse[0, 0]  # A's node block as in config 0 for every config
-    configs.physics[0] = configs.physics[0, 0]
-    configs.inverse[2] = configs.inverse[2, 0]  # ... and U's
-    configs.physics[2] = configs.physics[2, 0]
+    configs = gather_configs([graph], [np.arange(3)])
     for pairs in (False, True):
         torch.manual_seed(0)
         model = GNNModel(GNNConfig(config_pairs=pairs, **FAST), NODE_FEATURE_DIM, "layout").eval()
+        embed = model.embed_layout_configs
+
+        def silenced(configs, batch, embed=embed):  # A's (row 0) and U's (row 2) node blocks as in config 0, always
+            embedded = embed(configs, batch).clone()
+            embedded[[0, 2]] = embedded[[0, 2], :1]
+            return embedded
+
+        model.embed_layout_configs = silenced
         with torch.no_grad():
             scores = model.score(model.encode(collate([graph])), configs)[0]
         torch.testing.assert_close(scores[0], scores[2])  # U: in no pair
@@ -120,18 +127,18 @@ def test_fused_equals_unfused_and_batched_equals_single_with_pairs():
     graphs = [prepare_graph(make_graph_arrays(g, "layout:xla:default", "train"), cfg.config_layers)
               for g in (chain_graph(), distant_pair_graph())]
     batch = collate(graphs)
-    configs = gather_configs(graphs, [np.arange(3), np.arange(3)], chains=True)
-    assert configs.chain_ids.shape == (4, 3, 12) and configs.chain_feat.shape == (4, 3, CHAIN_DIM)
+    configs = gather_configs(graphs, [np.arange(3), np.arange(3)])
+    seen = chain_layouts(configs.values, configs.inverse, batch.chain_src, batch.chain_dst, batch.chain_kernel,
+                         batch.chain_src_layout, batch.chain_dims, batch.chain_bytes)
+    assert seen.ids().shape == (4, 3, 12) and seen.feat.shape == (4, 3, CHAIN_DIM)
     assert batch.chain_graph.tolist() == [0, 0, 0, 1]
     with torch.no_grad():
         ctx = model.encode(batch)
         fused, reference = model.score(ctx, configs), model.score(ctx, configs, fused=False)
         torch.testing.assert_close(fused, reference, rtol=1e-4, atol=1e-5)
         for i, g in enumerate(graphs):
-            alone = model.score(model.encode(collate([g])), gather_configs([g], [np.arange(3)], chains=True))
+            alone = model.score(model.encode(collate([g])), gather_configs([g], [np.arange(3)]))
             torch.testing.assert_close(alone[0], fused[i], rtol=1e-4, atol=1e-5)
-        with pytest.raises(ValueError, match="chains=True"):
-            model.score(ctx, gather_configs(graphs, [np.arange(3), np.arange(3)]))
 
 
 def test_ranker_with_pairs_fits_and_predicts():
@@ -140,3 +147,33 @@ def test_ranker_with_pairs_fits_and_predicts():
                        collection="layout:xla:default").fit(graphs, seed=0)
     costs = ranker.predict(graphs)
     assert costs.shape == (6,) and np.isfinite(costs).all()
+
+
+@pytest.mark.parametrize("together", [False, True])
+def test_folded_pair_term_equals_the_plain_message_mlp(together):
+    """``inject`` splits the pair MLP's first layer per distinct layout and folds its last layer into the
+    node projection and the pooled sum; the result is the plain per-end-and-config MLP's, up to rounding."""
+    cfg = GNNConfig(config_pairs=True, **FAST)
+    torch.manual_seed(2)
+    model = GNNModel(cfg, NODE_FEATURE_DIM, "layout").eval()
+    graphs = [prepare_graph(make_graph_arrays(g, "layout:xla:default", "train"), cfg.config_layers)
+              for g in (chain_graph(), distant_pair_graph())]
+    for part in ([graphs] if together else [[g] for g in graphs]):
+        batch, configs = collate(part), gather_configs(part, [np.arange(3)] * len(part))
+        with torch.no_grad():
+            ctx = model.encode(batch)
+            states, pooled = model.inject(ctx, configs)
+            seen = chain_layouts(configs.values, configs.inverse, batch.chain_src, batch.chain_dst, batch.chain_kernel,
+                                 batch.chain_src_layout, batch.chain_dims, batch.chain_bytes)
+            embedded = model.value_embed(seen.ids()) + model.chain_slot_embed  # (E, K, 12, dv)
+            message = model.chain_mlp(torch.cat([embedded.flatten(-2), seen.feat], dim=-1))
+            to_producer, to_consumer = model.chain_to_node(message).chunk(2, dim=-1)
+            expected = ctx.config_states.unsqueeze(1) + model.embed_layout_configs(configs, batch)
+            for ends, share in ((batch.chain_src, to_producer), (batch.chain_dst, to_consumer)):
+                at = ends >= 0
+                expected = expected.index_add(0, ends[at].long(), share[at])
+            expected_pooled = torch.zeros_like(pooled).index_add(0, batch.chain_graph, message)
+            expected_pooled = expected_pooled / batch.num_config_nodes[:, None, None]
+        torch.testing.assert_close(states, expected, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(pooled, expected_pooled, rtol=1e-5, atol=1e-5)
+        assert not torch.allclose(pooled[:, 0], pooled[:, 1])  # the configs differ at some end

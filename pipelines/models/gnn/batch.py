@@ -10,6 +10,10 @@ Layout graphs also carry their *chain ends* (``GraphArrays.chain_*``): where the
 configurable nodes (or of one and a fixed-layout node) meet, directly or through elementwise chains.
 Per config, ``chain_layouts`` says what each end sees: the two layouts and whether they disagree (a
 copy) with the copy's (8, 128)-padded bytes; the model's config-pair term reads them (O(ends x K)).
+It runs in torch inside the model, on the model's device, from the configs of a step (``ConfigBatch``)
+and the ends' static arrays (``GraphBatch``, copied once per graph batch): nothing per end and config
+is built on the host or copied to the device. ``layout_physics`` (what a layout implies per node and
+config) works the same way, so a step copies only its sampled configs' distinct blocks and inverse.
 """
 
 from __future__ import annotations
@@ -20,7 +24,6 @@ import numpy as np
 import torch
 
 from pipelines.errors import FormatError
-from pipelines.layout_geometry import tile_padding
 from pipelines.node_arrays import NODE_FEATURE_DIM, GraphArrays, shape_and_layout
 from pipelines.tpugraphs import GraphSize
 
@@ -130,37 +133,43 @@ def _config_tensors(node_feat: np.ndarray, src: np.ndarray, dst: np.ndarray,
             np.stack([layout[config_nodes], in_layout], axis=1))
 
 
-def _log_tile_waste(size: np.ndarray, multiple: int) -> np.ndarray:
+def _log_tile_waste(size: torch.Tensor, multiple: int) -> torch.Tensor:
     """log(padded / actual) of a dim padded up to ``multiple``; 0 for absent dims (size 0)."""
-    safe = np.maximum(size, 1.0)
-    return np.where(size > 0, np.log(np.ceil(safe / multiple) * multiple / safe), 0.0)
+    safe = size.clamp(min=1.0)
+    return torch.where(size > 0, torch.log(torch.ceil(safe / multiple) * multiple / safe), 0.0)
 
 
-def layout_physics(values: np.ndarray, shapes: np.ndarray, layouts: np.ndarray) -> np.ndarray:
+def layout_physics(values: torch.Tensor, inverse: torch.Tensor, shapes: torch.Tensor,
+                   layouts: torch.Tensor) -> torch.Tensor:
     """(R, K, PHYSICS_DIM) float32: what the layout of each (configurable node, config) implies in memory.
 
+    ``values`` (U, 18) layout ids 0..6 and ``inverse`` (R, K) are a ``ConfigBatch``'s distinct blocks and
+    each node's block per config; ``shapes`` (float64) and ``layouts`` (R, 2, 6) are ``GraphBatch.config_*``.
+    Runs on their device (in the model), so only the sampled blocks cross to a GPU per step.
     Per tensor (output block 0-5 with the node's shape, input block 6-11 with its operand's), the
     layout is the config's minor_to_major, or the tensor's default where the config leaves it to
     the compiler (-1). From it: set-by-config flag, log size and log (8 x 128) tile waste of the
     minor-most and second-minor dims, and whether the largest dim is minor-most. These are the
     padding facts a TPU layout decides; message passing alone would have to learn an index lookup.
+    Computed in float64 and rounded once to float32.
     """
     out = []
+    shapes = shapes.to(torch.float64)
     for block in range(2):
-        perm = values[..., 6 * block:6 * block + 6].astype(np.int64)  # (R, K, 6)
+        perm = values[:, 6 * block:6 * block + 2].long()[inverse] - LAYOUT_VALUE_OFFSET  # (R, K, 2): slots 0-1
         dims = shapes[:, block]  # (R, 6)
         rank = (dims > 0).sum(1)[:, None]  # (R, 1)
         chosen = perm[..., 0] >= 0
         sizes = []
         for slot, multiple in enumerate(TPU_TILE):
-            index = np.where(chosen, perm[..., slot], layouts[:, block, slot][:, None])  # (R, K)
+            index = torch.where(chosen, perm[..., slot], layouts[:, block, slot].long()[:, None])  # (R, K)
             # slot < rank: default layouts are 0-padded, so slot 1 of a rank-1 tensor reads a 0 that is no dim
             present = (index >= 0) & (index < rank) & (slot < rank)
-            size = np.where(present, np.take_along_axis(dims, np.clip(index, 0, 5), axis=1), 0.0)
+            size = torch.where(present, dims.gather(1, index.clamp(0, 5)), 0.0)
             sizes.append(size)
-            out += [np.log1p(size), _log_tile_waste(size, multiple)]
-        out += [chosen.astype(np.float64), (sizes[0] > 0) & (sizes[0] >= dims.max(1)[:, None])]
-    return np.stack(out, axis=-1).astype(np.float32)
+            out += [torch.log1p(size), _log_tile_waste(size, multiple)]
+        out += [chosen.to(torch.float64), ((sizes[0] > 0) & (sizes[0] >= dims.max(1).values[:, None])).to(torch.float64)]
+    return torch.stack(out, dim=-1).to(torch.float32)
 
 
 def prepare_graph(graph: GraphArrays, config_layers: int) -> PreparedGraph:
@@ -267,6 +276,17 @@ class GraphBatch:
     chain_src_row: torch.Tensor | None = None  # ... and its row among the configurable nodes (R0)
     chain_dst_at: torch.Tensor | None = None  # ends whose consumer is configurable ...
     chain_dst_row: torch.Tensor | None = None  # ... and its row
+    # what ``chain_layouts`` reads per end (small dtypes; it widens them where an op needs it):
+    chain_src: torch.Tensor | None = None  # int32 (E,) producer's row among the configurable nodes, -1 = fixed
+    chain_dst: torch.Tensor | None = None  # int32 (E,) consumer's row, -1 = fixed
+    chain_kernel: torch.Tensor | None = None  # bool (E,) the consumer's kernel block, else its input block
+    chain_src_layout: torch.Tensor | None = None  # int8 (E, 6) producer's layout where no config decides it
+    chain_dims: torch.Tensor | None = None  # int64 (E, 6) the tensor's shape
+    chain_bytes: torch.Tensor | None = None  # float64 (E,) its unpadded bytes
+    num_chain_ends: torch.Tensor | None = None  # (B,) float
+    # what ``layout_physics`` reads per configurable node (layout graphs)
+    config_shapes: torch.Tensor | None = None  # float64 (R0, 2, 6) dims of its output and input tensor
+    config_layouts: torch.Tensor | None = None  # int8 (R0, 2, 6) their default minor_to_major
 
     def to(self, device: torch.device | str, non_blocking: bool = False) -> GraphBatch:
         """This batch with every tensor on ``device`` (once per graph batch, not per config chunk)."""
@@ -339,6 +359,16 @@ def collate(graphs: list[PreparedGraph]) -> GraphBatch:
         chain_src_row=torch.from_numpy(chain_src[chain_src >= 0]),
         chain_dst_at=torch.from_numpy(np.flatnonzero(chain_dst >= 0)),
         chain_dst_row=torch.from_numpy(chain_dst[chain_dst >= 0]),
+        chain_src=torch.from_numpy(chain_src.astype(np.int32)),
+        chain_dst=torch.from_numpy(chain_dst.astype(np.int32)),
+        chain_kernel=_cat([g.chain_kernel for g in graphs], torch.bool),
+        chain_src_layout=_cat([g.chain_src_layout for g in graphs], torch.int8).reshape(-1, 6),
+        chain_dims=_cat([g.chain_dims for g in graphs], torch.long).reshape(-1, 6),
+        chain_bytes=_cat([g.chain_bytes for g in graphs], torch.float64),
+        num_chain_ends=torch.tensor([g.chain_src.shape[0] for g in graphs], dtype=torch.float32),
+        config_shapes=torch.from_numpy(np.concatenate([g.config_shapes for g in graphs]).reshape(-1, 2, 6)),
+        config_layouts=torch.from_numpy(np.concatenate([g.config_layouts for g in graphs]).reshape(-1, 2, 6)
+                                        .astype(np.int8)),
     )
 
 
@@ -363,22 +393,20 @@ class ConfigBatch:
     (configurable node, config) to its block.
     """
 
-    values: torch.Tensor  # layout: long (U, 18) distinct blocks, ids 0..6; tile: float (B, K, 24) log-scaled
+    values: torch.Tensor  # layout: int8 (U, 18) distinct blocks, ids 0..6; tile: float (B, K, 24) log-scaled
     mask: torch.Tensor  # bool (B, K)
     target: torch.Tensor  # float64 (B, K)
-    inverse: torch.Tensor | None = None  # layout: long (R0, K) row of ``values`` of each node and config
-    physics: torch.Tensor | None = None  # layout: float (R0, K, PHYSICS_DIM), see ``layout_physics``
-    chain_ids: torch.Tensor | None = None  # layout with chains: long (E, K, 12) both layouts at each end, ids 0..6
-    chain_feat: torch.Tensor | None = None  # ... float (E, K, CHAIN_DIM), see ``chain_layouts``
+    inverse: torch.Tensor | None = None  # layout: int32 (R0, K) row of ``values`` of each node and config
 
     def to(self, device: torch.device | str, non_blocking: bool = False) -> ConfigBatch:
-        """This batch on ``device``: the only host-to-device copy of a training step (K sampled configs)."""
+        """This batch on ``device``: the only host-to-device copy of a training step (the K sampled configs'
+        distinct blocks and inverse; what they imply, ``layout_physics`` and ``chain_layouts``, is
+        computed from them on the device)."""
         return _to_device(self, torch.device(device), non_blocking)
 
 
-def gather_configs(graphs: list[PreparedGraph], indices: list[np.ndarray], chains: bool = False) -> ConfigBatch:
-    """Configs ``indices[i]`` of graph i, padded to a common K by repeating the first one (masked);
-    ``chains``: also what each chain end sees under each config (``chain_layouts``)."""
+def gather_configs(graphs: list[PreparedGraph], indices: list[np.ndarray]) -> ConfigBatch:
+    """Configs ``indices[i]`` of graph i, padded to a common K by repeating the first one (masked)."""
     k = max(idx.shape[0] for idx in indices)
     mask = np.zeros((len(graphs), k), bool)
     padded = []
@@ -391,19 +419,9 @@ def gather_configs(graphs: list[PreparedGraph], indices: list[np.ndarray], chain
         parts = [np.ascontiguousarray(g.config_feat[p].transpose(1, 0, 2)) for g, p in zip(graphs, padded)]
         node_values = np.concatenate(parts)
         blocks, inverse = distinct_blocks(node_values)
-        physics = layout_physics(node_values, np.concatenate([g.config_shapes for g in graphs]),
-                                 np.concatenate([g.config_layouts for g in graphs]))
-        extra = {}
-        if chains:
-            ids, feat = chain_layouts(
-                node_values, *_chain_rows(graphs),
-                np.concatenate([g.chain_kernel for g in graphs]),
-                np.concatenate([g.chain_src_layout for g in graphs]),
-                np.concatenate([g.chain_dims for g in graphs]),
-                np.concatenate([g.chain_bytes for g in graphs]))
-            extra = {"chain_ids": torch.from_numpy(ids), "chain_feat": torch.from_numpy(feat)}
-        return ConfigBatch(values=torch.from_numpy(blocks), mask=torch.from_numpy(mask), target=target,
-                           inverse=torch.from_numpy(inverse), physics=torch.from_numpy(physics), **extra)
+        # small dtypes cross to the device; the model widens them where an op needs long
+        return ConfigBatch(values=torch.from_numpy(blocks.astype(np.int8)), mask=torch.from_numpy(mask), target=target,
+                           inverse=torch.from_numpy(inverse.astype(np.int32)))
     raw = np.stack([g.config_feat[p] for g, p in zip(graphs, padded)]).astype(np.float32)
     values = torch.from_numpy(np.sign(raw) * np.log1p(np.abs(raw)))
     return ConfigBatch(values=values, mask=torch.from_numpy(mask), target=target)
@@ -421,38 +439,71 @@ def distinct_blocks(config_values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return blocks, inverse.reshape(ids.shape[:-1])
 
 
-def chain_layouts(values: np.ndarray, src: np.ndarray, dst: np.ndarray, kernel: np.ndarray,
-                  src_layout: np.ndarray, dims: np.ndarray, nbytes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """What each chain end (E of them) sees under each config, from the node-major layout values (R, K, 18).
+def _tile_padding(dims: torch.Tensor, layouts: torch.Tensor) -> torch.Tensor:
+    """float64 (E, K): ``layout_geometry.tile_padding`` of each end's tensor (``dims`` float64 (E, 6)) under
+    the layouts (E, K, 6) of each config, in torch (the GBDT's numpy version; the same float64 steps)."""
+    def size(slot: torch.Tensor) -> torch.Tensor:
+        return torch.where(slot >= 0, dims.gather(1, slot.clamp(min=0)), 1.0).clamp(min=1.0)
 
-    The producer's layout is its output block, or ``src_layout`` where the block is all -1 or the
-    producer is fixed (``src`` -1). The consumer wants its input (or kernel) block; an all -1 block
-    lets the compiler take the operand's layout (no copy); a fixed consumer (``dst`` -1) keeps the
-    producer's default. A copy where they disagree reads and writes the tensor in (8, 128) tiles, as
-    the GBDT's chain features count it (``features._chain_copies``). Returns long (E, K, 12) ids
-    0..6 of the producer's and the consumer's layout, and float32 (E, K, CHAIN_DIM) features.
+    minor_slot, second_slot = layouts[..., 0], layouts[..., 1]
+    minor, second = size(minor_slot), size(second_slot)
+    padded = torch.ceil(minor / TPU_TILE[0]) * TPU_TILE[0] / minor
+    return padded * torch.where(second_slot >= 0, torch.ceil(second / TPU_TILE[1]) * TPU_TILE[1] / second, 1.0)
+
+
+@dataclass
+class ChainLayouts:
+    """What the E chain ends see under K configs (``chain_layouts``). Layouts are rows of ``table``, the
+    distinct 6-value layouts a step can hold: every distinct config block's output, input and kernel
+    part and every end's default, so the model embeds each of them once, not once per end and config."""
+
+    table: torch.Tensor  # long (3U + E, 6) ids 0..6: output parts, input parts, kernel parts, the ends' defaults
+    produced: torch.Tensor  # long (E, K) row of ``table`` of the producer's layout
+    wanted: torch.Tensor  # long (E, K) row of ``table`` of the layout the consumer wants
+    feat: torch.Tensor  # float32 (E, K, CHAIN_DIM)
+
+    def ids(self) -> torch.Tensor:
+        """long (E, K, 12): the producer's and the consumer's layout, ids 0..6."""
+        return torch.cat([self.table[self.produced], self.table[self.wanted]], dim=-1)
+
+
+def chain_layouts(values: torch.Tensor, inverse: torch.Tensor, src: torch.Tensor, dst: torch.Tensor,
+                  kernel: torch.Tensor, src_layout: torch.Tensor, dims: torch.Tensor,
+                  nbytes: torch.Tensor) -> ChainLayouts:
+    """What each chain end (E of them) sees under each of K configs, on the device of the inputs.
+
+    ``values`` (U, 18) layout ids 0..6 and ``inverse`` (R, K) are a ``ConfigBatch``'s distinct blocks
+    and each (configurable node, config)'s block; the ends are ``GraphBatch.chain_*`` (``src``/``dst``
+    rows among the R configurable nodes, -1 = a fixed-layout end). The producer's layout is its output
+    block, or ``src_layout`` where the block is all -1 or the producer is fixed. The consumer wants its
+    input (or kernel) block; an all -1 block lets the compiler take the operand's layout (no copy); a
+    fixed consumer keeps the producer's default. A copy where they disagree reads and writes the tensor
+    in (8, 128) tiles, as the GBDT's chain features count it (``features._chain_copies``); the features
+    are computed in float64, as the GBDT's, and cast to float32.
     """
-    e, k = src.shape[0], values.shape[1]
-    if e == 0:
-        return np.zeros((0, k, 12), np.int64), np.zeros((0, k, CHAIN_DIM), np.float32)
+    e, k, u = src.shape[0], inverse.shape[1], values.shape[0]
+    ids = values.long()
+    table = torch.cat([ids[:, 0:6], ids[:, 6:12], ids[:, 12:18], src_layout.long() + LAYOUT_VALUE_OFFSET])
+    layouts = table - LAYOUT_VALUE_OFFSET  # values -1..5
     fixed_src, fixed_dst = src < 0, dst < 0
-    default = np.broadcast_to(src_layout[:, None, :].astype(np.int64), (e, k, 6))
-    out = values[np.maximum(src, 0), :, 0:6].astype(np.int64)
-    src_chosen = ~fixed_src[:, None] & (out[..., 0] >= 0)
-    produced = np.where(src_chosen[..., None], out, default)
-    block = values[np.maximum(dst, 0)].astype(np.int64)
-    block = np.where(kernel[:, None, None], block[..., 12:18], block[..., 6:12])
-    wanted = np.where(fixed_dst[:, None, None], default, block)
-    explicit = fixed_dst[:, None] | (wanted[..., 0] >= 0)
-    differ = explicit & (produced != wanted).any(-1)
-    tiled = explicit & (produced[..., :2] != wanted[..., :2]).any(-1)
-    moved = (tile_padding(dims, produced.transpose(1, 0, 2)) + tile_padding(dims, wanted.transpose(1, 0, 2))).T
+    own_default = (3 * u + torch.arange(e, device=src.device))[:, None]  # (E, 1) row of each end's default
+    at_src = inverse.index_select(0, src.clamp(min=0).long())  # (E, K) block of the producer per config
+    at_dst = inverse.index_select(0, dst.clamp(min=0).long())
+    src_chosen = ~fixed_src[:, None] & (layouts[at_src, 0] >= 0)
+    produced = torch.where(src_chosen, at_src, own_default)
+    wanted = torch.where(fixed_dst[:, None], own_default, at_dst + torch.where(kernel, 2 * u, u)[:, None])
+    produced_layout, wanted_layout = layouts[produced], layouts[wanted]  # (E, K, 6)
+    explicit = fixed_dst[:, None] | (wanted_layout[..., 0] >= 0)
+    differ = explicit & (produced_layout != wanted_layout).any(-1)
+    tiled = explicit & (produced_layout[..., :2] != wanted_layout[..., :2]).any(-1)
+    shape = dims.to(torch.float64)
+    moved = _tile_padding(shape, produced_layout) + _tile_padding(shape, wanted_layout)
+    nbytes = nbytes.to(torch.float64)
     copy_bytes = differ * moved * nbytes[:, None]
-    kind = np.stack([~fixed_src & ~fixed_dst, fixed_src, fixed_dst], axis=1).astype(np.float32)  # (E, 3)
-    feat = np.concatenate([
-        np.stack([differ, tiled, np.log1p(copy_bytes) / 10.0,
-                  np.broadcast_to(np.log1p(nbytes)[:, None] / 10.0, (e, k)), explicit, src_chosen], axis=-1),
-        np.broadcast_to(kind[:, None, :], (e, k, 3)),
-    ], axis=-1).astype(np.float32)
-    ids = np.concatenate([produced, wanted], axis=-1) + LAYOUT_VALUE_OFFSET
-    return ids, feat
+    # float32 columns: 0/1 flags are exact, the logs are rounded once from float64 (as the GBDT's are)
+    per_end = torch.stack([(torch.log1p(nbytes) / 10.0).float(), (~fixed_src & ~fixed_dst).float(),
+                           fixed_src.float(), fixed_dst.float()], dim=1)[:, None, :].expand(e, k, 4)
+    feat = torch.cat([torch.stack([differ.float(), tiled.float(), (torch.log1p(copy_bytes) / 10.0).float()], dim=-1),
+                      per_end[..., :1], torch.stack([explicit.float(), src_chosen.float()], dim=-1), per_end[..., 1:]],
+                     dim=-1)
+    return ChainLayouts(table, produced, wanted, feat)

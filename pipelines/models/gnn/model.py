@@ -22,7 +22,11 @@ Layout, per step (one or more graphs, K configs each):
    config, an MLP message over the embedded layouts of both sides and the copy they imply. The
    message is added to both endpoint nodes before the config layers (so a layout reaches the node
    it meets, however many hops apart) and summed per config into the pooled representation (a copy
-   costs time wherever it is). O(ends x K): ends are about twice the configurable nodes.
+   costs time wherever it is). O(ends x K): ends are about twice the configurable nodes. What each
+   end sees is computed on the model's device from the step's configs (``batch.chain_layouts``);
+   the MLP's first layer runs once per distinct layout and side, and its last layer is folded
+   into the projection to the nodes and the pooled sum (``inject``), so the per-end-and-config work
+   is a gather, a GELU and a sum per node.
 3. Pooling per config: mean and max over all nodes (nodes outside ``D_L`` contribute their shared
    state once) and mean over the configurable nodes; a linear layer, optionally a transformer
    encoder layer across the K configs of a graph ("cross-config attention"), and an MLP head give
@@ -45,7 +49,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from pipelines.models.gnn.batch import CHAIN_DIM, LAYOUT_NUM_VALUES, PHYSICS_DIM, ConfigBatch, GraphBatch, Level
+from pipelines.models.gnn.batch import (CHAIN_DIM, LAYOUT_NUM_VALUES, PHYSICS_DIM, ChainLayouts, ConfigBatch,
+                                         GraphBatch, Level, chain_layouts, layout_physics)
 from pipelines.models.gnn_config import GNNConfig
 
 NUM_OPCODES = 121  # opcode ids 0..120
@@ -264,32 +269,58 @@ class GNNModel(nn.Module):
 
     # --- config-dependent part
 
-    def embed_layout_configs(self, configs: ConfigBatch) -> torch.Tensor:
+    def embed_layout_configs(self, configs: ConfigBatch, batch: GraphBatch) -> torch.Tensor:
         """(R0, K, H) embedding of each configurable node's block; each distinct block is embedded once."""
-        e = self.value_embed(configs.values) + self.slot_embed
+        e = self.value_embed(configs.values.long()) + self.slot_embed
         embedded = self.config_proj(e.flatten(-2))[configs.inverse]
         if self.physics_proj is not None:
-            embedded = embedded + self.physics_proj(configs.physics)
+            physics = layout_physics(configs.values, configs.inverse, batch.config_shapes, batch.config_layouts)
+            embedded = embedded + self.physics_proj(physics)
         return embedded
 
     def inject(self, ctx: Context, configs: ConfigBatch) -> tuple[torch.Tensor, torch.Tensor | None]:
         """States (R0, K, H) of the configurable nodes with their configs injected, and (with
         ``config_pairs``) the per-config sum of the chain-end messages (B, K, H), else None."""
-        x = ctx.config_states.unsqueeze(1) + self.embed_layout_configs(configs)
+        x = ctx.config_states.unsqueeze(1) + self.embed_layout_configs(configs, ctx.batch)
         if not self.chains:
             return x, None
         batch = ctx.batch
-        if configs.chain_ids is None:  # nothing to gather for graphs without chain ends (tests' hand-made graphs)
-            if batch.chain_graph.numel():
-                raise ValueError("config_pairs is on: gather the configs with chains=True")
-            return x, x.new_zeros((batch.num_graphs, x.shape[1], x.shape[2]))
-        e = self.value_embed(configs.chain_ids) + self.chain_slot_embed  # (E, K, 12, dv)
-        msg = self.chain_mlp(torch.cat([e.flatten(-2), configs.chain_feat.to(e.dtype)], dim=-1))  # (E, K, H)
-        at_producer, at_consumer = self.chain_to_node(msg).chunk(2, dim=-1)
-        x = x.index_add(0, batch.chain_src_row, at_producer.index_select(0, batch.chain_src_at).to(x.dtype))
-        x = x.index_add(0, batch.chain_dst_row, at_consumer.index_select(0, batch.chain_dst_at).to(x.dtype))
-        pooled = segment_sum(msg, batch.chain_graph, batch.num_graphs)
+        seen = chain_layouts(configs.values, configs.inverse, batch.chain_src, batch.chain_dst, batch.chain_kernel,
+                             batch.chain_src_layout, batch.chain_dims, batch.chain_bytes)
+        hidden = self.chain_hidden(seen)  # (E, K, H)
+        # The message of an end is chain_mlp[2](hidden); what reaches a node is chain_to_node's share of
+        # the messages of its ends, and the pooled term their sum: all linear in hidden. So hidden is
+        # summed per node first and projected once per (node, config) by the product of the two weights
+        # (a fixed-layout side adds to a spare row R0, dropped), and summed over ends before the last
+        # layer: no (E, K, H) message nor (E, K, 2H) projection is built.
+        rows, k, h = x.shape
+        last, to_node = self.chain_mlp[2], self.chain_to_node.weight
+        for ends, share in ((batch.chain_src, to_node[:h]), (batch.chain_dst, to_node[h:])):  # producer's, consumer's
+            slot = torch.where(ends < 0, rows, ends).long()
+            summed = hidden.new_zeros((rows + 1, k, h)).index_add_(0, slot, hidden)[:rows]
+            count = hidden.new_zeros(rows + 1).index_add_(0, slot, torch.ones_like(slot, dtype=hidden.dtype))[:rows]
+            x = x + (F.linear(summed, share @ last.weight) + count[:, None, None] * (share @ last.bias)).to(x.dtype)
+        # one graph (every layout training step): a plain sum, much cheaper than index_add's scatter
+        summed = (hidden.sum(0, keepdim=True) if batch.num_graphs == 1
+                  else segment_sum(hidden, batch.chain_graph, batch.num_graphs))
+        pooled = F.linear(summed, last.weight) + batch.num_chain_ends[:, None, None] * last.bias
         return x, pooled / batch.num_config_nodes.clamp(min=1)[:, None, None]
+
+    def chain_hidden(self, seen: ChainLayouts) -> torch.Tensor:
+        """(E, K, H): the hidden layer of ``chain_mlp`` over [producer's layout embedded (6 values,
+        value + slot embedding), the consumer's, the copy features]. The first linear layer is split
+        by its inputs: each distinct layout of ``seen.table`` is embedded and projected once per side,
+        then gathered per end and config, instead of embedding 12 values per end and config."""
+        first, dv = self.chain_mlp[0], self.value_embed.embedding_dim
+        values = self.value_embed(seen.table)  # (T, 6, dv)
+        as_producer = F.linear((values + self.chain_slot_embed[:6]).flatten(-2), first.weight[:, :6 * dv])
+        as_consumer = F.linear((values + self.chain_slot_embed[6:]).flatten(-2), first.weight[:, 6 * dv:12 * dv])
+        shape = (*seen.produced.shape, first.out_features)  # (E, K, H)
+        # index_select, not [index]: its backward is an index_add, several times faster on CPU than index_put
+        pre = (as_producer.index_select(0, seen.produced.flatten()).view(shape)
+               + as_consumer.index_select(0, seen.wanted.flatten()).view(shape)
+               + F.linear(seen.feat.to(as_producer.dtype), first.weight[:, 12 * dv:], first.bias))
+        return self.chain_mlp[1](pre)
 
     def score(self, ctx: Context, configs: ConfigBatch, fused: bool = True) -> torch.Tensor:
         """Costs (B, K) of the configs of each graph; padded slots hold meaningless values."""

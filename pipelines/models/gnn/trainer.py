@@ -101,7 +101,7 @@ def score_graph(model: GNNModel, graph: PreparedGraph, cfg: GNNConfig, indices: 
         with autocast(device, cfg.precision):
             ctx = model.encode(batch if batch is not None else collate([graph]).to(device))
             idx = np.arange(graph.num_configs) if indices is None else indices
-            parts = [model.score(ctx, gather_configs([graph], [idx[s:s + chunk]], model.chains).to(device))[0].double()
+            parts = [model.score(ctx, gather_configs([graph], [idx[s:s + chunk]]).to(device))[0].double()
                      for s in range(0, idx.shape[0], chunk)]
     finally:
         model.train(was_training)
@@ -156,7 +156,7 @@ def train_step(model: GNNModel, graphs: list[PreparedGraph], indices: list[np.nd
     host-to-device copy of the step; nothing is read back.
     """
     device = model_device(model)
-    configs = gather_configs(graphs, indices, model.chains).to(device, non_blocking=True)
+    configs = gather_configs(graphs, indices).to(device, non_blocking=True)
     with autocast(device, precision):
         scores = model.score(model.encode(batch if batch is not None else collate(graphs).to(device)), configs)
     loss = loss_fn(scores.float(), configs.target, configs.mask)
