@@ -77,8 +77,9 @@ class GNNConfig:
     deterministic: bool = False  # torch.use_deterministic_algorithms during the fit (GPU: bitwise repeatable)
     progress: bool = True  # tqdm bars (also switched off when stderr is not a terminal)
     # per-collection overrides, e.g. {"layout:xla:default": {"cross_config_attention": True}};
-    # tile graphs are tiny, so several go into one step
-    collections: dict[str, dict] = field(default_factory=lambda: {"tile:xla": {"graphs_per_step": 16}})
+    # tile graphs are tiny, so several go into one step; nlp:random gains from the summed node cost (base.toml)
+    collections: dict[str, dict] = field(default_factory=lambda: {"tile:xla": {"graphs_per_step": 16},
+                                                                  "layout:nlp:random": {"readout": "pooled+sum"}})
 
     def __post_init__(self) -> None:
         """Rules field metadata cannot express: two related fields, a pattern (single-field bounds are
