@@ -69,7 +69,7 @@ fig = analysis.errorbar_plot(comparison, x="model", title="Models per collection
 analysis.save_figure(fig, figures / "04-models.png", close=False)
 
 # %% [markdown]
-# ## GNN options: loss, layout physics, config pairs, cross-config attention, pre-training
+# ## GNN options: loss, layout physics, config pairs, readout, cross-config attention, pre-training
 
 # %%
 if has_gnn:
@@ -82,6 +82,8 @@ if has_gnn:
         "layout physics off": ["gnn.layout_physics=false"],
         "config pairs on": ["gnn.config_pairs=true"],
         "config pairs off": ["gnn.config_pairs=false"],
+        "pooled readout": ['gnn.readout="pooled"'],
+        "pooled+sum readout": ['gnn.readout="pooled+sum"'],
         "cross-config attention on": ["gnn.cross_config_attention=true"],
         "cross-config attention off": ["gnn.cross_config_attention=false"],
         "pre-training on": ["gnn.pretrain=true"],

@@ -200,10 +200,19 @@ def test_listmle_hand_cases():
 # ----------------------------------------------------------------------------- fusion and batching
 
 
-def test_fused_layout_equals_unfused_reference():
-    cfg = GNNConfig(config_layers=3, free_layers=1, **FAST)
+def randomise_node_cost(model: GNNModel) -> None:
+    """The node-cost head starts at zero (a check of it would pass with any states): give it weights."""
+    for p in model.node_cost.parameters():
+        torch.nn.init.normal_(p, std=0.5)
+
+
+@pytest.mark.parametrize("readout", ["pooled", "pooled+sum"])
+def test_fused_layout_equals_unfused_reference(readout):
+    cfg = GNNConfig(config_layers=3, free_layers=1, readout=readout, **FAST)
     torch.manual_seed(1)
     model = GNNModel(cfg, FEAT, "layout").eval()
+    if readout == "pooled+sum":
+        randomise_node_cost(model)
     rng = np.random.default_rng(5)
     graphs = [prepare_graph(layout_graph(rng, n=40, nc=4, c=8, stem=f"g{i}"), cfg.config_layers) for i in range(2)]
     # a graph bigger than 3 hops around its configurable nodes has nodes outside D_3
@@ -213,6 +222,65 @@ def test_fused_layout_equals_unfused_reference():
     with torch.no_grad():
         fused, reference = model.score(ctx, configs), model.score(ctx, configs, fused=False)
     torch.testing.assert_close(fused, reference, rtol=1e-4, atol=1e-5)
+
+
+def chain_graph_arrays(n: int, config_nodes: list[int], c: int, seed: int = 0) -> GraphArrays:
+    """A path 0 -> 1 -> ... -> n-1 with the given configurable nodes and ``c`` random configs."""
+    g = layout_graph(np.random.default_rng(seed), n=n, nc=len(config_nodes), c=c)
+    g.config_nodes = np.array(config_nodes)
+    g.message_edges = np.stack([np.arange(n - 1), np.arange(1, n)])
+    return g
+
+
+def test_node_cost_readout_is_a_per_config_sum_over_nodes():
+    # path 0..8, configurable nodes 1 and 6: after one config layer their reaches {0,1,2} and {5,6,7}
+    # are disjoint, so a sum of per-node costs is additive in the two nodes' configs
+    cfg = GNNConfig(config_layers=1, free_layers=1, config_pairs=False, readout="pooled+sum", **FAST)
+    torch.manual_seed(2)
+    model = GNNModel(cfg, FEAT, "layout").eval()
+    g = chain_graph_arrays(9, [1, 6], c=4)
+    # a 2 x 2 design over the two nodes' blocks: configs (a1, b1), (a2, b2), (a1, b2), (a2, b1)
+    g.config_feat[2, 0], g.config_feat[2, 1] = g.config_feat[0, 0], g.config_feat[1, 1]
+    g.config_feat[3, 0], g.config_feat[3, 1] = g.config_feat[1, 0], g.config_feat[0, 1]
+    prepared = prepare_graph(g, cfg.config_layers)
+    configs = gather_configs([prepared], [np.arange(4)])
+    ctx = model.encode(collate([prepared]))
+
+    def interaction(scores: torch.Tensor) -> float:  # (a1,b1) - (a2,b1) - (a1,b2) + (a2,b2)
+        return float(scores[0] - scores[3] - scores[2] + scores[1])
+
+    with torch.no_grad():
+        pooled_only = model.score(ctx, configs)[0]  # the node-cost head starts at zero
+        randomise_node_cost(model)
+        for p in model.head[-1].parameters():  # silence the pooled head: the score is the node-cost sum
+            p.zero_()
+        summed = model.score(ctx, configs)[0]
+    assert abs(interaction(pooled_only)) > 1e-4  # the pooled head is not additive ...
+    assert abs(interaction(summed)) < 1e-5 < float(summed.std())  # ... the per-node sum is
+    # a graph made of two copies of it, both copies given the same config, scores the same: the sum
+    # is divided by the configurable node count, so its scale does not grow with the graph
+    twice = chain_graph_arrays(18, [1, 6, 10, 15], c=4)
+    twice.message_edges = np.concatenate([g.message_edges, g.message_edges + 9], axis=1)
+    twice.node_opcode, twice.node_feat = np.tile(g.node_opcode, 2), np.tile(g.node_feat, (2, 1))
+    twice.config_feat = np.concatenate([g.config_feat, g.config_feat], axis=1)
+    doubled = prepare_graph(twice, cfg.config_layers)
+    with torch.no_grad():
+        again = model.score(model.encode(collate([doubled])), gather_configs([doubled], [np.arange(4)]))[0]
+    torch.testing.assert_close(again, summed, rtol=1e-4, atol=1e-5)
+
+
+def test_node_cost_readout_trains_and_a_model_saved_before_it_loads_pooled(tmp_path):
+    graphs = easy_world(9, "layout", 3)
+    ranker = gnn(epochs=2, readout="pooled+sum").fit(graphs[:2], graphs[2:], seed=0)
+    assert ranker.model_.node_cost is not None and float(ranker.model_.node_cost.mlp[-1].weight.detach().abs().sum()) > 0
+    old = gnn(epochs=1).fit(graphs[:2], graphs[2:], seed=0)
+    old.save(tmp_path, "old")
+    saved = torch.load(tmp_path / "old.pt", weights_only=False)
+    del saved["config"]["readout"]  # what a model file written before the option holds
+    torch.save(saved, tmp_path / "old.pt")
+    loaded = GNNRanker.load(tmp_path, "old")
+    assert loaded.config.readout == "pooled" and loaded.model_.node_cost is None
+    np.testing.assert_array_equal(old.predict(graphs), loaded.predict(graphs))
 
 
 def test_distinct_blocks_round_trip():

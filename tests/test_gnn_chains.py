@@ -120,10 +120,14 @@ def test_pair_term_moves_scores_only_through_the_pair():
         assert torch.isclose(scores[0], scores[1]) != pairs  # A: moves the score only through the pair
 
 
-def test_fused_equals_unfused_and_batched_equals_single_with_pairs():
-    cfg = GNNConfig(config_pairs=True, config_layers=2, free_layers=1, **FAST)
+@pytest.mark.parametrize("readout", ["pooled", "pooled+sum"])
+def test_fused_equals_unfused_and_batched_equals_single_with_pairs(readout):
+    cfg = GNNConfig(config_pairs=True, config_layers=2, free_layers=1, readout=readout, **FAST)
     torch.manual_seed(1)
     model = GNNModel(cfg, NODE_FEATURE_DIM, "layout").eval()
+    if model.node_cost is not None:  # it starts at zero: give it weights
+        for p in model.node_cost.parameters():
+            torch.nn.init.normal_(p, std=0.5)
     graphs = [prepare_graph(make_graph_arrays(g, "layout:xla:default", "train"), cfg.config_layers)
               for g in (chain_graph(), distant_pair_graph())]
     batch = collate(graphs)

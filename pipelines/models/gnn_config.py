@@ -19,6 +19,7 @@ NORMS = ("layer", "none")
 SCHEDULES = ("cosine", "onecycle", "constant")
 DEVICES = ("auto", "cpu", "cuda")  # "cuda:N" picks one GPU of several
 PRECISIONS = ("fp32", "bf16")
+READOUTS = ("pooled", "pooled+sum")
 
 
 @dataclass
@@ -39,6 +40,9 @@ class GNNConfig:
     # layout: a message per config and chain end (configurable nodes whose layouts meet, directly or
     # through elementwise chains, or one and a fixed-layout node), added at both ends and pooled
     config_pairs: bool = True
+    # layout: "pooled" (mean/max pooling, LayerNorm, MLP head) or "pooled+sum": plus a per-node cost
+    # (MLP on each node state that differs between configs) summed per graph and config, / configurable nodes
+    readout: str = choice("pooled", READOUTS)
     attention_heads: int = bounded(4, 1)
     # --- loss and sampling
     loss: str = choice("hinge", LOSSES)  # "hinge" (all pairs with different runtimes) or "listmle"
@@ -73,8 +77,9 @@ class GNNConfig:
     deterministic: bool = False  # torch.use_deterministic_algorithms during the fit (GPU: bitwise repeatable)
     progress: bool = True  # tqdm bars (also switched off when stderr is not a terminal)
     # per-collection overrides, e.g. {"layout:xla:default": {"cross_config_attention": True}};
-    # tile graphs are tiny, so several go into one step
-    collections: dict[str, dict] = field(default_factory=lambda: {"tile:xla": {"graphs_per_step": 16}})
+    # tile graphs are tiny, so several go into one step; nlp:random gains from the summed node cost (base.toml)
+    collections: dict[str, dict] = field(default_factory=lambda: {"tile:xla": {"graphs_per_step": 16},
+                                                                  "layout:nlp:random": {"readout": "pooled+sum"}})
 
     def __post_init__(self) -> None:
         """Rules field metadata cannot express: two related fields, a pattern (single-field bounds are

@@ -30,7 +30,9 @@ Layout, per step (one or more graphs, K configs each):
 3. Pooling per config: mean and max over all nodes (nodes outside ``D_L`` contribute their shared
    state once) and mean over the configurable nodes; a linear layer, optionally a transformer
    encoder layer across the K configs of a graph ("cross-config attention"), and an MLP head give
-   one cost per config (LOWER = predicted FASTER).
+   one cost per config (LOWER = predicted FASTER). With ``readout = "pooled+sum"`` a per-node cost
+   (an MLP on each state of ``D_L``) summed per graph and config is added to it: a runtime is a sum
+   of kernel times, which a LayerNorm over pooled states cannot express (``NodeCostHead``).
 
 GATv2 is offered as an option; attention is not linear in its inputs, so its config layers run
 unfused on K copies of the full graph (``score(..., fused=False)``, also used by the tests to
@@ -178,6 +180,30 @@ def make_layer(cfg: GNNConfig) -> nn.Module:
     return SageLayer(cfg.hidden, cfg.norm, cfg.dropout)
 
 
+class NodeCostHead(nn.Module):
+    """``readout = "pooled+sum"``: a cost per node and config, summed per graph.
+
+    A program's runtime is roughly the sum of its kernels' times, each a nonlinear function of its own
+    layouts; mean/max pooling followed by a LayerNorm and an MLP cannot express such a sum. The head
+    runs on the nodes whose state differs between configs (D_L); the others add the same constant to
+    every config of a graph, which a ranking ignores. The sum is divided by the graph's configurable
+    node count so its scale does not grow with the graph. The last layer starts at zero: training
+    starts from the pooled model's scores.
+    """
+
+    def __init__(self, hidden: int):
+        super().__init__()
+        self.mlp = nn.Sequential(nn.Linear(hidden, hidden // 2), nn.GELU(), nn.Linear(hidden // 2, 1))
+        nn.init.zeros_(self.mlp[-1].weight)
+        nn.init.zeros_(self.mlp[-1].bias)
+
+    def forward(self, states: torch.Tensor, graph: torch.Tensor, batch: GraphBatch) -> torch.Tensor:
+        """(B, K) per-config sum of ``self.mlp`` over ``states`` (rows, K, H), rows grouped by ``graph``."""
+        per_node = self.mlp(states).squeeze(-1)  # (rows, K)
+        total = segment_sum(per_node, graph, batch.num_graphs)
+        return total / batch.num_config_nodes.clamp(min=1).to(total.dtype)[:, None]
+
+
 # ----------------------------------------------------------------------------- model
 
 
@@ -231,6 +257,8 @@ class GNNModel(nn.Module):
             if cfg.cross_config_attention else None
         )
         self.head = nn.Sequential(nn.GELU(), nn.Linear(hidden, hidden), nn.GELU(), nn.Linear(hidden, 1))
+        # built last so that the other modules draw the same initial weights with the option off
+        self.node_cost = NodeCostHead(hidden) if kind == "layout" and cfg.readout == "pooled+sum" else None
 
     # --- config-free part
 
@@ -324,17 +352,19 @@ class GNNModel(nn.Module):
 
     def score(self, ctx: Context, configs: ConfigBatch, fused: bool = True) -> torch.Tensor:
         """Costs (B, K) of the configs of each graph; padded slots hold meaningless values."""
+        node_cost = None
         if self.kind == "tile":
             c = self.config_proj(configs.values)
             feats = torch.cat([ctx.pooled.unsqueeze(1).expand(-1, c.shape[1], -1), c], dim=-1)
         elif fused and ctx.shared_pre:
-            feats = self._layout_fused(ctx, configs)
+            feats, node_cost = self._layout_fused(ctx, configs)
         else:
-            feats = self._layout_unfused(ctx, configs)
+            feats, node_cost = self._layout_unfused(ctx, configs)
         z = self.combine(feats)
         if self.attention is not None:
             z = self.attention(z, src_key_padding_mask=~configs.mask)
-        return self.head(z).squeeze(-1)
+        cost = self.head(z).squeeze(-1)
+        return cost if node_cost is None else cost + node_cost
 
     def _pool_layout(self, batch: GraphBatch, total: torch.Tensor, maximum: torch.Tensor,
                      at_config: torch.Tensor, chain_sum: torch.Tensor | None) -> torch.Tensor:
@@ -344,7 +374,8 @@ class GNNModel(nn.Module):
         parts = [mean, maximum, config_mean] + ([chain_sum.to(mean.dtype)] if chain_sum is not None else [])
         return torch.cat(parts, dim=-1)
 
-    def _layout_fused(self, ctx: Context, configs: ConfigBatch) -> torch.Tensor:
+    def _layout_fused(self, ctx: Context, configs: ConfigBatch) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Pooled features (B, K, F) and, with the node-cost readout, its (B, K) sum, else None."""
         batch = ctx.batch
         b = batch.num_graphs
         x, chain_sum = self.inject(ctx, configs)  # (R0, K, H)
@@ -359,9 +390,10 @@ class GNNModel(nn.Module):
         total = segment_sum(x, batch.final_graph, b) + ctx.outside_sum.unsqueeze(1)
         maximum = torch.maximum(segment_max_sorted(x, batch.final_graph, b, batch.final_counts),
                                 ctx.outside_max.unsqueeze(1))
-        return self._pool_layout(batch, total, maximum, x[batch.config_in_final], chain_sum)
+        pooled = self._pool_layout(batch, total, maximum, x[batch.config_in_final], chain_sum)
+        return pooled, None if self.node_cost is None else self.node_cost(x, batch.final_graph, batch)
 
-    def _layout_unfused(self, ctx: Context, configs: ConfigBatch) -> torch.Tensor:
+    def _layout_unfused(self, ctx: Context, configs: ConfigBatch) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Reference path: K full copies of the graph (GAT, and the check of the fused path)."""
         batch = ctx.batch
         injected, chain_sum = self.inject(ctx, configs)
@@ -371,4 +403,9 @@ class GNNModel(nn.Module):
             x = layer(x, batch)
         total = segment_sum(x, batch.node_graph, batch.num_graphs)
         maximum = segment_max_sorted(x, batch.node_graph, batch.num_graphs, batch.node_counts)
-        return self._pool_layout(batch, total, maximum, x[batch.config_rows], chain_sum)
+        pooled = self._pool_layout(batch, total, maximum, x[batch.config_rows], chain_sum)
+        if self.node_cost is None:
+            return pooled, None
+        # the nodes of D_L (the only ones whose state differs between configs), as the fused path sums them
+        varying = batch.levels[-1].rows
+        return pooled, self.node_cost(x.index_select(0, varying), batch.node_graph.index_select(0, varying), batch)

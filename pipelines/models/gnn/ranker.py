@@ -172,8 +172,9 @@ class GNNRanker:
             raise FormatError(path, f"cannot read GNN model ({exc})") from None
         if not isinstance(saved, dict) or saved.get("format") != MODEL_FORMAT:
             raise FormatError(path, "not a GNN model file of this version")
-        # a model saved before gnn.config_pairs existed was trained without it (the default is now on)
-        config = {"config_pairs": False, **saved["config"]}
+        # a model saved before gnn.config_pairs existed was trained without it (the default is now on);
+        # one saved before gnn.readout existed had the pooled readout
+        config = {"config_pairs": False, "readout": "pooled", **saved["config"]}
         ranker = cls(config, collection=saved["collection"], num_threads=num_threads)
         ranker.kind_, ranker.node_feat_dim_ = saved["kind"], saved["node_feat_dim"]
         ranker.history_, ranker.best_score_ = saved["history"], saved["best_score"]
