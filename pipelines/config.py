@@ -108,7 +108,7 @@ class EnsembleConfig:
 class RunConfig:
     """What a full run trains and how it is scheduled."""
 
-    seeds: list[int] = field(default_factory=lambda: [0], metadata={"min_items": 1, "unique": True})
+    seeds: list[int] = field(default_factory=lambda: [0, 1], metadata={"min_items": 1, "unique": True})
     models: list[str] = field(
         default_factory=lambda: list(MODEL_NAMES),
         metadata={"choices": MODEL_NAMES, "min_items": 1, "unique": True},

@@ -196,12 +196,12 @@ def test_a_full_disk_in_the_middle_of_a_stage_is_a_clear_error_and_leaves_no_out
     real_save = prune_module.save_pruned
     calls = []
 
-    def save_until_full(path: Path, graph) -> None:
+    def save_until_full(path: Path, graph, compress: str = "auto") -> None:
         calls.append(path)
         if len(calls) == 3:  # half a file, then the disk is full
             path.write_bytes(b"\0" * 10)
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
-        real_save(path, graph)
+        real_save(path, graph, compress)
 
     monkeypatch.setattr(prune_module, "save_pruned", save_until_full)
     with pytest.raises(PipelineError) as raised:
@@ -222,7 +222,7 @@ def test_a_writer_error_without_errno_is_reported_as_disk_full_only_when_the_dis
     """Some writers (polars' parquet sink) fail on a full disk with their own error and no errno."""
     import pipelines.engine as engine
 
-    def failing_save(path: Path, graph) -> None:
+    def failing_save(path: Path, graph, compress: str = "auto") -> None:
         raise RuntimeError("parquet: File out of specification: Invalid thrift: transport error")
 
     monkeypatch.setattr(prune_module, "save_pruned", failing_save)
