@@ -272,10 +272,6 @@ class GraphBatch:
     final_counts: list[int]  # rows of the last level per graph
     outside_counts: list[int]  # nodes outside D_L per graph
     chain_graph: torch.Tensor | None = None  # (E,) graph of each chain end
-    chain_src_at: torch.Tensor | None = None  # ends whose producer is configurable ...
-    chain_src_row: torch.Tensor | None = None  # ... and its row among the configurable nodes (R0)
-    chain_dst_at: torch.Tensor | None = None  # ends whose consumer is configurable ...
-    chain_dst_row: torch.Tensor | None = None  # ... and its row
     # what ``chain_layouts`` reads per end (small dtypes; it widens them where an op needs it):
     chain_src: torch.Tensor | None = None  # int32 (E,) producer's row among the configurable nodes, -1 = fixed
     chain_dst: torch.Tensor | None = None  # int32 (E,) consumer's row, -1 = fixed
@@ -355,10 +351,6 @@ def collate(graphs: list[PreparedGraph]) -> GraphBatch:
         final_counts=final_counts,
         outside_counts=[n - f for n, f in zip(node_counts, final_counts)],
         chain_graph=_cat([np.full(g.chain_src.shape[0], i, np.int64) for i, g in enumerate(graphs)], torch.long),
-        chain_src_at=torch.from_numpy(np.flatnonzero(chain_src >= 0)),
-        chain_src_row=torch.from_numpy(chain_src[chain_src >= 0]),
-        chain_dst_at=torch.from_numpy(np.flatnonzero(chain_dst >= 0)),
-        chain_dst_row=torch.from_numpy(chain_dst[chain_dst >= 0]),
         chain_src=torch.from_numpy(chain_src.astype(np.int32)),
         chain_dst=torch.from_numpy(chain_dst.astype(np.int32)),
         chain_kernel=_cat([g.chain_kernel for g in graphs], torch.bool),
