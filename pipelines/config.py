@@ -154,7 +154,7 @@ def apply_overrides(config: T, overrides: Sequence[str]) -> T:
     that is not one is taken as a string) and is type-checked against its field."""
     for text in overrides:
         where = f"override {text!r}"
-        keys, value = _parse_override(text, where)
+        keys, value = parse_override(text, where)
         nested: Any = value
         for key in reversed(keys):
             nested = {key: nested}
@@ -264,10 +264,6 @@ def _read_config_file(path: Path) -> str:
 
 def parse_override(text: str, where: str = "override") -> tuple[list[str], Any]:
     """``"section.key=value"`` -> (``["section", "key"]``, the TOML value, or the bare word as a string)."""
-    return _parse_override(text, where)
-
-
-def _parse_override(text: str, where: str) -> tuple[list[str], Any]:
     if "=" not in text or "\n" in text:
         raise ConfigError(f"{where}: expected section.key=value")
     key_text, value_text = text.split("=", 1)
