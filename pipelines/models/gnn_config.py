@@ -49,6 +49,9 @@ class GNNConfig:
     margin: float = bounded(0.1, 0.0)  # hinge margin on the score scale
     configs_per_graph: int = bounded(32, 2)  # K configs sampled per graph per step (a ranking needs pairs)
     graphs_per_step: int = bounded(1, 1)  # graphs per optimiser step (tile graphs are small: use more)
+    # passes over the training graphs per epoch (each with fresh K-config samples) before one validation:
+    # more optimiser steps per epoch without more validation passes
+    passes_per_epoch: int = bounded(1, 1)
     # Configs kept per training graph when loading for a fit. The base schedule draws K=32 configs per
     # graph for 20 epochs (640 draws), so a pool of 4096 loses nothing, while the int8 arrays of a
     # collection stay bounded (a real graph may have 3,000 configurable nodes: 4096 x 3000 x 18 B = 221 MB).

@@ -249,7 +249,8 @@ def train_model(
     # fixed validation subsets (as large as a test graph), drawn from their own stream
     eval_rng = np.random.default_rng([seed, 1])
     subsets = [sample_configs(eval_rng, g.num_configs, cfg.eval_max_configs) for g in valid]
-    steps_per_epoch = math.ceil(len(train) / cfg.graphs_per_step)
+    steps_per_pass = math.ceil(len(train) / cfg.graphs_per_step)
+    steps_per_epoch = cfg.passes_per_epoch * steps_per_pass
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     scheduler = make_scheduler(optimizer, cfg, cfg.epochs * steps_per_epoch)
     loss_fn = make_loss(cfg.loss, cfg.margin)
@@ -268,11 +269,13 @@ def train_model(
         epoch = state.epoch + 1
         started = time.perf_counter()
         model.train()
-        order = rng.permutation(len(train))
         losses = []
         bar = tqdm(total=steps_per_epoch, desc=f"epoch {epoch}/{cfg.epochs}", leave=False,
                    disable=not _show_progress(cfg))
-        for start in range(0, len(train), cfg.graphs_per_step):
+        for step in range(steps_per_epoch):
+            if step % steps_per_pass == 0:  # each pass visits every graph once, in a fresh order
+                order = rng.permutation(len(train))
+            start = (step % steps_per_pass) * cfg.graphs_per_step
             chosen = order[start:start + cfg.graphs_per_step]
             graphs = [train[i] for i in chosen]
             indices = [sample_configs(rng, g.num_configs, cfg.configs_per_graph) for g in graphs]
