@@ -374,6 +374,25 @@ def test_deterministic_for_a_seed():
     assert not np.allclose(a[0], c[0])
 
 
+def test_each_pass_of_an_epoch_visits_every_training_graph_once(monkeypatch):
+    from pipelines.models.gnn import trainer
+
+    visits, original = [], trainer.train_step
+
+    def recording_step(model, graphs, *args, **kwargs):
+        visits.append([id(g) for g in graphs])  # the prepared graphs live for the whole fit
+        return original(model, graphs, *args, **kwargs)
+
+    monkeypatch.setattr(trainer, "train_step", recording_step)
+    graphs = easy_world(6, "layout", 5)
+    ranker = gnn(epochs=2, passes_per_epoch=3, graphs_per_step=2, patience=0).fit(graphs, seed=0)
+    assert len(visits) == 2 * 3 * 3  # epochs x passes x ceil(5 graphs / 2 per step)
+    passes = [sum(visits[i:i + 3], []) for i in range(0, len(visits), 3)]
+    assert all(sorted(p) == sorted(passes[0]) and len(set(p)) == len(graphs) for p in passes)
+    assert all(len({tuple(p) for p in passes[e:e + 3]}) > 1 for e in (0, 3))  # a fresh order per pass
+    assert [h["epoch"] for h in ranker.history_] == [1, 2]  # one validation record per epoch, not per pass
+
+
 def test_predict_before_fit_raises():
     with pytest.raises(RuntimeError, match="fit"):
         gnn().predict([three_node("layout")])
