@@ -18,7 +18,8 @@
 # GNN: loss (`listmle` vs. `hinge`), layout physics on/off (layout collections: the padding the chosen
 # layouts imply, fed to the config embedding), config pairs on/off (layout: a message per config at
 # every place two layouts meet, directly or through elementwise chains), cross-config attention
-# on/off, autoencoder pre-training on/off. Every number is a mean +- spread
+# on/off, autoencoder pre-training on/off, one or two passes over the training graphs per epoch (twice
+# the optimiser steps for the same validations). Every number is a mean +- spread
 # over folds x seeds, read from the training stages' `scores.parquet`. The ensemble is blended seed
 # by seed from the saved out-of-fold predictions (`predictions.parquet`), weights fitted on them.
 # When the GNN is not registered in `pipelines.models.registry.MODELS`, its rows are skipped and the
@@ -69,7 +70,7 @@ fig = analysis.errorbar_plot(comparison, x="model", title="Models per collection
 analysis.save_figure(fig, figures / "04-models.png", close=False)
 
 # %% [markdown]
-# ## GNN options: loss, layout physics, config pairs, readout, cross-config attention, pre-training
+# ## GNN options: loss, layout physics, config pairs, readout, cross-config attention, pre-training, passes
 
 # %%
 if has_gnn:
@@ -88,6 +89,8 @@ if has_gnn:
         "cross-config attention off": ["gnn.cross_config_attention=false"],
         "pre-training on": ["gnn.pretrain=true"],
         "pre-training off": ["gnn.pretrain=false"],
+        "1 pass per epoch": ["gnn.passes_per_epoch=1"],
+        "2 passes per epoch": ["gnn.passes_per_epoch=2"],
     }
     gnn_trained = analysis.train_variants(settings, options, ["gnn"])
     gnn_summary = analysis.variant_summary(gnn_trained)
