@@ -53,7 +53,7 @@ class GNNConfig:
     # more optimiser steps per epoch without more validation passes
     passes_per_epoch: int = bounded(1, 1)
     # Configs kept per training graph when loading for a fit. The base schedule draws K=32 configs per
-    # graph and pass for 20 epochs (640 draws; 2,560 with the random collections' 4 passes), so a pool of 4096 loses
+    # graph and pass for 20 epochs (640 draws; 2,560 with the layout collections' 4 passes), so a pool of 4096 loses
     # little, while the int8 arrays of a collection stay bounded (a real graph may have 3,000 configurable nodes: 4096 x 3000 x 18 B = 221 MB).
     load_max_configs: int = bounded(4096, 2)
     # --- optimisation
@@ -80,9 +80,10 @@ class GNNConfig:
     deterministic: bool = False  # torch.use_deterministic_algorithms during the fit (GPU: bitwise repeatable)
     progress: bool = True  # tqdm bars (also switched off when stderr is not a terminal)
     # per-collection overrides, e.g. {"layout:xla:default": {"cross_config_attention": True}};
-    # tile graphs are tiny, so several go into one step; the random-search collections gain from more
-    # steps per epoch, nlp:random also from the summed node cost (base.toml)
+    # tile graphs are tiny, so several go into one step; the layout collections gain from more steps
+    # per epoch, nlp:random also from the summed node cost (base.toml)
     collections: dict[str, dict] = field(default_factory=lambda: {"tile:xla": {"graphs_per_step": 16},
+                                                                  "layout:xla:default": {"passes_per_epoch": 4},
                                                                   "layout:xla:random": {"passes_per_epoch": 4},
                                                                   "layout:nlp:random": {"readout": "pooled+sum",
                                                                                         "passes_per_epoch": 4}})
