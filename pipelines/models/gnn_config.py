@@ -85,6 +85,7 @@ class GNNConfig:
     collections: dict[str, dict] = field(default_factory=lambda: {"tile:xla": {"graphs_per_step": 16},
                                                                   "layout:xla:default": {"passes_per_epoch": 4},
                                                                   "layout:xla:random": {"passes_per_epoch": 4},
+                                                                  "layout:nlp:default": {"passes_per_epoch": 4},
                                                                   "layout:nlp:random": {"readout": "pooled+sum",
                                                                                         "passes_per_epoch": 4}})
 
