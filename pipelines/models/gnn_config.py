@@ -53,8 +53,9 @@ class GNNConfig:
     # more optimiser steps per epoch without more validation passes
     passes_per_epoch: int = bounded(1, 1)
     # Configs kept per training graph when loading for a fit. The base schedule draws K=32 configs per
-    # graph and pass for 20 epochs (640 draws; 2,560 with the layout collections' 4 passes), so a pool of 4096 loses
-    # little, while the int8 arrays of a collection stay bounded (a real graph may have 3,000 configurable nodes: 4096 x 3000 x 18 B = 221 MB).
+    # graph and pass for 20 epochs (640 draws; 2,560 with the layout collections' 4 passes), so a pool
+    # of 4096 loses little, while the int8 arrays of a collection stay bounded (a real graph may have
+    # 3,000 configurable nodes: 4096 x 3000 x 18 B = 221 MB).
     load_max_configs: int = bounded(4096, 2)
     # --- optimisation
     epochs: int = bounded(20, 1)
