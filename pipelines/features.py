@@ -584,17 +584,11 @@ def graph_features(ref: GraphRef, prune_path: Path, config: PipelineConfig,
     return columns, aggregate
 
 
-def _features_to(folder: Path, ref: GraphRef, prune_path: Path, config: PipelineConfig,
-                 value_frequency: bool) -> list[tuple[int, list[str], dict[str, float]]]:
-    """One features job for a graph with a table of its own: writes it; returns its row count, feature
-    columns and graph aggregates (collected by the stage into one table per split)."""
-    return _features_part_to(folder, [ref], _config_table_name(ref.split, ref.stem), prune_path, config,
-                             value_frequency)
-
-
 def _features_part_to(folder: Path, refs: list[GraphRef], name: str, prune_path: Path, config: PipelineConfig,
                       value_frequency: bool) -> list[tuple[int, list[str], dict[str, float]]]:
-    """One features job for ``refs``: writes their tables, in order, into one file ``name``."""
+    """One features job for ``refs``: writes their tables, in order, into one file ``name``; returns per
+    graph its row count, feature columns and graph aggregates (collected by the stage into one table
+    per split)."""
     columns, results = [], []
     for ref in refs:
         graph_columns, aggregate = graph_features(ref, prune_path, config, value_frequency)
@@ -621,15 +615,15 @@ def run_features(config: PipelineConfig, collection: Collection, work_dir: Path,
             (folder / split / "configs").mkdir(parents=True)
             aggregates = []
             if collection.is_tile:
-                chunks = [items[start : start + TILE_GRAPHS_PER_PART] for start in range(0, len(items), TILE_GRAPHS_PER_PART)]
+                chunks = [items[start:start + TILE_GRAPHS_PER_PART]
+                          for start in range(0, len(items), TILE_GRAPHS_PER_PART)]
                 parts = [f"part-{k:05d}.parquet" for k in range(len(chunks))]
-                results = map_in_order(_features_part_to, [(folder, chunk, _part_name(split, part), prune.path,
-                                                            config, vf)
-                                                           for chunk, part in zip(chunks, parts)], config.run.n_jobs)
-            else:
+                names = [_part_name(split, part) for part in parts]
+            else:  # a table per graph
                 chunks, parts = [[ref] for ref in items], [None] * len(items)
-                results = map_in_order(_features_to, [(folder, ref, prune.path, config, vf) for ref in items],
-                                       config.run.n_jobs)
+                names = [_config_table_name(split, ref.stem) for ref in items]
+            results = map_in_order(_features_part_to, [(folder, chunk, name, prune.path, config, vf)
+                                                       for chunk, name in zip(chunks, names)], config.run.n_jobs)
             listing = []  # tile: (graph, part, offset, rows)
             for chunk, part, batch in zip(chunks, parts, results):
                 offset = 0
