@@ -25,8 +25,10 @@ from pipelines.models.gnn_config import GNNConfig
 from pipelines.node_arrays import NODE_FEATURE_DIM, GraphArrays, transform_node_feat
 
 FEAT = NODE_FEATURE_DIM  # layout graphs must carry node_arrays' columns (shapes, layouts)
-# no per-collection overrides: the tests' hyperparameters are the ones they pass, whatever base.toml tunes
-FAST = dict(hidden=16, opcode_dim=8, config_value_dim=4, progress=False, num_threads=1, collections={})
+# no per-collection overrides and one pass per epoch: the tests' hyperparameters are the ones they pass,
+# whatever base.toml tunes
+FAST = dict(hidden=16, opcode_dim=8, config_value_dim=4, progress=False, num_threads=1, passes_per_epoch=1,
+            collections={})
 
 
 def gnn(kind: str = "layout", **hp) -> GNNRanker:
