@@ -103,7 +103,7 @@ def main(argv: Sequence[str] | None = None) -> Path:
         stage_rows += data_stages.measure_collection(roots[collection], collection, work, nice=args.nice,
                                                      jobs=[int(j) for j in args.jobs.split(",")])
     # the pool's start-up, so the 2-worker verdict can count it once per stage (see data_stages.targets)
-    startup = {j: data_stages.pool_startup_cpu(j, args.nice) for j in {int(j) for j in args.jobs.split(",")} if j > 1}
+    startup = {j: data_stages.pool_startup(j, args.nice) for j in {int(j) for j in args.jobs.split(",")} if j > 1}
     if args.largest:
         big = build_big_world()
         stage_rows += data_stages.measure_collection(big, "layout:xla:default", work / "largest", nice=args.nice,
@@ -138,7 +138,7 @@ def main(argv: Sequence[str] | None = None) -> Path:
 
 
 def report(host, args: argparse.Namespace, stage_rows: list, fit_rows: list, throughput_rows: list,
-           wall_s: float, startup_cpu: dict[int, float] | None = None) -> str:
+           wall_s: float, startup: dict | None = None) -> str:
     now = datetime.now(timezone.utc).isoformat(timespec="minutes")
     lines = [f"# Benchmark {now}", "", "## Machine", "", *host.describe(),
              f"- benchmark wall time {wall_s / 60:.1f} min; measured processes ran at nice {args.nice}", "",
@@ -152,7 +152,8 @@ def report(host, args: argparse.Namespace, stage_rows: list, fit_rows: list, thr
              "## Data stages vs bare decompression", "",
              "`floor` = `np.load` of every array of every file (what any reader must pay); `x floor` = stage time "
              "over the floor on the same files. Each row is its own fresh process (peak RSS = ru_maxrss).", "",
-             *data_stages.table(stage_rows), "", *data_stages.targets(stage_rows, startup_cpu), ""]
+             *data_stages.table(stage_rows), "", *data_stages.startup_lines(startup or {}),
+             *data_stages.targets(stage_rows, startup), ""]
     if fit_rows:
         lines += ["## Training (one fold, one seed, 2 threads) and prediction of every test graph", "",
                   "Fit = loading the training data + `fit` on the train graphs, early stopping on the valid graphs "

@@ -66,6 +66,10 @@ HISTOGRAM_OPCODES = {
 }
 WINDOW_PRODUCT = NodeFeat.WINDOW_SIZE_PRODUCT
 LAYOUT_VALUES = range(6)
+# pack_blocks: a block's six values as base-7 digits (value + 1), the offset adds the ones.
+_BASE7_DIGITS = (7 ** np.arange(6)).astype(np.float32)
+_BASE7_OFFSET = int(_BASE7_DIGITS.sum())
+_PACK_CHUNK_VALUES = 2**18
 # Bits per element of node_feat's one-hot element types (columns 2-20, in order).
 # ----------------------------------------------------------------------------- graph aggregates
 
@@ -323,12 +327,19 @@ def _choice_counts(blocks: _Blocks, nodes: ConfigNodes) -> dict[str, np.ndarray]
 
 def pack_blocks(configs: np.ndarray) -> np.ndarray:
     """int32 (c, nc, 3): each 6-value block (values -1..5) packed base 7 into one integer
-    (slot pairs, see :func:`slot_pairs`, are its base-49 digits)."""
-    packed = np.empty((configs.shape[0], configs.shape[1], 3), dtype=np.int32)
-    for b in range(3):
-        packed[:, :, b] = slot_pairs(configs, 6 * b)
-        packed[:, :, b] += slot_pairs(configs, 6 * b + 2) * np.int32(49)
-        packed[:, :, b] += slot_pairs(configs, 6 * b + 4) * np.int32(49**2)
+    (slot pairs, see :func:`slot_pairs`, are its base-49 digits).
+
+    One float32 matrix-vector product per chunk of configs (BLAS, a few times faster than nine
+    strided integer passes): every product and partial sum is an integer of magnitude below 2**24,
+    which float32 holds exactly, so the result does not depend on the summation order."""
+    count, nc = configs.shape[:2]
+    packed = np.empty((count, nc, len(BLOCKS)), dtype=np.int32)
+    blocks = configs.reshape(count, nc * len(BLOCKS), 6)
+    step = max(1, _PACK_CHUNK_VALUES // max(nc * 18, 1))  # a chunk's float32 copy stays in cache
+    for start in range(0, count, step):
+        values = blocks[start : start + step].astype(np.float32).reshape(-1, 6)
+        packed[start : start + step] = (values @ _BASE7_DIGITS).reshape(-1, nc, len(BLOCKS))
+    packed += _BASE7_OFFSET
     return packed
 
 
@@ -349,7 +360,8 @@ def value_frequencies(configs: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.n
     lowest = np.ones(count)
     if varying.size == 0 or count == 0:
         return np.ones(count), lowest, total_log
-    seen = np.bincount(packed.reshape(-1), minlength=7**6) > 0
+    seen = np.zeros(7**6, dtype=bool)
+    seen[packed.reshape(-1)] = True  # a scatter: twice as fast as a bincount here
     distinct = int(seen.sum())
     dense = (np.cumsum(seen) - 1).astype(np.int32)  # packed value -> id among the values that occur
     group = max(1, CELLS_PER_CHUNK // count)

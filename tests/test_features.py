@@ -14,6 +14,7 @@ from pipelines.features import (
     graph_feature_table,
     layout_config_features,
     layout_feature_names,
+    pack_blocks,
     tile_config_features,
     value_frequencies,
 )
@@ -137,6 +138,17 @@ def test_value_frequencies_match_a_per_cell_count_on_both_counting_paths() -> No
         np.testing.assert_allclose(mean, [np.mean(row) for row in shares], rtol=1e-12)
         np.testing.assert_allclose(lowest, [min(row) for row in shares], rtol=1e-12)
         np.testing.assert_allclose(logmean, [np.mean(np.log(row)) for row in shares], rtol=1e-12)
+
+
+def test_pack_blocks_writes_each_block_as_base_7_digits_across_chunks() -> None:
+    rng = np.random.default_rng(5)
+    configs = rng.integers(-1, 6, size=(40, 1000, 18)).astype(np.int8)  # 18,000 values a row: several chunks
+    configs[7, 3] = 5  # the largest code, 7**6 - 1
+    expected = ((configs.reshape(40, 1000, 3, 6).astype(np.int64) + 1) * 7 ** np.arange(6)).sum(axis=3)
+    packed = pack_blocks(configs)
+    assert packed.dtype == np.int32 and packed.shape == (40, 1000, 3)
+    np.testing.assert_array_equal(packed, expected)
+    assert packed.max() == 7**6 - 1
 
 
 def test_block_codes_and_padding_table_agree_with_the_blocks() -> None:
