@@ -12,7 +12,9 @@ or the bounds ``metadata={"min"/"max"/"below": ...}`` (see :mod:`pipelines.model
 The checker is generic over dataclass fields (nested dataclasses, ``list[...]``, ``tuple[...]``,
 ``dict[str, ...]``, ``X | None``, ``Literal[...]``), so model configs can grow freely. A section
 field named ``collections`` holds per-collection overrides, e.g. ``[gbdt.collections."tile:xla"]``
-with a subset of the section's keys; :func:`resolve_for_collection` applies them.
+with a subset of the section's keys; :func:`resolve_for_collection` applies them. Later sources win:
+a file or override that sets a section key replaces that key in the per-collection tables it
+inherits (see :func:`_layer`).
 """
 
 from __future__ import annotations
@@ -144,7 +146,7 @@ def load_config(path_or_name: str | Path | None = None, overrides: Sequence[str]
     chain = _load_chain(BASE_NAME if path_or_name is None else path_or_name)
     merged: dict = {}
     for source, data in chain:
-        merged = _deep_merge(merged, data)
+        merged = _layer(merged, data)
         config = _build(PipelineConfig, merged, source, "")
     return apply_overrides(config, overrides)
 
@@ -158,7 +160,7 @@ def apply_overrides(config: T, overrides: Sequence[str]) -> T:
         nested: Any = value
         for key in reversed(keys):
             nested = {key: nested}
-        config = _build(type(config), _deep_merge(config_to_dict(config), nested), where, "")
+        config = _build(type(config), _layer(config_to_dict(config), nested), where, "")
     return config
 
 
@@ -291,6 +293,29 @@ def _split_dotted(text: str, where: str) -> list[str]:
         parts.append(next(g for g in match.groups() if g is not None))
         pos = match.end()
     return parts
+
+
+def _layer(merged: Mapping[str, Any], layer: Mapping[str, Any]) -> dict:
+    """A later file or override (``layer``) on top of what came before (``merged``).
+
+    A section key that the layer sets also drops that key from the per-collection tables it
+    inherits, so a later setting reaches every collection (``--set gnn.epochs=3`` trains every
+    collection 3 epochs, whatever base.toml sets per collection); the layer's own per-collection
+    tables then apply on top, so within one file a per-collection value wins over the section's.
+    """
+    cleared = dict(merged)
+    for section, table in layer.items():
+        inherited = merged.get(section)
+        if not isinstance(table, Mapping) or not isinstance(inherited, Mapping):
+            continue
+        per_collection = inherited.get(PER_COLLECTION_FIELD)
+        keys = set(table) - {PER_COLLECTION_FIELD}
+        if not keys or not isinstance(per_collection, Mapping):
+            continue
+        kept = {name: {k: v for k, v in values.items() if k not in keys} if isinstance(values, Mapping) else values
+                for name, values in per_collection.items()}
+        cleared[section] = {**inherited, PER_COLLECTION_FIELD: {name: values for name, values in kept.items() if values}}
+    return _deep_merge(cleared, layer)
 
 
 def _deep_merge(base: Mapping[str, Any], over: Mapping[str, Any]) -> dict:

@@ -64,6 +64,13 @@ def test_quick_extends_base_and_changes_only_its_own_keys():
     assert load_config("quick").folds.k == 2
 
 
+def test_cpu_trains_one_pass_per_epoch_on_every_collection_and_demo_keeps_four_on_layouts():
+    for collection in ALL_COLLECTIONS:
+        assert resolve_for_collection(load_config("cpu").gnn, collection).passes_per_epoch == 1
+        if not collection.is_tile:
+            assert resolve_for_collection(load_config("demo").gnn, collection).passes_per_epoch == 4
+
+
 def test_user_file_extends_by_name_and_by_relative_path(tmp_path):
     write(tmp_path, "mid.toml", 'extends = "quick"\n[folds]\nseed = 7\n')
     sub = tmp_path / "exp"
@@ -181,6 +188,22 @@ def test_per_collection_overrides_from_file_and_resolution(tmp_path):
     # a collection's resolved section does not depend on another collection's overrides
     other = apply_overrides(config, ['gbdt.collections."layout:xla:default".num_leaves=7'])
     assert fingerprint(resolve_for_collection(other.gbdt, TILE_XLA)) == fingerprint(tile)
+
+
+def test_a_later_section_value_reaches_every_collection_and_a_later_per_collection_value_wins(tmp_path):
+    # base.toml sets passes_per_epoch per collection (tile, xla); a later --set of the section key
+    # replaces those, and a per-collection --set after it applies to its collection only
+    config = load_config(None, ["gnn.passes_per_epoch=2", 'gnn.collections."layout:xla:random".passes_per_epoch=3'])
+    passes = {c.name: resolve_for_collection(config.gnn, c).passes_per_epoch for c in ALL_COLLECTIONS}
+    assert passes == {**{c.name: 2 for c in ALL_COLLECTIONS}, "layout:xla:random": 3}
+    assert resolve_for_collection(config.gnn, TILE_XLA).graphs_per_step == 16  # other keys of the table stay
+    # the same for a file extending base; its own per-collection table wins within the file
+    path = write(tmp_path, "exp.toml", 'extends = "base"\n[gnn]\npasses_per_epoch = 5\n'
+                                       '[gnn.collections."tile:xla"]\npasses_per_epoch = 6\n')
+    from_file = load_config(path)
+    assert resolve_for_collection(from_file.gnn, "layout:xla:default").passes_per_epoch == 5
+    assert resolve_for_collection(from_file.gnn, TILE_XLA).passes_per_epoch == 6
+    assert resolve_for_collection(from_file.gnn, TILE_XLA).graphs_per_step == 16
 
 
 @pytest.mark.parametrize(
