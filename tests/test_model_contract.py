@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from pipelines.collections import parse_collection
 from pipelines.config import load_config
 from pipelines.models.registry import MODELS, get_adapter
 from pipelines.predictions import prediction_frame, validate_predictions
@@ -70,3 +71,21 @@ def test_every_registered_model_keeps_the_contract(model, collection, prepared, 
 
     facts, importance = adapter.describe(ranker)
     assert isinstance(facts, dict)
+
+
+@pytest.mark.parametrize("collection", COLLECTIONS)
+@pytest.mark.parametrize("model", ["gbdt", "gnn"])
+def test_the_ranker_trains_with_the_settings_its_stage_records(model, collection):
+    """A section value set later replaces the defaults' per-collection values (tile's objective,
+    passes and steps; xla's passes): the stage's settings, which key it, are what the ranker uses."""
+    import dataclasses
+
+    config = load_config("smoke", ['gbdt.objective="pairwise"', "gbdt.graph_rank_features=false",
+                                   "gnn.passes_per_epoch=2", "gnn.graphs_per_step=3"])
+    adapter = get_adapter(model)
+    settings = adapter.settings(config, parse_collection(collection))
+    ranker = adapter.make(settings, parse_collection(collection), num_threads=1)
+    used = {k: v for k, v in dataclasses.asdict(ranker.config).items() if k in settings and k != "num_threads"}
+    assert used == {k: settings[k] for k in used}
+    assert (settings["objective"], settings["graph_rank_features"]) == ("pairwise", False) if model == "gbdt" else \
+        (settings["passes_per_epoch"], settings["graphs_per_step"]) == (2, 3)

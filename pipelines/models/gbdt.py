@@ -469,7 +469,7 @@ class GBDTAdapter(FeatureTableAdapter):
 
     def settings(self, config: Any, collection: Collection) -> dict[str, Any]:
         resolved = config_to_dict(resolve_for_collection(config.gbdt, collection))
-        resolved.pop("collections", None)
+        resolved["collections"] = {}  # resolved: the ranker must not apply its defaults' tables again
         return resolved
 
     def load(self, prepared: Any, graphs: list[str], *, settings: dict[str, Any], fit: bool,

@@ -40,7 +40,7 @@ class GNNAdapter:
         from pipelines.config import config_to_dict, resolve_for_collection
 
         resolved = config_to_dict(resolve_for_collection(config.gnn, collection))
-        resolved.pop("collections", None)
+        resolved["collections"] = {}  # resolved: the ranker must not apply its defaults' tables again
         return resolved
 
     def inputs(self, prepared: Any) -> dict[str, str]:
