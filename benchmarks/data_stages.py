@@ -42,7 +42,8 @@ result = {{"wall_s": time.perf_counter() - t0, "cpu_s": time.process_time() - c0
 
 _STAGE = """
 from pipelines import prepare as p
-from pipelines.features import run_features
+from pipelines.features import run_features, seeded_rng
+from pipelines.parallel import map_in_order
 from pipelines.node_arrays import run_node_arrays
 from pipelines.prune import read_graph_table, run_prune
 from pipelines.collections import parse_collection
@@ -52,10 +53,7 @@ collection = parse_collection({collection!r})
 refs = p.collection_refs({root!r}, collection)
 key = p.raw_data_key({root!r}, refs)
 work, stage = __import__("pathlib").Path({work!r}), {stage!r}
-if config.run.n_jobs > 1:  # start the pool first: a run pays that once, not per file (see pool_startup)
-    from pipelines.features import seeded_rng
-    from pipelines.parallel import map_in_order
-    list(map_in_order(seeded_rng, [(0, str(i)) for i in range(2 * config.run.n_jobs)], config.run.n_jobs))
+{start_pool}
 t0, c0 = time.perf_counter(), time.process_time()
 prune = run_prune(config, collection, work, refs, key, stage == "prune")
 if stage != "prune":
@@ -80,17 +78,24 @@ result = {{"wall_s": wall, "cpu_s": cpu + children.ru_utime + children.ru_stime,
 # outlives the stage (joblib's reusable executor), so a run pays this once, not per stage or file:
 # the stage measurements start a warm pool, and the extrapolation adds this once per stage and
 # collection (more than a run pays).
+_START_POOL = "list(map_in_order(seeded_rng, [(0, str(i)) for i in range(2 * {jobs})], {jobs}))"
 _POOL_STARTUP = """
 from pipelines.features import seeded_rng
 from pipelines.parallel import map_in_order
 t0, c0 = time.perf_counter(), time.process_time()
-list(map_in_order(seeded_rng, [(0, str(i)) for i in range(2 * {jobs})], {jobs}))
+{start_pool}
 wall = time.perf_counter() - t0
 from joblib.externals.loky import get_reusable_executor
 get_reusable_executor().shutdown(wait=True)
 children = resource.getrusage(resource.RUSAGE_CHILDREN)
 result = {{"wall_s": wall, "cpu_s": time.process_time() - c0 + children.ru_utime + children.ru_stime}}
 """
+
+
+def start_pool(jobs: int) -> str:
+    """Code that starts ``jobs`` worker processes (two trivial jobs each); none for one job. Stage
+    measurements run it before their clock starts, :func:`pool_startup` times it."""
+    return _START_POOL.format(jobs=jobs) if jobs > 1 else ""
 
 
 @dataclass(frozen=True)
@@ -104,7 +109,7 @@ def pool_startup(jobs: int, nice: int = 0) -> PoolStartup:
     (zero for one job: no pool)."""
     if jobs <= 1:
         return PoolStartup(0.0, 0.0)
-    result = measure(_POOL_STARTUP.format(jobs=jobs), nice=nice)
+    result = measure(_POOL_STARTUP.format(start_pool=start_pool(jobs)), nice=nice)
     return PoolStartup(float(result["wall_s"]), float(result["cpu_s"]))
 
 
@@ -148,7 +153,7 @@ def measure_collection(root: Path, collection: str, work: Path, *, overrides: Se
             body = _FLOOR.format(root=str(root), collection=collection)
         else:
             body = _STAGE.format(root=str(root), collection=collection, work=str(work), stage=stage,
-                                 overrides=list(overrides), jobs=n)
+                                 overrides=list(overrides), jobs=n, start_pool=start_pool(n))
         result = measure(body, nice=nice)
         configs = result.get("configs", configs)
         rows.append(StageRow(label or collection, stage, int(result["files"]), configs, float(result["wall_s"]),

@@ -312,8 +312,7 @@ def _layer(merged: Mapping[str, Any], layer: Mapping[str, Any]) -> dict:
         keys = set(table) - {PER_COLLECTION_FIELD}
         if not keys or not isinstance(per_collection, Mapping):
             continue
-        kept = {name: {k: v for k, v in values.items() if k not in keys} if isinstance(values, Mapping) else values
-                for name, values in per_collection.items()}
+        kept = {name: {k: v for k, v in values.items() if k not in keys} for name, values in per_collection.items()}
         cleared[section] = {**inherited, PER_COLLECTION_FIELD: {name: values for name, values in kept.items() if values}}
     return _deep_merge(cleared, layer)
 

@@ -468,9 +468,8 @@ class GBDTAdapter(FeatureTableAdapter):
     ranker_class = GBDTRanker
 
     def settings(self, config: Any, collection: Collection) -> dict[str, Any]:
-        resolved = config_to_dict(resolve_for_collection(config.gbdt, collection))
-        resolved["collections"] = {}  # resolved: the ranker must not apply its defaults' tables again
-        return resolved
+        # resolved, with its empty `collections` kept: the ranker must not apply its defaults' tables again
+        return config_to_dict(resolve_for_collection(config.gbdt, collection))
 
     def load(self, prepared: Any, graphs: list[str], *, settings: dict[str, Any], fit: bool,
              seed: int) -> pl.DataFrame:

@@ -39,9 +39,8 @@ class GNNAdapter:
     def settings(self, config: Any, collection: Collection) -> dict[str, Any]:
         from pipelines.config import config_to_dict, resolve_for_collection
 
-        resolved = config_to_dict(resolve_for_collection(config.gnn, collection))
-        resolved["collections"] = {}  # resolved: the ranker must not apply its defaults' tables again
-        return resolved
+        # resolved, with its empty `collections` kept: the ranker must not apply its defaults' tables again
+        return config_to_dict(resolve_for_collection(config.gnn, collection))
 
     def inputs(self, prepared: Any) -> dict[str, str]:
         return {"node_arrays": prepared.stages["node_arrays"].key, "folds": prepared.stages["folds"].key}
