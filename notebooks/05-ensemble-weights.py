@@ -82,3 +82,46 @@ for ax, name in zip(fig.axes, summary["collection"].unique(maintain_order=True).
     stage = next(s for s in saved if s["collection"][0] == name)
     ax.plot(stage["weight"].to_numpy(), stage["score"].to_numpy(), color="black", linewidth=0.8, alpha=0.6)
 analysis.save_figure(fig, figures / "05-ensemble-weights.png", close=False)
+
+# %% [markdown]
+# ## The same weights on hidden test labels (synthetic worlds only)
+#
+# A world written by `synth` keeps its test labels in a sidecar, so there the test score of every
+# blend weight can be measured from the run's saved test predictions: each run seed's fold models
+# averaged (mean +- std over seeds), and every seed and fold model averaged, which is what the
+# submission blends (black line). The dashed line is the weight fitted out of fold. The gap between
+# the two curves' best weights is what the OOF fit gets wrong: test predictions average more models
+# than OOF ones, and the test graphs are few. The real data has no test labels: skipped there.
+
+# %%
+from pipelines.ensemble import AVERAGED
+from pipelines.synth.world import labels_marker
+
+world = run.manifest["data_root"]
+if labels_marker(world) is None:
+    print(f"{world}: no hidden test labels (the real data, or a world written before the sidecar): skipped")
+else:
+    blended_models = {name: [m for m in run.manifest["models"] if m in run.trained[name]][:2]
+                      for name in summary["collection"].unique(maintain_order=True).to_list()}
+    fitted = {name: run.manifest["ensemble_weights"][name][models[0]] for name, models in blended_models.items()}
+    held_out = pl.concat([
+        analysis.hidden_label_weight_curve({m: load_predictions(run.trained[name][m]) for m in models}, world, name,
+                                           grid.tolist())
+        for name, models in blended_models.items()])
+    per_seed = analysis.summarize_cells(held_out.filter(pl.col("seed") != AVERAGED), ["collection", "weight"])
+    averaged = held_out.filter(pl.col("seed") == AVERAGED).select("collection", "weight",
+                                                                 pl.col("score").alias("all models"))
+    print(analysis.format_table(per_seed.select("collection", "weight", "mean", "std_seeds")
+                                .join(averaged, on=["collection", "weight"])))
+    best_test = (averaged.sort(["all models", "weight"], descending=[True, False])  # ties: the smallest weight
+                 .group_by("collection", maintain_order=True).first())
+    print("best test weight per collection (all models averaged), next to the weight fitted out of fold:")
+    print(analysis.format_table(best_test.with_columns(
+        pl.col("collection").replace_strict(fitted, return_dtype=pl.Float64).alias("OOF-fitted weight"))))
+    fig = analysis.errorbar_plot(per_seed, x="weight", spread="std_seeds", ylabel="test score",
+                                 title="Test score vs. blend weight (hidden labels)", xlabel="blend weight")
+    for ax, name in zip(fig.axes, per_seed["collection"].unique(maintain_order=True).to_list()):
+        line = averaged.filter(pl.col("collection") == name).sort("weight")
+        ax.plot(line["weight"].to_numpy(), line["all models"].to_numpy(), color="black", linewidth=0.8)
+        ax.axvline(fitted[name], color="grey", linestyle="--", linewidth=1)
+    analysis.save_figure(fig, figures / "05-ensemble-weights-test.png", close=False)

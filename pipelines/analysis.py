@@ -14,7 +14,8 @@ Pieces, in the house order (pure functions first, thin I/O shells after):
   :func:`opcode_mix`, :func:`runtime_spread`;
 * I/O shells: :func:`prepare_world`, :func:`graph_facts` (raw files, one at a time),
   :func:`train_variants`, :func:`load_scores`, :func:`load_importance`, :func:`run_outputs` (the
-  stage outputs a run manifest names);
+  stage outputs a run manifest names), :func:`hidden_label_weight_curve` (the blend-weight curve on
+  a synthetic world's hidden test labels);
 * plots (matplotlib, Agg backend): :func:`errorbar_plot`, :func:`save_figure`.
 
 Spread: Kendall tau on a few graphs is noisy, so every comparison is run over several folds and
@@ -533,6 +534,48 @@ def true_runtimes(prune: StageOutput, collection: str, graphs: Iterable[str]) ->
 
     source = Prepared(parse_collection(collection), {"prune": prune})
     return {g: source.runtimes(g) for g in sorted(set(graphs))}
+
+
+def hidden_label_weight_curve(predictions: Mapping[str, pl.DataFrame], data_root: Path | str, collection: str,
+                      weights: Sequence[float], *, method: str = "minmax") -> pl.DataFrame:
+    """Two models ``a``, ``b``: the test score of ``w * a + (1 - w) * b`` on a synthetic world's hidden
+    labels, for each ``w`` -- the curve that :func:`weight_curve` estimates out of fold.
+
+    One row per (``weight``, ``seed``): each run seed's fold models averaged, and ``seed`` =
+    ``AVERAGED`` for every seed and fold model averaged, which is exactly what the run's submission
+    blends. Columns ``collection``, ``weight``, ``seed``, ``score``. A data root without hidden labels
+    (the real data) is refused with :class:`PipelineError`.
+    """
+    from pipelines.collections import parse_collection
+    from pipelines.ensemble import AVERAGED, blend, prepare_model_scores
+    from pipelines.evaluate import evaluate_rows, require_sidecar
+    from pipelines.run import submission_rows
+
+    if len(predictions) != 2:
+        raise ConfigError(f"hidden_label_weight_curve blends exactly two models, got {list(predictions)}")
+    if any(not 0.0 <= w <= 1.0 for w in weights):
+        raise ConfigError(f"blend weights must lie in [0, 1], got {list(weights)}")
+    require_sidecar(data_root)
+    first, second = predictions
+    test = pl.concat([frame.filter((pl.col("split") == "test") & (pl.col("collection") == collection))
+                      .with_columns(pl.lit(name).alias("model")) for name, frame in predictions.items()])
+    seeds = sorted(set.intersection(*(set(test.filter(pl.col("model") == m)["seed"].unique().to_list())
+                                      for m in (first, second))))
+    if not seeds:
+        raise PipelineError(f"{collection}: the models {[first, second]} share no seed of test predictions")
+    runs = {seed: test.filter(pl.col("seed") == seed) for seed in seeds} | {AVERAGED: test}
+    entries, rows = [], {}
+    for seed, frame in runs.items():
+        scaled = prepare_model_scores(frame, method)
+        for w in weights:
+            entry = f"w={float(w)!r} seed={seed}"
+            rows[entry] = submission_rows(blend(scaled, {first: float(w), second: 1.0 - float(w)}))
+            entries.append((entry, float(w), seed))
+    scores = evaluate_rows(data_root, rows, collections=[parse_collection(collection)])
+    return pl.DataFrame([(collection, w, seed, scores.collection_scores(entry)[collection])
+                         for entry, w, seed in entries],
+                        schema={"collection": pl.Utf8, "weight": pl.Float64, "seed": pl.Int64, "score": pl.Float64},
+                        orient="row").sort("weight", "seed")
 
 
 # ----------------------------------------------------------------------------- plots

@@ -9,6 +9,7 @@ import shutil
 from pathlib import Path
 
 import numpy as np
+import polars as pl
 import pytest
 
 from pipelines.cli import main
@@ -18,6 +19,7 @@ from pipelines.errors import PipelineError
 from pipelines.evaluate import (CEILING, EVALUATION_FILE, FLOOR, HEURISTIC, SUBMISSION, costs_row, evaluate_rows,
                                 evaluate_run, heuristics)
 from pipelines.synth.world import read_labels
+from pipelines.train import load_predictions
 from pipelines.tpugraphs import list_graphs
 
 
@@ -130,3 +132,29 @@ def test_a_run_made_for_another_world_is_refused(run, tmp_path: Path) -> None:
     with pytest.raises(SubmissionError, match="unknown ID"):
         evaluate_run(run_id, other, submissions_dir=submissions, with_models=False)
     assert np.isfinite(0.0)
+
+
+def test_hidden_label_weight_curve_ends_are_the_models_and_the_run_weight_is_its_submission(
+        run, tiny_world: Path, tmp_path: Path) -> None:
+    from pipelines import analysis
+    from pipelines.ensemble import AVERAGED
+
+    submissions, run_id = run
+    record, _ = evaluate_run(run_id, tiny_world, submissions_dir=submissions)
+    record = record.to_dict()["collections"]
+    outputs = analysis.run_outputs(submissions, run_id)
+    seeds = set(outputs.manifest["config"]["run"]["seeds"])
+    for name in ("tile:xla", "layout:nlp:random"):
+        predictions = {m: load_predictions(outputs.trained[name][m]) for m in ("gbdt", "feature")}
+        chosen = outputs.manifest["ensemble_weights"][name]["gbdt"]
+        curve = analysis.hidden_label_weight_curve(predictions, tiny_world, name, [0.0, chosen, 1.0])
+        assert set(curve["seed"].to_list()) == seeds | {AVERAGED} and curve.height == 3 * (len(seeds) + 1)
+        averaged = dict(curve.filter(pl.col("seed") == AVERAGED).select("weight", "score").rows())
+        # every seed and fold model averaged: what `evaluate` scores for each model alone, and the submission
+        assert averaged[1.0] == pytest.approx(record[name]["gbdt"])
+        assert averaged[0.0] == pytest.approx(record[name]["feature"])
+        assert averaged[chosen] == pytest.approx(record[name][SUBMISSION])
+    real_like = tmp_path / "real"
+    shutil.copytree(tiny_world, real_like, ignore=shutil.ignore_patterns("labels"))
+    with pytest.raises(PipelineError, match="no hidden test labels"):
+        analysis.hidden_label_weight_curve(predictions, real_like, name, [0.5])
