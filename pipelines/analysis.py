@@ -537,7 +537,7 @@ def true_runtimes(prune: StageOutput, collection: str, graphs: Iterable[str]) ->
 
 
 def hidden_label_weight_curve(predictions: Mapping[str, pl.DataFrame], data_root: Path | str, collection: str,
-                      weights: Sequence[float], *, method: str = "minmax") -> pl.DataFrame:
+                              weights: Sequence[float], *, method: str = "minmax") -> pl.DataFrame:
     """Two models ``a``, ``b``: the test score of ``w * a + (1 - w) * b`` on a synthetic world's hidden
     labels, for each ``w`` -- the curve that :func:`weight_curve` estimates out of fold.
 

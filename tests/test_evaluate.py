@@ -1,6 +1,6 @@
 """``evaluate``: a run's test submission scored on the tiny world's hidden labels, next to the
 heuristics (floor) and the noise-free ranking (ceiling); refusal of a world without labels; the run
-folder's evaluation file and its report section."""
+folder's evaluation file and its report section; the blend-weight curve on hidden labels."""
 
 from __future__ import annotations
 
