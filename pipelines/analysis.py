@@ -230,6 +230,33 @@ def graph_metric_scores(blended: pl.DataFrame, truths: Mapping[str, np.ndarray],
     return pl.DataFrame(rows, schema={"graph": pl.Utf8, "fold": pl.Int64, "score": pl.Float64})
 
 
+def _model_rows(predictions: Mapping[str, pl.DataFrame], collection: str, split: str) -> pl.DataFrame:
+    """Every model's ``split`` rows of ``collection``, each tagged with the model's name."""
+    return pl.concat([frame.filter((pl.col("split") == split) & (pl.col("collection") == collection))
+                      .with_columns(pl.lit(name).alias("model")) for name, frame in predictions.items()])
+
+
+def _shared_seeds(frame: pl.DataFrame, models: Sequence[str], collection: str, what: str) -> list[int]:
+    """The run seeds every model of ``frame`` has, sorted; a PipelineError when there is none."""
+    seeds = sorted(set.intersection(*(set(frame.filter(pl.col("model") == m)["seed"].unique().to_list())
+                                      for m in models)))
+    if not seeds:
+        raise PipelineError(f"{collection}: the models {list(models)} share no seed of {what} predictions")
+    return seeds
+
+
+def _two_model_blend(caller: str, predictions: Mapping[str, pl.DataFrame],
+                     weights: Sequence[float]) -> tuple[str, str]:
+    """The two models of a curve along ``w * first + (1 - w) * second``, after checking the weights."""
+    if len(predictions) != 2:
+        raise ConfigError(f"{caller} blends exactly two models, got {list(predictions)}")
+    outside = [w for w in weights if not 0.0 <= w <= 1.0]
+    if outside:
+        raise ConfigError(f"blend weights must lie in [0, 1], got {outside}")
+    first, second = predictions
+    return first, second
+
+
 def blend_by_seed(predictions: Mapping[str, pl.DataFrame], truths: Mapping[str, np.ndarray], collection: str,
                   *, method: str = "minmax", weights: Mapping[str, float] | None = None) -> pl.DataFrame:
     """Per-graph scores of the ensemble of saved OOF predictions, seed by seed.
@@ -245,13 +272,8 @@ def blend_by_seed(predictions: Mapping[str, pl.DataFrame], truths: Mapping[str, 
     from pipelines.ensemble import common_oof
 
     models = list(predictions)
-    oof = pl.concat([frame.filter((pl.col("split") == "oof") & (pl.col("collection") == collection))
-                     .with_columns(pl.lit(name).alias("model")) for name, frame in predictions.items()])
-    oof = common_oof(oof, models)
-    seeds = sorted(set.intersection(*(set(oof.filter(pl.col("model") == m)["seed"].unique().to_list())
-                                      for m in models)))
-    if not seeds:
-        raise PipelineError(f"{collection}: the models {models} share no seed of out-of-fold predictions")
+    oof = common_oof(_model_rows(predictions, collection, "oof"), models)
+    seeds = _shared_seeds(oof, models, collection, "out-of-fold")
     keyed_truths = {(collection, g): t for g, t in truths.items()}
     frames = []
     for seed in seeds:
@@ -269,13 +291,9 @@ def weight_curve(predictions: Mapping[str, pl.DataFrame], truths: Mapping[str, n
                  weights: Sequence[float], *, method: str = "minmax") -> pl.DataFrame:
     """Two models ``a``, ``b``: the OOF score of ``w * a + (1 - w) * b`` for each ``w``, per seed and
     fold cell (``collection``, ``weight``, ``seed``, ``fold``, ``score``), from saved predictions only."""
-    if len(predictions) != 2:
-        raise ConfigError(f"weight_curve blends exactly two models, got {list(predictions)}")
-    first, second = predictions
+    first, second = _two_model_blend("weight_curve", predictions, weights)
     rows = []
     for w in weights:
-        if not 0.0 <= w <= 1.0:
-            raise ConfigError(f"blend weights must lie in [0, 1], got {w}")
         per_graph = blend_by_seed(predictions, truths, collection, method=method,
                                   weights={first: float(w), second: 1.0 - float(w)})
         rows.append(cell_scores(per_graph.with_columns(pl.lit("oof").alias("split")))
@@ -551,18 +569,10 @@ def hidden_label_weight_curve(predictions: Mapping[str, pl.DataFrame], data_root
     from pipelines.evaluate import evaluate_rows, require_sidecar
     from pipelines.run import submission_rows
 
-    if len(predictions) != 2:
-        raise ConfigError(f"hidden_label_weight_curve blends exactly two models, got {list(predictions)}")
-    if any(not 0.0 <= w <= 1.0 for w in weights):
-        raise ConfigError(f"blend weights must lie in [0, 1], got {list(weights)}")
+    first, second = _two_model_blend("hidden_label_weight_curve", predictions, weights)
     require_sidecar(data_root)
-    first, second = predictions
-    test = pl.concat([frame.filter((pl.col("split") == "test") & (pl.col("collection") == collection))
-                      .with_columns(pl.lit(name).alias("model")) for name, frame in predictions.items()])
-    seeds = sorted(set.intersection(*(set(test.filter(pl.col("model") == m)["seed"].unique().to_list())
-                                      for m in (first, second))))
-    if not seeds:
-        raise PipelineError(f"{collection}: the models {[first, second]} share no seed of test predictions")
+    test = _model_rows(predictions, collection, "test")
+    seeds = _shared_seeds(test, [first, second], collection, "test")
     runs = {seed: test.filter(pl.col("seed") == seed) for seed in seeds} | {AVERAGED: test}
     entries, rows = [], {}
     for seed, frame in runs.items():
