@@ -70,7 +70,8 @@ fig = analysis.errorbar_plot(comparison, x="model", title="Models per collection
 analysis.save_figure(fig, figures / "04-models.png", close=False)
 
 # %% [markdown]
-# ## GNN options: loss, layout physics, config pairs, readout, cross-config attention, pre-training, passes
+# ## GNN options: loss, layout physics, config pairs, readout, cross-config attention, pre-training, passes,
+# free layers
 
 # %%
 if has_gnn:
@@ -91,6 +92,7 @@ if has_gnn:
         "pre-training off": ["gnn.pretrain=false"],
         "1 pass per epoch": ["gnn.passes_per_epoch=1"],
         "2 passes per epoch": ["gnn.passes_per_epoch=2"],
+        "3 free layers": ["gnn.free_layers=3"],
     }
     gnn_trained = analysis.train_variants(settings, options, ["gnn"])
     gnn_summary = analysis.variant_summary(gnn_trained)
