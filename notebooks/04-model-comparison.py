@@ -70,8 +70,7 @@ fig = analysis.errorbar_plot(comparison, x="model", title="Models per collection
 analysis.save_figure(fig, figures / "04-models.png", close=False)
 
 # %% [markdown]
-# ## GNN options: loss, layout physics, config pairs, readout, cross-config attention, pre-training, passes,
-# free layers
+# ## GNN options: loss, layout physics, config pairs, readout, attention, pre-training, passes, free layers
 
 # %%
 if has_gnn:
