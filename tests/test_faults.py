@@ -340,17 +340,16 @@ def test_a_real_full_disk_is_a_clear_error_and_leaves_no_partial_output(tiny_wor
 # writes MARKER (at the start of compute, or after compute wrote every file but before the manifest)
 # and sleeps until the test kills it. Patched before the pipeline modules import run_stage.
 _KILLABLE = """
-import os, sys, time
-from pathlib import Path
+import sys, time
 import pipelines.engine as engine
+from pipelines.atomic import write_text_atomic
 stage, when, marker = sys.argv[1:4]
 original = engine.run_stage
 
 def pause(folder):
-    # written aside and renamed: the test kills the run as soon as the marker exists, and must never
-    # read it half written (an empty marker read as Path(".") failed a loaded CI run)
-    Path(marker + ".tmp").write_text(str(folder))
-    os.replace(marker + ".tmp", marker)
+    # atomic: the test kills the run as soon as the marker exists, and must never read it half
+    # written (an empty marker read as Path(".") failed a loaded CI run)
+    write_text_atomic(marker, str(folder))
     time.sleep(600)
 
 def run_stage(**kwargs):
