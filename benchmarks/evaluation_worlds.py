@@ -7,6 +7,12 @@ combined, as mean +- spread (standard deviation) over the worlds, and the wall t
 
     python -m benchmarks.evaluation_worlds                          # base config, variants 1,2,3, medium
     python -m benchmarks.evaluation_worlds --variants 1 --config demo --models gbdt
+    python -m benchmarks.evaluation_worlds --variants 4 --collections layout:xla:random
+
+``--collections`` trains, blends and scores those collections only (no submission is published, and
+"combined" is then their mean): the same stages a full run computes for them, so their scores are
+the ones a full run gives, for a fraction of its time (an idea tried on one collection, or a run that
+a time limit cut, finished one collection at a time).
 
 Worlds, the stage cache and the runs go under ``benchmarks/worlds/`` (not committed); a world or a
 cached stage made earlier is reused (its generation time is then reported as 0).
@@ -23,6 +29,7 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks.common import RESULTS, WORLDS, machine, markdown_table
+from pipelines.atomic import write_text_atomic
 
 
 def _spread(values: list[float]) -> str:
@@ -42,15 +49,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config", default=None, help="run config (default: base)")
     parser.add_argument("--set", dest="overrides", action="append", default=[])
     parser.add_argument("--models", default=None, help="comma-separated models (default: the config's)")
+    parser.add_argument("--collections", default=None,
+                        help="comma-separated collections to train and score (default: all five, as a published run)")
     parser.add_argument("--jobs", type=int, default=2, help="synth worker processes")
     parser.add_argument("--root", type=Path, default=WORLDS)
     parser.add_argument("--out", type=Path, default=None, help="results file (default: benchmarks/results/...)")
     args = parser.parse_args(argv)
 
+    from pipelines.collections import parse_collections
     from pipelines.config import load_config
-    from pipelines.evaluate import CEILING, FLOOR, SUBMISSION, evaluate_run
+    from pipelines.evaluate import CEILING, FLOOR, SUBMISSION, evaluate_collection_runs, evaluate_run
     from pipelines.logs import setup_logging
-    from pipelines.run import parse_models, run_pipeline
+    from pipelines.run import parse_models, run_pipeline, train_and_blend
     from pipelines.synth import generate_world
 
     setup_logging()  # the runs' progress lines, as the command line prints them
@@ -58,6 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     config = load_config(args.config, args.overrides)
     variants = [int(v) for v in args.variants.split(",") if v.strip()]
+    collections = None if args.collections is None else list(parse_collections(args.collections))
     work, submissions = args.root / "work", args.root / "submissions"
     results, timings = [], []
     for variant in variants:
@@ -66,17 +77,26 @@ def main(argv: list[str] | None = None) -> int:
         print(generate_world(world, scale=args.scale, seed=args.seed, variant=variant, jobs=args.jobs), flush=True)
         synth_s = time.perf_counter() - t0
         t0 = time.perf_counter()
-        run = run_pipeline(config, world, work_dir=work, models=parse_models(args.models),
-                           submissions_dir=submissions)
+        if collections is None:
+            run = run_pipeline(config, world, work_dir=work, models=parse_models(args.models),
+                               submissions_dir=submissions)
+            run_id = run.run_id
+        else:
+            runs, _ = train_and_blend(config, world, work_dir=work, models=parse_models(args.models),
+                                      collections=collections)
+            run_id = "(not published)"
         run_s = time.perf_counter() - t0
         t0 = time.perf_counter()
-        evaluation, path = evaluate_run(run.run_id, world, submissions_dir=submissions)
+        if collections is None:
+            evaluation, path = evaluate_run(run_id, world, submissions_dir=submissions)
+        else:
+            evaluation, path = evaluate_collection_runs(runs, world, method=config.ensemble.method), None
         evaluate_s = time.perf_counter() - t0
         print(evaluation.to_text(), flush=True)
-        print(f"variant {variant}: synth {synth_s:.0f} s, run {run_s:.0f} s, evaluate {evaluate_s:.0f} s; {path}",
-              flush=True)
+        print(f"variant {variant}: synth {synth_s:.0f} s, run {run_s:.0f} s, evaluate {evaluate_s:.0f} s"
+              + (f"; {path}" if path else ""), flush=True)
         results.append(evaluation)
-        timings.append((variant, world, run.run_id, synth_s, run_s, evaluate_s))
+        timings.append((variant, world, run_id, synth_s, run_s, evaluate_s))
 
     entries = [FLOOR, *results[0].model_names, SUBMISSION, CEILING]
     header = ["collection", *[("ensemble" if e == SUBMISSION else e) for e in entries], "ensemble/ceiling"]
@@ -89,18 +109,20 @@ def main(argv: list[str] | None = None) -> int:
         row.append(_spread([r.collection_scores(SUBMISSION)[name] / r.collection_scores(CEILING)[name]
                             for r in results]))
         rows.append(row)
-    row = ["combined"]
+    row = ["combined" if collections is None else "combined (these collections)"]
     for entry in entries:
         row.append(_spread([r.reports[entry].combined.value for r in results]))
     row.append(_spread([r.reports[SUBMISSION].combined.value / r.reports[CEILING].combined.value for r in results]))
     rows.append(row)
     floors = {v: r.floor_by_collection for (v, *_), r in zip(timings, results)}
 
+    run_column = "full run s" if collections is None else "run s (these collections)"
     command = "python -m benchmarks.evaluation_worlds " + " ".join(argv if argv is not None else __import__("sys").argv[1:])
     lines = [f"# Evaluation worlds {datetime.now(timezone.utc).isoformat(timespec='minutes')}", "",
              "## Machine", "", *host.describe(), "",
              f"## Test scores ({args.scale} scale, seed {args.seed}, variants {', '.join(map(str, variants))}; "
              f"config {args.config or 'base'} {' '.join('--set ' + o for o in args.overrides)}; "
+             + ("" if collections is None else f"collections {', '.join(c.name for c in collections)}; ") +
              f"mean +- std over {len(results)} world(s))", "",
              f"Command: `{command.strip()}`", "",
              "floor: best heuristic per collection, picked on the test labels; ceiling: configs ranked by their "
@@ -109,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
              "Floor heuristic per world: " + "; ".join(f"variant {v}: " + ", ".join(f"{c} {h}" for c, h in f.items())
                                                       for v, f in floors.items()), "",
              "## Wall times", "",
-             *markdown_table(["variant", "world", "run-id", "synth s", "full run s", "evaluate s"],
+             *markdown_table(["variant", "world", "run-id", "synth s", run_column, "evaluate s"],
                              [[v, str(w), rid, s, r, e] for v, w, rid, s, r, e in timings]), "",
              f"benchmark wall time {(time.perf_counter() - started) / 60:.1f} min"]
     text = "\n".join(lines) + "\n"
@@ -118,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     if out.exists():
         raise SystemExit(f"{out} exists; pass --out")
-    out.write_text(text)
+    write_text_atomic(out, text)
     print(out)
     return 0
 

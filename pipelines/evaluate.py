@@ -33,7 +33,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import polars as pl
@@ -42,6 +42,10 @@ from pipelines.collections import ALL_COLLECTIONS, Collection
 from pipelines.errors import FormatError, PipelineError
 from pipelines.metric import GraphScore, ScoreReport, score_submission_row, summarize
 from pipelines.tpugraphs import Graph, list_graphs, load_ref
+
+if TYPE_CHECKING:
+    from pipelines.engine import StageOutput
+    from pipelines.run import CollectionRun
 
 EVALUATION_FILE = "evaluation.json"
 GENERATOR = "pipelines.evaluate"
@@ -248,24 +252,48 @@ def _collection_mean(report: ScoreReport, collection: str) -> float:
 def model_rows(manifest: Mapping[str, Any], work_dir: Path | None) -> dict[str, dict[str, list[int]]]:
     """Submission rows of each model of a run alone, from its saved training stages (see module doc)."""
     from pipelines.engine import load_stage
-    from pipelines.ensemble import prepare_model_scores
-    from pipelines.run import submission_rows
-    from pipelines.train import load_predictions
 
     method = (manifest.get("config") or {}).get("ensemble", {}).get("method", "minmax")
-    out: dict[str, dict[str, list[int]]] = {}
+    outputs: list[tuple[str, StageOutput]] = []
     for collection, stages in manifest["stages"].items():
         for model, where in stages.get("train", {}).items():
             folder = work_dir if work_dir is not None else Path(where["work_dir"])
             try:
-                output = load_stage(folder, where["stage"], where["key"])
+                outputs.append((model, load_stage(folder, where["stage"], where["key"])))
             except PipelineError:
                 raise PipelineError(f"the saved {model} training output of {collection} is gone: "
                                     f"{folder / where['stage'] / where['key']} (pass --work-dir, or re-run)") from None
-            test = load_predictions(output)
-            test = test.filter(test["split"] == "test").with_columns(pl.lit(model).alias("model"))
-            out.setdefault(model, {}).update(submission_rows(prepare_model_scores(test, method)))
+    return _trained_rows(outputs, method)
+
+
+def _trained_rows(outputs: Sequence[tuple[str, StageOutput]], method: str) -> dict[str, dict[str, list[int]]]:
+    """Submission rows of each (model name, training output) alone, its test scores normalised as a blend would."""
+    from pipelines.ensemble import prepare_model_scores
+    from pipelines.run import submission_rows
+    from pipelines.train import load_predictions
+
+    out: dict[str, dict[str, list[int]]] = {}
+    for model, output in outputs:
+        test = load_predictions(output)
+        test = test.filter(test["split"] == "test").with_columns(pl.lit(model).alias("model"))
+        out.setdefault(model, {}).update(submission_rows(prepare_model_scores(test, method)))
     return out
+
+
+def evaluate_collection_runs(runs: Sequence[CollectionRun], data_root: Path | str, *, method: str) -> Evaluation:
+    """Score some collections of a run that was not published (``pipelines.run.train_and_blend``) on a
+    world's hidden labels: each model alone and the blend (as ``submission``), floor and ceiling. The
+    combined figures are then over these collections only."""
+    from pipelines.ensemble import load_blended_test
+    from pipelines.run import submission_rows
+
+    rows: dict[str, Mapping[str, Sequence[int]]] = dict(
+        _trained_rows([(model, output) for run in runs for model, output in run.trained.items()], method))
+    blended: dict[str, list[int]] = {}
+    for run in runs:
+        blended.update(submission_rows(load_blended_test(run.ensemble)))
+    rows[SUBMISSION] = blended
+    return evaluate_rows(data_root, rows, collections=[run.collection for run in runs])
 
 
 def evaluate_run(run_id: str, data_root: Path | str, *, submissions_dir: Path | str = "submissions",

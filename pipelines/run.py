@@ -317,24 +317,38 @@ def run_pipeline(config: PipelineConfig, data_root: Path | str, *, work_dir: Pat
     ``scheduler`` overrides ``run.scheduler``; ``collections`` defaults to every collection with a
     train directory (a submission needs all five). Returns the published run.
     """
-    from pipelines.prepare import prepare
-    from pipelines.models.registry import get_adapter
+    from pipelines.submission import check_test_files
+    from pipelines.prepare import check_output_dir
 
     started = time.perf_counter()
     data_root, work_dir, submissions_dir = Path(data_root), Path(work_dir), Path(submissions_dir)
-    names = resolve_models(config, models)
-    for name in names:
-        get_adapter(name)  # an unknown model fails before any work
-    from pipelines.prepare import check_output_dir
-    from pipelines.submission import check_test_files
-
     # A submission needs every collection and exactly the official test IDs: checked before any stage runs.
     check_test_files(data_root)
     check_output_dir(submissions_dir, data_root, "--submissions-dir")
-    computed: list[str] = []
-    from pipelines.prepare import STAGES
+    runs, computed = train_and_blend(config, data_root, work_dir=work_dir, models=models, collections=collections,
+                                     scheduler=scheduler, force=force)
+    return _finish(runs, kind="run", config=config_to_dict(config), data_root=data_root, work_dir=work_dir,
+                   submissions_dir=submissions_dir, command=command, started=started, computed=computed)
+
+
+def train_and_blend(config: PipelineConfig, data_root: Path | str, *, work_dir: Path | str,
+                    models: Sequence[str] | None = None, collections: Sequence[Collection | str] | None = None,
+                    scheduler: str | None = None, force: bool = False) -> tuple[list[CollectionRun], list[str]]:
+    """The stages of a run without its submission: prepare, train every model, ensemble, per collection.
+
+    Returns each collection's run and the "stage/key" of every stage this call computed. On its own it
+    serves work on some collections only (scoring one collection on a world with hidden labels, see
+    :func:`pipelines.evaluate.evaluate_collection_runs`); its stages are the ones a full run reuses.
+    """
+    from pipelines.prepare import STAGES, prepare
+    from pipelines.models.registry import get_adapter
     from pipelines.tpugraphs import available_collections
 
+    data_root, work_dir = Path(data_root), Path(work_dir)
+    names = resolve_models(config, models)
+    for name in names:
+        get_adapter(name)  # an unknown model fails before any work
+    computed: list[str] = []
     count = len(collections) if collections is not None else len(available_collections(data_root))
     counter = StageCounter(count * (len(STAGES) + len(names) + 1))  # prepare, train per model, ensemble
 
@@ -359,8 +373,7 @@ def run_pipeline(config: PipelineConfig, data_root: Path | str, *, work_dir: Pat
                                           method=config.ensemble.method, work_dir=work_dir, force=force))
             runs.append(CollectionRun(item.collection, {s: o.key for s, o in item.stages.items()}, trained[cname],
                                       output))
-    return _finish(runs, kind="run", config=config_to_dict(config), data_root=data_root, work_dir=work_dir,
-                   submissions_dir=submissions_dir, command=command, started=started, computed=computed)
+    return runs, computed
 
 
 def _finish(runs: Sequence[CollectionRun], *, kind: str, config: Any, data_root: Path, work_dir: Path,

@@ -101,6 +101,28 @@ def test_evaluate_command_scores_the_run_and_writes_its_folder(run, tiny_world: 
     assert "Test evaluation (hidden labels)" in html and "submission/ceiling" in html
 
 
+def test_scoring_some_collections_reuses_the_runs_stages_and_gives_its_scores(run, tiny_world: Path) -> None:
+    from pipelines.evaluate import evaluate_collection_runs
+    from pipelines.run import train_and_blend
+
+    submissions, run_id = run
+    evaluate_run(run_id, tiny_world, submissions_dir=submissions)
+    full = json.loads((submissions / run_id / EVALUATION_FILE).read_text())["collections"]
+    chosen = ["tile:xla", "layout:nlp:random"]
+    runs, computed = train_and_blend(load_config("smoke", ["gbdt.n_estimators=10"]), tiny_world,
+                                     work_dir=submissions.parent / "work", models=["gbdt", "feature"],
+                                     collections=chosen)
+    assert computed == []  # the run's own stages, nothing trained again
+    part = evaluate_collection_runs(runs, tiny_world, method="minmax")
+    for entry in (FLOOR, "gbdt", "feature", SUBMISSION, CEILING):
+        scores = part.collection_scores(entry)
+        assert sorted(scores) == sorted(chosen), entry
+        for name in chosen:
+            assert scores[name] == pytest.approx(full[name][entry]), (entry, name)
+        assert part.reports[entry].combined.value == pytest.approx(np.mean([scores[n] for n in chosen]))
+    assert not part.reports[SUBMISSION].combined.complete  # a mean of two collections, flagged as not the score
+
+
 def test_evaluate_never_overwrites_a_file_it_did_not_write(run, tiny_world: Path, tmp_path: Path) -> None:
     submissions, run_id = run
     copy = tmp_path / "submissions"
@@ -131,7 +153,6 @@ def test_a_run_made_for_another_world_is_refused(run, tmp_path: Path) -> None:
     generate_world(other, scale="tiny", seed=7)
     with pytest.raises(SubmissionError, match="unknown ID"):
         evaluate_run(run_id, other, submissions_dir=submissions, with_models=False)
-    assert np.isfinite(0.0)
 
 
 def test_hidden_label_weight_curve_ends_are_the_models_and_the_run_weight_is_its_submission(
