@@ -242,6 +242,16 @@ def train_models(config: PipelineConfig, prepared: Mapping[str, Any], models: Se
     return trained
 
 
+def checked_models(config: PipelineConfig, models: Sequence[str] | None) -> list[str]:
+    """:func:`resolve_models`, each of them a registered model: an unknown name fails before any work."""
+    from pipelines.models.registry import get_adapter
+
+    names = resolve_models(config, models)
+    for name in names:
+        get_adapter(name)
+    return names
+
+
 # ----------------------------------------------------------------------------- publishing
 
 
@@ -322,6 +332,7 @@ def run_pipeline(config: PipelineConfig, data_root: Path | str, *, work_dir: Pat
 
     started = time.perf_counter()
     data_root, work_dir, submissions_dir = Path(data_root), Path(work_dir), Path(submissions_dir)
+    models = checked_models(config, models)  # an unknown model is the first error, as it was before the split
     # A submission needs every collection and exactly the official test IDs: checked before any stage runs.
     check_test_files(data_root)
     check_output_dir(submissions_dir, data_root, "--submissions-dir")
@@ -341,13 +352,10 @@ def train_and_blend(config: PipelineConfig, data_root: Path | str, *, work_dir: 
     :func:`pipelines.evaluate.evaluate_collection_runs`); its stages are the ones a full run reuses.
     """
     from pipelines.prepare import STAGES, prepare
-    from pipelines.models.registry import get_adapter
     from pipelines.tpugraphs import available_collections
 
     data_root, work_dir = Path(data_root), Path(work_dir)
-    names = resolve_models(config, models)
-    for name in names:
-        get_adapter(name)  # an unknown model fails before any work
+    names = checked_models(config, models)
     computed: list[str] = []
     count = len(collections) if collections is not None else len(available_collections(data_root))
     counter = StageCounter(count * (len(STAGES) + len(names) + 1))  # prepare, train per model, ensemble
