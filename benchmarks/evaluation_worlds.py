@@ -30,6 +30,7 @@ import numpy as np
 
 from benchmarks.common import RESULTS, WORLDS, machine, markdown_table
 from pipelines.atomic import write_text_atomic
+from pipelines.parallel import terminate_as_interrupt
 
 
 def _spread(values: list[float]) -> str:
@@ -146,4 +147,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    with terminate_as_interrupt():  # a killed run stops its fold jobs too
+        raise SystemExit(main())

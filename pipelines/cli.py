@@ -6,7 +6,7 @@ Expected failures raise :class:`PipelineError` and are printed as one clear mess
 
 Exit codes: 0 success; 1 data or pipeline error (a bad or missing file, a failed stage, Kaggle
 refused, a full disk); 2 usage error (unknown command or option, a bad argument or config value);
-130 interrupted (Ctrl-C).
+130 interrupted (Ctrl-C, or SIGTERM).
 """
 
 from __future__ import annotations
@@ -581,11 +581,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     from pipelines.logs import console_logging
+    from pipelines.parallel import terminate_as_interrupt
 
     args = build_parser().parse_args(argv)
     handler: Handler = args.handler
     try:
-        with console_logging(getattr(args, "verbosity", 0)):
+        with console_logging(getattr(args, "verbosity", 0)), terminate_as_interrupt():
             return int(handler(args) or 0)
     except ConfigError as exc:  # a bad argument or config value: the caller's usage
         print(redact_credentials(f"error: {exc}"), file=sys.stderr)

@@ -11,6 +11,8 @@ same paths and have this package installed).
 from __future__ import annotations
 
 import logging
+import signal
+import threading
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any, TypeVar
@@ -57,6 +59,31 @@ def fan_out(scheduler: str | None) -> Iterator[str]:
             yield "dask"
     finally:
         client.close()
+
+
+@contextmanager
+def terminate_as_interrupt() -> Iterator[None]:
+    """Within the block, SIGTERM (``kill``, a batch scheduler's cancel) raises KeyboardInterrupt, as Ctrl-C
+    does, instead of ending the process on the spot.
+
+    A process killed on the spot leaves its loky workers running their current job as orphans (a
+    fold job can hold a core for minutes) and their memory-mapped inputs in /dev/shm; unwinding lets
+    joblib abort the pool (it kills the workers), the resource tracker remove those folders, and
+    stages discard their temporary output. Outside the main thread (where Python cannot take
+    signals) the block runs unchanged.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def map_in_order(function: Callable[..., T], arguments: Iterable[tuple[Any, ...]], n_jobs: int) -> Iterator[T]:

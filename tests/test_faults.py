@@ -8,6 +8,8 @@
   this process may mount, e.g. as root in a container; skipped elsewhere);
 * ``kill -9`` of ``python -m pipelines run`` in the middle of each stage, then a rerun: the same
   submission bytes as an uninterrupted run, and no leftover work folders;
+* ``kill`` (SIGTERM): the run stops as on Ctrl-C (exit 130, the running stage discarded), and so do
+  its parallel workers;
 * two concurrent runs on one work dir: both finish, with identical complete outputs.
 """
 
@@ -374,8 +376,9 @@ KILL_POINTS = [("prune", "end"), ("features", "start"), ("node_arrays", "end"), 
                ("train-gbdt", "start"), ("ensemble", "end")]
 
 
-def _kill_during(stage: str, when: str, args: list[str], marker: Path) -> Path:
-    """Start a run, SIGKILL it once ``stage`` is computing; returns the stage's work folder."""
+def _paused_in(stage: str, when: str, args: list[str], marker: Path) -> tuple[subprocess.Popen, Path]:
+    """Start a run and wait until ``stage`` is computing (paused there); returns the process and the
+    stage's work folder. The caller stops the process."""
     process = subprocess.Popen([sys.executable, "-c", _KILLABLE, stage, when, str(marker), *args],
                                env=python_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     deadline = time.monotonic() + RUN_TIMEOUT_S
@@ -387,12 +390,22 @@ def _kill_during(stage: str, when: str, args: list[str], marker: Path) -> Path:
             if time.monotonic() > deadline:
                 raise AssertionError(f"stage {stage} did not start within {RUN_TIMEOUT_S}s")
             time.sleep(0.05)
-    finally:
-        process.send_signal(signal.SIGKILL)
+    except BaseException:
+        process.kill()
         process.wait(timeout=60)
         process.stderr.close()
+        raise
     folder = Path(marker.read_text())
     marker.unlink()
+    return process, folder
+
+
+def _kill_during(stage: str, when: str, args: list[str], marker: Path) -> Path:
+    """Start a run, SIGKILL it once ``stage`` is computing; returns the stage's work folder."""
+    process, folder = _paused_in(stage, when, args, marker)
+    process.send_signal(signal.SIGKILL)
+    process.wait(timeout=60)
+    process.stderr.close()
     return folder
 
 
@@ -427,6 +440,70 @@ def test_a_run_killed_in_each_stage_and_restarted_gives_the_same_submission(tiny
     assert submission_csv(submissions) == uninterrupted
     assert leftovers(work) == []  # the abandoned work folders were cleaned by the restarts
     assert all(r["state"] == "complete" for r in list_stages(work))
+
+
+def test_sigterm_stops_a_run_as_ctrl_c_does_and_discards_the_running_stage(tiny_world, tmp_path):
+    work, submissions = tmp_path / "work", tmp_path / "submissions"
+    process, folder = _paused_in("train-gbdt", "start", run_args(tiny_world, work, submissions), tmp_path / "marker")
+    process.send_signal(signal.SIGTERM)
+    stderr = process.communicate(timeout=60)[1].decode()
+    assert process.returncode == 130 and "interrupted" in stderr, stderr[-2000:]
+    assert not folder.exists() and leftovers(work) == []  # the stage's partial output went with it
+    assert "train-gbdt" not in {stage for stage, _ in complete_stages(work)}
+    assert not submissions.exists() or list(submissions.iterdir()) == []
+
+
+# Jobs that record their worker's pid and then outlast the test; SIGTERM arrives while they run.
+_SLOW_JOBS = """
+import os, sys, time
+from pipelines.parallel import map_in_order, terminate_as_interrupt
+
+def job(folder):
+    open(os.path.join(folder, str(os.getpid())), "w").close()
+    time.sleep(300)
+
+if __name__ == "__main__":
+    with terminate_as_interrupt():
+        try:
+            list(map_in_order(job, [(sys.argv[1],)] * 4, 2))
+        except KeyboardInterrupt:
+            sys.exit(130)
+"""
+
+
+def _running(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"  # a zombie has ended
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads process states from /proc")
+def test_sigterm_during_parallel_jobs_stops_the_worker_processes_too(tmp_path):
+    """Killed on the spot, the parent would leave its loky workers running their jobs as orphans."""
+    script = tmp_path / "slow_jobs.py"
+    script.write_text(_SLOW_JOBS)
+    pids = tmp_path / "pids"
+    pids.mkdir()
+    process = subprocess.Popen([sys.executable, str(script), str(pids)], env=python_env(),
+                               stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + RUN_TIMEOUT_S
+        while len(list(pids.iterdir())) < 2:
+            assert process.poll() is None and time.monotonic() < deadline, "the workers did not start"
+            time.sleep(0.05)
+        workers = [int(path.name) for path in pids.iterdir()]
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=60) == 130
+        deadline = time.monotonic() + 30
+        while any(_running(pid) for pid in workers) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert [pid for pid in workers if _running(pid)] == []
+    finally:
+        process.kill()
+        for path in pids.iterdir():
+            if _running(int(path.name)):
+                os.kill(int(path.name), signal.SIGKILL)
 
 
 # ----------------------------------------------------------------------------- concurrency
