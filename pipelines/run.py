@@ -255,6 +255,33 @@ def checked_models(config: PipelineConfig, models: Sequence[str] | None) -> list
 # ----------------------------------------------------------------------------- publishing
 
 
+def stage_index(runs: Sequence[CollectionRun]) -> dict[str, dict]:
+    """Per collection, the stages behind it, as a run manifest records them under ``stages``."""
+    return {r.collection.name: {
+        "prepare": r.prepare_keys,
+        "train": {name: {"stage": out.stage, "key": out.key, "work_dir": str(out.path.parent.parent.resolve())}
+                  for name, out in r.trained.items()},
+        ENSEMBLE_STAGE: r.ensemble.key,
+    } for r in runs}
+
+
+def stages_wall_time(stages: Mapping[str, dict], work_dir: Path | str) -> float:
+    """Seconds the stages of a run's ``stages`` index took when they were computed, each stage once.
+
+    A run's compute time however it was made: the run's own wall time counts only what that call
+    did, so a run resumed from the stage cache (after a time limit or a Ctrl-C) shows only its tail.
+    """
+    seconds: dict[tuple[str, str], float] = {}
+    for entry in stages.values():
+        refs = [(stage, key, work_dir) for stage, key in entry["prepare"].items()]
+        refs += [(ref["stage"], ref["key"], ref.get("work_dir") or work_dir) for ref in entry["train"].values()]
+        refs.append((ENSEMBLE_STAGE, entry[ENSEMBLE_STAGE], work_dir))
+        for stage, key, where in refs:
+            if (stage, key) not in seconds:
+                seconds[stage, key] = float(load_stage(Path(where), stage, key).manifest.get("wall_time_s") or 0.0)
+    return sum(seconds.values())
+
+
 def _manifest(*, kind: str, config: Any, data_root: Path, work_dir: Path, runs: Sequence[CollectionRun],
               table: pl.DataFrame, command: str | None, wall_s: float, extra: dict[str, Any] | None = None) -> dict:
     combined = combined_by_model(table)
@@ -266,12 +293,7 @@ def _manifest(*, kind: str, config: Any, data_root: Path, work_dir: Path, runs: 
         "work_dir": str(work_dir.resolve()),
         "models": list(runs[0].trained) if runs else [],
         "collections": [r.collection.name for r in runs],
-        "stages": {r.collection.name: {
-            "prepare": r.prepare_keys,
-            "train": {name: {"stage": out.stage, "key": out.key, "work_dir": str(out.path.parent.parent.resolve())}
-                      for name, out in r.trained.items()},
-            ENSEMBLE_STAGE: r.ensemble.key,
-        } for r in runs},
+        "stages": stage_index(runs),
         "cv_scores": {r.collection.name: {
             "training": {name: {k: out.metrics.get(k) for k in ("oof_score", "oof_score_std", "oof_score_by_seed")}
                          for name, out in r.trained.items()},

@@ -18,7 +18,7 @@ from pipelines.collections import TILE_XLA
 from pipelines.config import load_config
 from pipelines.errors import ConfigError, FormatError, PipelineError, SubmissionError
 from pipelines.predictions import prediction_frame, read_predictions
-from pipelines.run import ensemble_runs, resolve_models, run_pipeline, submission_rows
+from pipelines.run import ensemble_runs, resolve_models, run_pipeline, stages_wall_time, submission_rows
 from pipelines.run_folders import SUBMISSION_FILE, new_run_id, publish_submission
 from pipelines.submission import read_submission, validate_submission
 from tests.conftest import logged_messages
@@ -99,6 +99,17 @@ def test_second_run_in_the_same_work_dir_reuses_every_stage(runs):
     assert again.manifest["stages"] == runs["a"].manifest["stages"]
     assert again.submission.read_bytes() == runs["a"].submission.read_bytes()
     assert again.run_dir != runs["a"].run_dir  # a new folder, the old one untouched
+
+
+def test_a_cached_run_still_tells_the_compute_time_of_its_stages(runs):
+    a, again, work = runs["a"], runs["again"], runs["work"]
+    # Run a computed every stage of its own (a fresh work dir), each written once with its wall time.
+    by_hand = sum(json.loads((work / ref / "manifest.json").read_text())["wall_time_s"] for ref in a.computed)
+    assert len(set(a.computed)) == len(a.computed) > 0
+    assert stages_wall_time(a.manifest["stages"], work) == pytest.approx(by_hand)
+    # The rerun computed nothing; its stages are the same ones, so their time is the same.
+    assert again.computed == ()
+    assert stages_wall_time(again.manifest["stages"], work) == pytest.approx(by_hand)
 
 
 def test_manifest_records_stages_scores_and_weights(runs):
