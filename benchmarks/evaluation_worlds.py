@@ -139,7 +139,8 @@ def main(argv: list[str] | None = None) -> int:
              *markdown_table(["variant", "world", "run-id", "synth s", run_column, stage_column, "evaluate s"],
                              [[v, str(w), rid, s, r, st, e] for v, w, rid, s, r, st, e in timings]), "",
              f"'{stage_column}': the sum of the stage manifests' wall times, the run's compute also when it "
-             "resumed from the stage cache (its own wall time then counts only what this call computed).", "",
+             "resumed from the stage cache (its own wall time then counts only what this call computed); a lower "
+             "bound when a training stage itself was cut and resumed from its finished fold jobs.", "",
              f"benchmark wall time {(time.perf_counter() - started) / 60:.1f} min"]
     text = "\n".join(lines) + "\n"
     print(text)

@@ -268,8 +268,10 @@ def stage_index(runs: Sequence[CollectionRun]) -> dict[str, dict]:
 def stages_wall_time(stages: Mapping[str, dict], work_dir: Path | str) -> float:
     """Seconds the stages of a run's ``stages`` index took when they were computed, each stage once.
 
-    A run's compute time however it was made: the run's own wall time counts only what that call
-    did, so a run resumed from the stage cache (after a time limit or a Ctrl-C) shows only its tail.
+    A run's compute time also when it was made in several calls: the run's own wall time counts only
+    what its call computed, so a run resumed from the stage cache (after a time limit or a Ctrl-C)
+    shows only its tail. A training stage that was itself cut and resumed from its finished fold
+    jobs records only its last attempt, so the sum is then a lower bound.
     """
     seconds: dict[tuple[str, str], float] = {}
     for entry in stages.values():
