@@ -51,7 +51,7 @@ from pipelines.layout_geometry import (
     node_rank,
     slot_pairs,
 )
-from pipelines.parallel import map_in_order
+from pipelines.parallel import file_cost, map_in_order
 from pipelines.progress import Progress
 from pipelines.prune import PrunedGraph, load_pruned, pruned_path, sample_configs
 from pipelines.tpugraphs import GraphRef, NodeFeat, load_ref
@@ -623,33 +623,37 @@ def run_features(config: PipelineConfig, collection: Collection, work_dir: Path,
         columns: list[str] = []
         progress = Progress("[features]", sum(len(items) for items in refs.values()))
         vf = stage_config["value_frequency"]
+        # One job per output file (a layout graph, or a part of tile graphs), every split in one fan-out:
+        # the costliest jobs start first and no split waits for the previous one's last file.
+        jobs: list[tuple[str, list[GraphRef], str | None, str]] = []  # (split, refs, tile part, file)
         for split, items in refs.items():
             (folder / split / "configs").mkdir(parents=True)
-            aggregates = []
             if collection.is_tile:
-                chunks = [items[start:start + TILE_GRAPHS_PER_PART]
-                          for start in range(0, len(items), TILE_GRAPHS_PER_PART)]
-                parts = [f"part-{k:05d}.parquet" for k in range(len(chunks))]
-                names = [_part_name(split, part) for part in parts]
+                for k, start in enumerate(range(0, len(items), TILE_GRAPHS_PER_PART)):
+                    part = f"part-{k:05d}.parquet"
+                    jobs.append((split, items[start:start + TILE_GRAPHS_PER_PART], part, _part_name(split, part)))
             else:  # a table per graph
-                chunks, parts = [[ref] for ref in items], [None] * len(items)
-                names = [_config_table_name(split, ref.stem) for ref in items]
-            results = map_in_order(_features_part_to, [(folder, chunk, name, prune.path, config, vf)
-                                                       for chunk, name in zip(chunks, names)], config.run.n_jobs)
-            listing = []  # tile: (graph, part, offset, rows)
-            for chunk, part, batch in zip(chunks, parts, results):
-                offset = 0
-                for ref, (height, names, aggregate) in zip(chunk, batch):
-                    progress.step()
-                    rows += height
-                    columns = columns or names
-                    aggregates.append(aggregate)
-                    listing.append((ref.stem, part, offset, height))
-                    offset += height
+                jobs += [(split, [ref], None, _config_table_name(split, ref.stem)) for ref in items]
+        results = map_in_order(_features_part_to, [(folder, chunk, name, prune.path, config, vf)
+                                                   for _, chunk, _, name in jobs], config.run.n_jobs,
+                               costs=[sum(file_cost(ref.path) for ref in chunk) for _, chunk, _, _ in jobs])
+        aggregates: dict[str, list[dict[str, float]]] = {split: [] for split in refs}
+        listings: dict[str, list[tuple[str, str | None, int, int]]] = {split: [] for split in refs}  # tile parts
+        for (split, chunk, part, _), batch in zip(jobs, results):
+            offset = 0
+            for ref, (height, names, aggregate) in zip(chunk, batch):
+                progress.step()
+                rows += height
+                columns = columns or names
+                aggregates[split].append(aggregate)
+                listings[split].append((ref.stem, part, offset, height))
+                offset += height
+        for split, items in refs.items():
             if collection.is_tile:
-                pl.DataFrame(listing, schema=_PARTS_SCHEMA, orient="row").write_parquet(
+                pl.DataFrame(listings[split], schema=_PARTS_SCHEMA, orient="row").write_parquet(
                     folder / _part_name(split, PARTS_TABLE))
-            graph_feature_table(aggregates, [ref.stem for ref in items]).write_parquet(folder / split / GRAPH_FEATURES)
+            graph_feature_table(aggregates[split], [ref.stem for ref in items]).write_parquet(
+                folder / split / GRAPH_FEATURES)
         return {"rows": rows, "config_features": len(columns)}
 
     return run_stage(work_dir=work_dir, stage="features", config=stage_config,

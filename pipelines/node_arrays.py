@@ -17,7 +17,7 @@ from pipelines.collections import SPLITS, Collection
 from pipelines.engine import Code, StageOutput, run_stage
 from pipelines.errors import FormatError
 from pipelines.layout_geometry import Chains, ConfigNodes
-from pipelines.parallel import map_in_order
+from pipelines.parallel import file_cost, map_in_order
 from pipelines.progress import Progress
 from pipelines.prune import PrunedGraph, load_pruned, pruned_path
 from pipelines.tpugraphs import GraphSize, NodeFeat
@@ -202,7 +202,8 @@ def run_node_arrays(collection: Collection, work_dir: Path, graphs: pl.DataFrame
         progress = Progress("[node_arrays]", graphs.height)
         jobs = [(folder, prune.path, stem, split, collection.name)
                 for stem, split in graphs.select("graph", "split").iter_rows()]
-        for _ in map_in_order(_node_arrays_to, jobs, n_jobs):
+        costs = [file_cost(pruned_path(prune.path, split, stem)) for _, _, stem, split, _ in jobs]
+        for _ in map_in_order(_node_arrays_to, jobs, n_jobs, costs=costs):
             progress.step()
         return {"graphs": graphs.height}
 

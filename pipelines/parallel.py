@@ -11,10 +11,12 @@ same paths and have this package installed).
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import threading
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any, TypeVar
 
 from pipelines.errors import PipelineError, redact_credentials
@@ -86,7 +88,8 @@ def terminate_as_interrupt() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
-def map_in_order(function: Callable[..., T], arguments: Iterable[tuple[Any, ...]], n_jobs: int) -> Iterator[T]:
+def map_in_order(function: Callable[..., T], arguments: Iterable[tuple[Any, ...]], n_jobs: int,
+                 costs: Sequence[float] | None = None) -> Iterator[T]:
     """``function(*args)`` for each tuple of ``arguments``, yielded in their order, with up to ``n_jobs``
     workers of the current joblib backend (see :func:`fan_out`).
 
@@ -94,6 +97,11 @@ def map_in_order(function: Callable[..., T], arguments: Iterable[tuple[Any, ...]
     return produces the same bytes with 1 or 16 workers. ``n_jobs == 1`` runs in this process,
     lazily (one result at a time, as a plain loop would). ``function`` must be importable by
     the workers (a module-level function), and so must its arguments.
+
+    ``costs`` (one number per job, e.g. the size of the file it reads) makes the workers start the
+    costliest jobs first: a large file that starts last runs alone while the other workers idle, the
+    stage's tail, which is longest where files are few per worker (a cluster). Results that finish
+    before those earlier in the input wait in memory, so keep them small.
     """
     arguments = list(arguments)
     jobs = max(1, min(n_jobs, len(arguments)))
@@ -101,4 +109,32 @@ def map_in_order(function: Callable[..., T], arguments: Iterable[tuple[Any, ...]
         return (function(*args) for args in arguments)
     from joblib import Parallel, delayed
 
-    return iter(Parallel(n_jobs=jobs, return_as="generator")(delayed(function)(*args) for args in arguments))
+    if costs is None:
+        order = list(range(len(arguments)))
+    else:
+        costs = list(costs)
+        if len(costs) != len(arguments):
+            raise ValueError(f"map_in_order: {len(costs)} costs for {len(arguments)} jobs")
+        order = sorted(range(len(arguments)), key=lambda i: -costs[i])  # stable: equal costs keep input order
+    results = Parallel(n_jobs=jobs, return_as="generator")(delayed(function)(*arguments[i]) for i in order)
+    return _in_input_order(results, order)
+
+
+def file_cost(path: Path | str) -> int:
+    """A job's cost for :func:`map_in_order`: the size of the file it reads (0 if it cannot be read: the
+    job itself reports that problem)."""
+    try:
+        return os.stat(path).st_size
+    except OSError:
+        return 0
+
+
+def _in_input_order(results: Iterable[T], order: Sequence[int]) -> Iterator[T]:
+    """Results that arrive in ``order`` (input positions), yielded by input position as soon as each is due."""
+    waiting: dict[int, T] = {}
+    due = 0
+    for position, result in zip(order, results):
+        waiting[position] = result
+        while due in waiting:
+            yield waiting.pop(due)
+            due += 1

@@ -26,7 +26,7 @@ import zstandard
 from pipelines.collections import LABELLED, Collection
 from pipelines.engine import Code, StageOutput, run_stage
 from pipelines.errors import ConfigError, FormatError
-from pipelines.parallel import map_in_order
+from pipelines.parallel import file_cost, map_in_order
 from pipelines.progress import Progress
 from pipelines.tpugraphs import GraphRef, GraphSize, LayoutGraph, TileGraph, load_ref
 
@@ -453,7 +453,8 @@ def run_prune(config: PipelineConfig, collection: Collection, work_dir: Path, re
             (folder / split).mkdir()
         every = [ref for items in refs.values() for ref in items]
         progress = Progress("[prune]", len(every))
-        results = map_in_order(_prune_to, [(folder, ref, config) for ref in every], config.run.n_jobs)
+        results = map_in_order(_prune_to, [(folder, ref, config) for ref in every], config.run.n_jobs,
+                               costs=[file_cost(ref.path) for ref in every])
         for ref, (row, bad) in zip(every, results):
             progress.step()
             if bad is None:
