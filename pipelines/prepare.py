@@ -28,6 +28,7 @@ models load their data through.
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import logging
 import os
@@ -201,6 +202,8 @@ class Prepared:
     collection: Collection
     stages: dict[str, StageOutput]
     cached: dict[str, bool] = field(default_factory=dict)  # per stage: reused rather than computed
+    # Other collections a model trains on besides this one (``gnn.extra_train_collections``), by name
+    companions: dict[str, Prepared] = field(default_factory=dict)
 
     @cached_property
     def graph_table(self) -> pl.DataFrame:
@@ -258,13 +261,35 @@ def prepare(config: PipelineConfig, data_root: Path | str, work_dir: Path | str,
         raise FormatError(data_root, "no collection to prepare (no train directory found)")
     check_feature_exclusions(config)
     check_output_dir(work_dir, data_root)
-    check_data_root(data_root, chosen, config.data.on_bad_file)
+    companions = {c.name: companion_collections(config, c) for c in chosen}
+    extra = [c for c in dict.fromkeys(x for names in companions.values() for x in names) if c not in chosen]
+    check_data_root(data_root, [*chosen, *extra], config.data.on_bad_file)
     # Every collection's file list and folds setting is checked before any stage writes anything.
-    refs = {c.name: collection_refs(data_root, c) for c in chosen}
-    for c in chosen:
+    refs = {c.name: collection_refs(data_root, c) for c in [*chosen, *extra]}
+    for c in [*chosen, *extra]:
         check_folds(config, c, refs[c.name])
-    return {c.name: prepare_collection(config, c, data_root, work_dir, force, refs=refs[c.name])
-            for c in chosen}
+    prepared = {c.name: prepare_collection(config, c, data_root, work_dir, force, refs=refs[c.name])
+                for c in [*chosen, *extra]}
+    for c in chosen:
+        # a companion's own Prepared, without companions of its own (no cycles when two name each other)
+        prepared[c.name].companions = {x.name: dataclasses.replace(prepared[x.name], companions={})
+                                       for x in companions[c.name]}
+    return {c.name: prepared[c.name] for c in chosen}
+
+
+def companion_collections(config: PipelineConfig, collection: Collection) -> list[Collection]:
+    """The other collections whose labelled graphs a model of ``config`` trains on for ``collection``
+    (``gnn.extra_train_collections``, resolved for it): of the same kind (tile or layout), not itself.
+    Prepared with it whether or not the GNN is among the models a caller trains."""
+    names = resolve_for_collection(config.gnn, collection).extra_train_collections
+    out = []
+    for name in names:
+        other = parse_collection(name)
+        if other == collection or other.kind != collection.kind:
+            raise ConfigError(f"gnn.extra_train_collections of {collection.name} names {other.name}: it must be "
+                              f"another {collection.kind} collection")
+        out.append(other)
+    return out
 
 
 def check_folds(config: PipelineConfig, collection: Collection, refs: dict[str, list[GraphRef]]) -> None:

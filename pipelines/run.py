@@ -375,14 +375,18 @@ def train_and_blend(config: PipelineConfig, data_root: Path | str, *, work_dir: 
     serves work on some collections only (scoring one collection on a world with hidden labels, see
     :func:`pipelines.evaluate.evaluate_collection_runs`); its stages are the ones a full run reuses.
     """
-    from pipelines.prepare import STAGES, prepare
+    from pipelines.prepare import STAGES, companion_collections, prepare
     from pipelines.tpugraphs import available_collections
 
     data_root, work_dir = Path(data_root), Path(work_dir)
     names = checked_models(config, models)
     computed: list[str] = []
-    count = len(collections) if collections is not None else len(available_collections(data_root))
-    counter = StageCounter(count * (len(STAGES) + len(names) + 1))  # prepare, train per model, ensemble
+    chosen = [parse_collection(c) if isinstance(c, str) else c for c in collections] if collections is not None \
+        else available_collections(data_root)
+    # prepare, train per model and ensemble per collection; the data stages of the collections a model
+    # trains on besides (gnn.extra_train_collections) that the run does not score
+    companions = {x for c in chosen for x in companion_collections(config, c)} - set(chosen)
+    counter = StageCounter(len(chosen) * (len(STAGES) + len(names) + 1) + len(companions) * len(STAGES))
 
     def track(output: StageOutput) -> StageOutput:
         if not output.cached:
@@ -393,8 +397,9 @@ def train_and_blend(config: PipelineConfig, data_root: Path | str, *, work_dir: 
     with counter.counting():
         with fan_out(scheduler if scheduler is not None else config.run.scheduler) as backend:
             prepared = prepare(config, data_root, work_dir, collections, force=force)
-            for item in prepared.values():
-                computed += [f"{stage}/{out.key}" for stage, out in item.stages.items() if not item.cached.get(stage)]
+            for item in [*prepared.values(), *(c for p in prepared.values() for c in p.companions.values())]:
+                computed += [f"{stage}/{out.key}" for stage, out in item.stages.items()
+                             if not item.cached.get(stage) and f"{stage}/{out.key}" not in computed]
             trained = train_models(config, prepared, names, work_dir=work_dir, backend=backend, force=force)
         for outputs in trained.values():
             for output in outputs.values():

@@ -191,6 +191,8 @@ def fit_predict_fold(adapter: ModelAdapter, prepared: Any, collection: Collectio
     held_out = plan.graphs_by_fold[fold]
     ranker = adapter.make(settings, collection, num_threads=num_threads)
     train = adapter.load(prepared, plan.train_graphs(fold), settings=settings, fit=True, seed=fit_seed)
+    for companion in companions(prepared, settings):
+        train = train + adapter.load(companion, labelled(companion), settings=settings, fit=True, seed=fit_seed)
     valid = adapter.load(prepared, held_out, settings=settings, fit=True, seed=fit_seed)
     checkpoint_dir = None
     if partial is not None and getattr(adapter, "checkpoints", False):
@@ -343,12 +345,30 @@ def summarize_scores(scores: pl.DataFrame) -> dict[str, Any]:
 # ----------------------------------------------------------------------------- the stage
 
 
+def companions(prepared: Any, settings: dict[str, Any]) -> list[Any]:
+    """The prepared collections whose labelled graphs join every fold's training set: those the model's
+    settings name in ``extra_train_collections`` (:func:`pipelines.prepare.companion_collections`)."""
+    names = settings.get("extra_train_collections") or []
+    attached = getattr(prepared, "companions", {})
+    missing = [name for name in names if name not in attached]
+    if missing:
+        raise PipelineError(f"{prepared.collection.name}: extra_train_collections names {', '.join(missing)}, "
+                            "which was not prepared with it (prepare it through pipelines.prepare.prepare)")
+    return [attached[name] for name in names]
+
+
+def labelled(prepared: Any) -> list[str]:
+    """Every train and valid graph of a prepared collection."""
+    return list(prepared.graphs("train")) + list(prepared.graphs("valid"))
+
+
 def _job_memory(adapter: ModelAdapter, prepared: Any, plan: FoldPlan, settings: dict[str, Any]) -> int | None:
     """The largest fold's memory estimate, for adapters that offer ``job_memory`` (optional)."""
     estimate = getattr(adapter, "job_memory", None)
     if estimate is None:
         return None
-    return max(estimate(prepared, plan.train_graphs(fold), settings) for fold in plan.folds)
+    extra = sum(estimate(c, labelled(c), settings) for c in companions(prepared, settings))
+    return max(estimate(prepared, plan.train_graphs(fold), settings) for fold in plan.folds) + extra
 
 
 def train_model(config: PipelineConfig, prepared: Any, *, model: str, work_dir: Path | str,
@@ -364,6 +384,8 @@ def train_model(config: PipelineConfig, prepared: Any, *, model: str, work_dir: 
     seeds = [int(s) for s in config.run.seeds]
     stage_config = {"collection": collection.name, "model": model, "settings": settings, "seeds": seeds}
     stage, inputs = stage_name(model), adapter.inputs(prepared)
+    for companion in companions(prepared, settings):  # their data shapes the fits too
+        inputs |= {f"{companion.collection.name}:{name}": key for name, key in adapter.inputs(companion).items()}
     code = Code(("pipelines.train", adapter_module(model)))
     partial = partial_dir(Path(work_dir), stage, stage_key(stage, stage_config, inputs, code))
     if force:
@@ -400,6 +422,9 @@ def _run_folds(adapter: ModelAdapter, prepared: Any, collection: Collection, set
     tag = f"[{collection.name}] {adapter.name}"
     logger.info(f"{tag}: {len(plan.folds)} folds x {len(seeds)} seeds = {len(tasks)} fold jobs, "
                 f"{jobs} job(s) x {threads} thread(s), ~{(per_job or 0) / 2**30:.2f} GiB per job")
+    for companion in companions(prepared, settings):
+        logger.info(f"{tag}: every fold model also trains on the {len(labelled(companion))} labelled graphs "
+                    f"of {companion.collection.name}")
     if finished:
         logger.info(f"{tag}: resuming: {len(finished)} of {len(tasks)} fold jobs already done "
                     f"({', '.join(fold_job_name(f, s) for f, s in sorted(finished))}), training {len(todo)}")
@@ -450,6 +475,7 @@ def _run_folds(adapter: ModelAdapter, prepared: Any, collection: Collection, set
         "folds": list(plan.folds),
         "seeds": seeds,
         "test_graphs": len(plan.test),
+        "extra_train_graphs": {c.collection.name: len(labelled(c)) for c in companions(prepared, settings)},
         "jobs": jobs,
         "threads_per_job": threads,
         "resumed_fold_jobs": len(finished),

@@ -6,6 +6,7 @@ import logging
 import math
 import subprocess
 import sys
+from dataclasses import replace
 
 import numpy as np
 import polars as pl
@@ -394,6 +395,22 @@ def test_each_pass_of_an_epoch_visits_every_training_graph_once(monkeypatch):
     assert all(sorted(p) == sorted(passes[0]) and len(set(p)) == len(graphs) for p in passes)
     assert all(len({tuple(p) for p in passes[e:e + 3]}) > 1 for e in (0, 3))  # a fresh order per pass
     assert [h["epoch"] for h in ranker.history_] == [1, 2]  # one validation record per epoch, not per pass
+
+
+def test_training_graphs_of_another_collection_only_when_the_config_names_it():
+    graphs = easy_world(7, "layout", 6)
+    other = [replace(g, collection="layout:nlp:random", stem=f"nlp{i}") for i, g in enumerate(graphs[:2])]
+    with pytest.raises(ConfigError, match="cannot fit graphs of layout:nlp:random"):
+        gnn(epochs=1).fit(graphs[2:5] + other, graphs[5:], seed=0)
+    ranker = gnn(epochs=1, extra_train_collections=["layout:nlp:random"])
+    with pytest.raises(ConfigError, match="cannot fit graphs of layout:nlp:random"):  # never to validate on
+        ranker.fit(graphs[2:5], graphs[5:] + other, seed=0)
+    ranker.fit(graphs[2:5] + other, graphs[5:], seed=0)
+    assert ranker.predict(graphs[5:]).shape == (graphs[5].num_configs,)
+    with pytest.raises(ConfigError, match="unknown collection 'layout:nlp'"):
+        gnn(extra_train_collections=["layout:nlp"])
+    with pytest.raises(ConfigError, match="twice"):
+        gnn(extra_train_collections=["layout:nlp:random", "layout:nlp:random"])
 
 
 def test_predict_before_fit_raises():

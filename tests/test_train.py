@@ -283,3 +283,33 @@ def test_cli_train_end_to_end_on_a_tiny_world(tmp_path: Path, capsys):
     assert main(args) == 0
     assert f"[train-gbdt] cached {output.name}" in capsys.readouterr().out  # the second run reuses the stage
     assert manifest["metrics"]["oof_score"] > 0.3  # runtime follows the compiler-chosen layouts
+
+
+def test_a_gnn_trains_on_another_collections_graphs_when_the_config_names_it(tiny_world: Path, tmp_path: Path):
+    from pipelines.prepare import prepare
+
+    one_pass = ["run.seeds=[0]", 'gnn.collections."layout:xla:random".passes_per_epoch=1']
+    extra = ['gnn.collections."layout:xla:random".extra_train_collections=["layout:nlp:random"]']
+    config = load_config("smoke", [*one_pass, *extra])
+    prepared = prepare(config, tiny_world, tmp_path / "work", ["layout:xla:random"])
+    assert list(prepared) == ["layout:xla:random"]  # only what was asked is returned, with its companion
+    companion = prepared["layout:xla:random"].companions["layout:nlp:random"]
+    assert (tmp_path / "work" / "node_arrays" / companion.stages["node_arrays"].key).is_dir()
+    labelled = companion.graphs("train") + companion.graphs("valid")
+
+    output = train_model(config, prepared["layout:xla:random"], model="gnn", work_dir=tmp_path / "work")
+    assert output.metrics["extra_train_graphs"] == {"layout:nlp:random": len(labelled)}
+    assert output.manifest["inputs"]["layout:nlp:random:node_arrays"] == companion.stages["node_arrays"].key
+    predictions = read_predictions(output.file(PREDICTIONS_FILE))
+    own = set(prepared["layout:xla:random"].graphs("train") + prepared["layout:xla:random"].graphs("valid"))
+    assert set(predictions.filter(pl.col("split") == "oof")["graph"]) == own  # never scored on the others
+
+    plain = load_config("smoke", one_pass)
+    alone = train_model(plain, prepare(plain, tiny_world, tmp_path / "work", ["layout:xla:random"])["layout:xla:random"],
+                        model="gnn", work_dir=tmp_path / "work")
+    assert alone.key != output.key and alone.metrics["extra_train_graphs"] == {}
+
+    for wrong in ("tile:xla", "layout:xla:random"):
+        bad = load_config("smoke", [f'gnn.collections."layout:xla:random".extra_train_collections=["{wrong}"]'])
+        with pytest.raises(ConfigError, match=f"names {wrong}: it must be another layout collection"):
+            prepare(bad, tiny_world, tmp_path / "work", ["layout:xla:random"])

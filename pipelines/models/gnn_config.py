@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from pipelines.collections import parse_collection
 from pipelines.errors import ConfigError
 from pipelines.models.fields import bounded, choice
 
@@ -57,6 +58,10 @@ class GNNConfig:
     # of 4096 loses little, while the int8 arrays of a collection stay bounded (a real graph may have
     # 3,000 configurable nodes: 4096 x 3000 x 18 B = 221 MB).
     load_max_configs: int = bounded(4096, 2)
+    # Other collections of the same kind whose labelled (train + valid) graphs join every fold model's
+    # training set, never its validation, out-of-fold or test graphs: e.g. the nlp graphs, all
+    # transformers, for the xla collection, where transformers are a minority (base.toml: evidence).
+    extra_train_collections: list[str] = field(default_factory=list)
     # --- optimisation
     epochs: int = bounded(20, 1)
     lr: float = bounded(1e-3, 1e-12)
@@ -97,6 +102,10 @@ class GNNConfig:
             raise ConfigError(f"hidden ({self.hidden}) must be divisible by gat_heads ({self.gat_heads})")
         if self.device not in DEVICES and not (self.device.startswith("cuda:") and self.device[5:].isdigit()):
             raise ConfigError(f"device must be one of {DEVICES} or 'cuda:N', got {self.device!r}")
+        for name in self.extra_train_collections:
+            parse_collection(name)  # a ConfigError naming the valid collections
+        if len(set(self.extra_train_collections)) != len(self.extra_train_collections):
+            raise ConfigError(f"extra_train_collections lists a collection twice: {self.extra_train_collections}")
         if self.cross_config_attention and self.hidden % self.attention_heads:
             raise ConfigError(f"hidden ({self.hidden}) must be divisible by attention_heads ({self.attention_heads})")
 

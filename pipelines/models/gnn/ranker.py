@@ -88,9 +88,13 @@ class GNNRanker:
         unlabeled = list(unlabeled or [])
         if not train:
             raise ConfigError("GNN: no training graphs")
-        collection = str(_single_value(train + valid + unlabeled, "collection", lambda g: g.collection))
-        if collection != self.collection.name:
-            raise ConfigError(f"GNN: a ranker built for {self.collection.name} cannot fit graphs of {collection}")
+        allowed = {self.collection.name, *self.config.extra_train_collections}  # training graphs only
+        for graphs, accepted in ((train, allowed), (valid + unlabeled, {self.collection.name})):
+            foreign = sorted({g.collection for g in graphs} - accepted)
+            if foreign:
+                raise ConfigError(f"GNN: a ranker built for {self.collection.name} cannot fit graphs of "
+                                  f"{', '.join(foreign)} (training graphs of other collections: "
+                                  "gnn.extra_train_collections)")
         kind = str(_single_value(train + valid + unlabeled, "kind (tile or layout)", graph_kind))
         feat_dim = int(_single_value(train + valid + unlabeled, "node feature width", lambda g: g.node_feat.shape[1]))
         for g in train + valid:
