@@ -25,6 +25,10 @@ Learned state lives in attributes ending in ``_``. The **adapter** tells the tra
                                                       # caps the parallel jobs to fit in memory
     checkpoints = True                      # optional: fit(..., checkpoint_dir=) resumes epochs
 
+A model whose settings name ``extra_train_collections`` (the GNN's) also fits on those collections'
+labelled graphs: the training stage appends ``load(companion, its train + valid graphs, fit=True)``
+to each fold's training data, so its ``load`` returns a list.
+
 ``tests/test_model_contract.py`` runs one contract test over every registered model.
 """
 
