@@ -70,7 +70,8 @@ fig = analysis.errorbar_plot(comparison, x="model", title="Models per collection
 analysis.save_figure(fig, figures / "04-models.png", close=False)
 
 # %% [markdown]
-# ## GNN options: loss, layout physics, config pairs, readout, attention, pre-training, passes, free layers
+# ## GNN options: loss, layout physics, config pairs, readout, attention, pre-training, passes, free layers,
+# other collections' graphs
 
 # %%
 if has_gnn:
@@ -92,6 +93,10 @@ if has_gnn:
         "1 pass per epoch": ["gnn.passes_per_epoch=1"],
         "2 passes per epoch": ["gnn.passes_per_epoch=2"],
         "3 free layers": ["gnn.free_layers=3"],
+        # per collection: each xla layout collection also trains on its nlp twin's labelled graphs
+        "xla also trains on nlp graphs": [
+            'gnn.collections."layout:xla:random".extra_train_collections=["layout:nlp:random"]',
+            'gnn.collections."layout:xla:default".extra_train_collections=["layout:nlp:default"]'],
     }
     gnn_trained = analysis.train_variants(settings, options, ["gnn"])
     gnn_summary = analysis.variant_summary(gnn_trained)
