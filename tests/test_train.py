@@ -308,6 +308,9 @@ def test_a_gnn_trains_on_another_collections_graphs_when_the_config_names_it(tin
     alone = train_model(plain, prepare(plain, tiny_world, tmp_path / "work", ["layout:xla:random"])["layout:xla:random"],
                         model="gnn", work_dir=tmp_path / "work")
     assert alone.key != output.key and alone.metrics["extra_train_graphs"] == {}
+    with_extra = predictions.sort("graph", "config_index", "fold")["score"].to_numpy()
+    without = read_predictions(alone.file(PREDICTIONS_FILE)).sort("graph", "config_index", "fold")["score"].to_numpy()
+    assert with_extra.shape == without.shape and not np.allclose(with_extra, without)  # the extra graphs were fitted
 
     for wrong in ("tile:xla", "layout:xla:random"):
         bad = load_config("smoke", [f'gnn.collections."layout:xla:random".extra_train_collections=["{wrong}"]'])
