@@ -253,16 +253,9 @@ def prepare(config: PipelineConfig, data_root: Path | str, work_dir: Path | str,
     """Run (or reuse) the four preparation stages for each collection; ``None`` = every collection
     with a train directory under ``data_root``."""
     data_root, work_dir = Path(data_root), Path(work_dir)
-    if collections is None:
-        chosen = available_collections(data_root)
-    else:
-        chosen = [c if isinstance(c, Collection) else parse_collection(c) for c in collections]
-    if not chosen:
-        raise FormatError(data_root, "no collection to prepare (no train directory found)")
+    chosen, extra = collections_to_prepare(config, data_root, collections)
     check_feature_exclusions(config)
     check_output_dir(work_dir, data_root)
-    companions = {c.name: companion_collections(config, c) for c in chosen}
-    extra = [c for c in dict.fromkeys(x for names in companions.values() for x in names) if c not in chosen]
     check_data_root(data_root, [*chosen, *extra], config.data.on_bad_file)
     # Every collection's file list and folds setting is checked before any stage writes anything.
     refs = {c.name: collection_refs(data_root, c) for c in [*chosen, *extra]}
@@ -273,8 +266,24 @@ def prepare(config: PipelineConfig, data_root: Path | str, work_dir: Path | str,
     for c in chosen:
         # a companion's own Prepared, without companions of its own (no cycles when two name each other)
         prepared[c.name].companions = {x.name: dataclasses.replace(prepared[x.name], companions={})
-                                       for x in companions[c.name]}
+                                       for x in companion_collections(config, c)}
     return {c.name: prepared[c.name] for c in chosen}
+
+
+def collections_to_prepare(config: PipelineConfig, data_root: Path | str,
+                           collections: Sequence[Collection | str] | None = None,
+                           ) -> tuple[list[Collection], list[Collection]]:
+    """What :func:`prepare` prepares: the chosen collections (``None`` = every collection with a train
+    directory under ``data_root``) and, after them, the other collections their models also train on
+    (:func:`companion_collections`)."""
+    if collections is None:
+        chosen = available_collections(data_root)
+    else:
+        chosen = [c if isinstance(c, Collection) else parse_collection(c) for c in collections]
+    if not chosen:
+        raise FormatError(data_root, "no collection to prepare (no train directory found)")
+    named = dict.fromkeys(x for c in chosen for x in companion_collections(config, c))
+    return list(chosen), [c for c in named if c not in chosen]
 
 
 def companion_collections(config: PipelineConfig, collection: Collection) -> list[Collection]:

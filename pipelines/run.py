@@ -375,17 +375,14 @@ def train_and_blend(config: PipelineConfig, data_root: Path | str, *, work_dir: 
     serves work on some collections only (scoring one collection on a world with hidden labels, see
     :func:`pipelines.evaluate.evaluate_collection_runs`); its stages are the ones a full run reuses.
     """
-    from pipelines.prepare import STAGES, companion_collections, prepare
-    from pipelines.tpugraphs import available_collections
+    from pipelines.prepare import STAGES, collections_to_prepare, prepare
 
     data_root, work_dir = Path(data_root), Path(work_dir)
     names = checked_models(config, models)
     computed: list[str] = []
-    chosen = [parse_collection(c) if isinstance(c, str) else c for c in collections] if collections is not None \
-        else available_collections(data_root)
-    # prepare, train per model and ensemble per collection; the data stages of the collections a model
-    # trains on besides (gnn.extra_train_collections) that the run does not score
-    companions = {x for c in chosen for x in companion_collections(config, c)} - set(chosen)
+    # prepare, train per model and ensemble per chosen collection; only the data stages of the others
+    # their models train on (gnn.extra_train_collections)
+    chosen, companions = collections_to_prepare(config, data_root, collections)
     counter = StageCounter(len(chosen) * (len(STAGES) + len(names) + 1) + len(companions) * len(STAGES))
 
     def track(output: StageOutput) -> StageOutput:
@@ -397,9 +394,10 @@ def train_and_blend(config: PipelineConfig, data_root: Path | str, *, work_dir: 
     with counter.counting():
         with fan_out(scheduler if scheduler is not None else config.run.scheduler) as backend:
             prepared = prepare(config, data_root, work_dir, collections, force=force)
-            for item in [*prepared.values(), *(c for p in prepared.values() for c in p.companions.values())]:
-                computed += [f"{stage}/{out.key}" for stage, out in item.stages.items()
-                             if not item.cached.get(stage) and f"{stage}/{out.key}" not in computed]
+            # every prepared collection once: a companion may be a chosen collection too
+            every = {name: c for p in prepared.values() for name, c in p.companions.items()} | prepared
+            for item in every.values():
+                computed += [f"{stage}/{out.key}" for stage, out in item.stages.items() if not item.cached.get(stage)]
             trained = train_models(config, prepared, names, work_dir=work_dir, backend=backend, force=force)
         for outputs in trained.values():
             for output in outputs.values():

@@ -47,7 +47,7 @@ from typing import Any, Callable
 import numpy as np
 import polars as pl
 
-from pipelines.collections import Collection
+from pipelines.collections import LABELLED, Collection
 from pipelines.config import PipelineConfig
 from pipelines.engine import Code, StageOutput, rename_if_free, run_stage, stage_key, write_json_atomic
 from pipelines.errors import PipelineError
@@ -359,7 +359,7 @@ def companions(prepared: Any, settings: dict[str, Any]) -> list[Any]:
 
 def labelled(prepared: Any) -> list[str]:
     """Every train and valid graph of a prepared collection."""
-    return list(prepared.graphs("train")) + list(prepared.graphs("valid"))
+    return [graph for split in LABELLED for graph in prepared.graphs(split)]
 
 
 def _job_memory(adapter: ModelAdapter, prepared: Any, plan: FoldPlan, settings: dict[str, Any]) -> int | None:
