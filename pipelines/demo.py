@@ -26,14 +26,14 @@ def run_demo(data_root: Path | str, scale: str = "small", seed: int = 0, *,
     """Generate (or reuse) the synthetic world and run the whole pipeline on it; prints the score table
     and, last, the submission path (the command's result: printed, not logged, so ``--quiet`` keeps it)."""
     from pipelines.config import load_config
-    from pipelines.run import resolve_models, run_pipeline
+    from pipelines.run import indexed_stage_count, resolve_models, run_pipeline
     from pipelines.synth import generate_world
 
     logger.info(generate_world(Path(data_root), scale=scale, seed=seed))
     resolved = load_config(config, overrides)
     models = resolve_models(resolved, None)
     result = run_pipeline(resolved, data_root, work_dir=work_dir, models=models, submissions_dir=submissions_dir)
-    stages = sum(len(c["prepare"]) + len(c["train"]) + 1 for c in result.manifest["stages"].values())
+    stages = indexed_stage_count(result.manifest["stages"])
     reused = stages - len(result.computed)
     print()
     print(f"out-of-fold scores on {data_root} ({scale} world, seed {seed}; {reused}/{stages} stages reused "

@@ -180,7 +180,7 @@ def predict_run(run_id: str, data_root: Path | str, *, submissions_dir: Path | s
                 config = config_from_dict(PipelineConfig, config_dict, f"run {run_id} manifest")
                 prepared_by_config[cache] = prepare_test_graphs(config, collection, data_root, source_work, split)
             prepared = prepared_by_config[cache]
-            prepare_keys = {stage: out.key for stage, out in prepared.stages.items()}
+            prepare_keys = prepared.stage_keys
             frames.append(predict_test(output, prepared, num_threads=num_threads)
                           .with_columns(pl.lit(model).alias("model")))
         test = prepare_model_scores(pl.concat(frames), method)

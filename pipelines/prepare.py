@@ -205,6 +205,11 @@ class Prepared:
     # Other collections a model trains on besides this one (``gnn.extra_train_collections``), by name
     companions: dict[str, Prepared] = field(default_factory=dict)
 
+    @property
+    def stage_keys(self) -> dict[str, str]:
+        """stage -> key of its outputs, as a run manifest records them."""
+        return {name: out.key for name, out in self.stages.items()}
+
     @cached_property
     def graph_table(self) -> pl.DataFrame:
         """One row per graph: ``graph``, ``split`` and the prune counts."""

@@ -33,7 +33,7 @@ import sys
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -70,6 +70,8 @@ class CollectionRun:
     prepare_keys: dict[str, str]  # stage -> key (prune, features, node_arrays, folds)
     trained: dict[str, StageOutput]  # model name -> training stage output
     ensemble: StageOutput
+    # the data stages (stage -> key) of the other collections its models also train on, by collection
+    companion_keys: dict[str, dict[str, str]] = field(default_factory=dict)
 
     @property
     def weights(self) -> dict[str, float]:
@@ -256,13 +258,31 @@ def checked_models(config: PipelineConfig, models: Sequence[str] | None) -> list
 
 
 def stage_index(runs: Sequence[CollectionRun]) -> dict[str, dict]:
-    """Per collection, the stages behind it, as a run manifest records them under ``stages``."""
+    """Per collection, the stages behind it, as a run manifest records them under ``stages``; a
+    ``companions`` entry only where its models also train on other collections' graphs."""
     return {r.collection.name: {
         "prepare": r.prepare_keys,
         "train": {name: {"stage": out.stage, "key": out.key, "work_dir": str(out.path.parent.parent.resolve())}
                   for name, out in r.trained.items()},
         ENSEMBLE_STAGE: r.ensemble.key,
-    } for r in runs}
+    } | ({"companions": r.companion_keys} if r.companion_keys else {}) for r in runs}
+
+
+def indexed_stage_count(stages: Mapping[str, dict]) -> int:
+    """How many stages a run's ``stages`` index names, each once (a companion's data stages may also
+    be a chosen collection's)."""
+    return len(_indexed_stages(stages, ""))
+
+
+def _indexed_stages(stages: Mapping[str, dict], work_dir: Path | str) -> dict[tuple[str, str], Path | str]:
+    """(stage, key) -> the work dir it lies in, for every stage of a run's ``stages`` index."""
+    where: dict[tuple[str, str], Path | str] = {}
+    for entry in stages.values():
+        prepared = [entry["prepare"], *entry.get("companions", {}).values()]
+        where |= {(stage, key): work_dir for keys in prepared for stage, key in keys.items()}
+        where |= {(ref["stage"], ref["key"]): ref.get("work_dir") or work_dir for ref in entry["train"].values()}
+        where[ENSEMBLE_STAGE, entry[ENSEMBLE_STAGE]] = work_dir
+    return where
 
 
 def stages_wall_time(stages: Mapping[str, dict], work_dir: Path | str) -> float:
@@ -273,15 +293,8 @@ def stages_wall_time(stages: Mapping[str, dict], work_dir: Path | str) -> float:
     shows only its tail. A training stage that was itself cut and resumed from its finished fold
     jobs records only its last attempt, so the sum is then a lower bound.
     """
-    seconds: dict[tuple[str, str], float] = {}
-    for entry in stages.values():
-        refs = [(stage, key, work_dir) for stage, key in entry["prepare"].items()]
-        refs += [(ref["stage"], ref["key"], ref.get("work_dir") or work_dir) for ref in entry["train"].values()]
-        refs.append((ENSEMBLE_STAGE, entry[ENSEMBLE_STAGE], work_dir))
-        for stage, key, where in refs:
-            if (stage, key) not in seconds:
-                seconds[stage, key] = float(load_stage(Path(where), stage, key).manifest.get("wall_time_s") or 0.0)
-    return sum(seconds.values())
+    return sum(float(load_stage(Path(where), stage, key).manifest.get("wall_time_s") or 0.0)
+               for (stage, key), where in _indexed_stages(stages, work_dir).items())
 
 
 def _manifest(*, kind: str, config: Any, data_root: Path, work_dir: Path, runs: Sequence[CollectionRun],
@@ -397,7 +410,7 @@ def train_and_blend(config: PipelineConfig, data_root: Path | str, *, work_dir: 
             # every prepared collection once: a companion may be a chosen collection too
             every = {name: c for p in prepared.values() for name, c in p.companions.items()} | prepared
             for item in every.values():
-                computed += [f"{stage}/{out.key}" for stage, out in item.stages.items() if not item.cached.get(stage)]
+                computed += [f"{stage}/{key}" for stage, key in item.stage_keys.items() if not item.cached.get(stage)]
             trained = train_models(config, prepared, names, work_dir=work_dir, backend=backend, force=force)
         for outputs in trained.values():
             for output in outputs.values():
@@ -406,8 +419,8 @@ def train_and_blend(config: PipelineConfig, data_root: Path | str, *, work_dir: 
         for cname, item in prepared.items():
             output = track(ensemble_stage(item.collection, item.stages["prune"], trained[cname],
                                           method=config.ensemble.method, work_dir=work_dir, force=force))
-            runs.append(CollectionRun(item.collection, {s: o.key for s, o in item.stages.items()}, trained[cname],
-                                      output))
+            runs.append(CollectionRun(item.collection, item.stage_keys, trained[cname], output,
+                                      {name: c.stage_keys for name, c in item.companions.items()}))
     return runs, computed
 
 
@@ -506,7 +519,8 @@ def ensemble_runs(run_ids: Sequence[str], *, submissions_dir: Path | str = paths
                             prepare_keys["prune"], run_ids[0], "prune", cname)
         output = ensemble_stage(parse_collection(cname), prune, trained, method=method, work_dir=out_dir,
                                 force=force)
-        runs.append(CollectionRun(parse_collection(cname), dict(prepare_keys), trained, output))
+        runs.append(CollectionRun(parse_collection(cname), dict(prepare_keys), trained, output,
+                                  dict(first["stages"][cname].get("companions", {}))))
     computed = [f"{r.ensemble.stage}/{r.ensemble.key}" for r in runs if not r.ensemble.cached]
     config = {"ensemble": {"method": method, "models": list(models) if models is not None else None},
               "source_runs": {r: manifests[r].get("config") for r in run_ids}}

@@ -18,7 +18,8 @@ from pipelines.collections import TILE_XLA
 from pipelines.config import load_config
 from pipelines.errors import ConfigError, FormatError, PipelineError, SubmissionError
 from pipelines.predictions import prediction_frame, read_predictions
-from pipelines.run import ensemble_runs, resolve_models, run_pipeline, stages_wall_time, submission_rows
+from pipelines.run import (ensemble_runs, indexed_stage_count, resolve_models, run_pipeline, stage_index,
+                           stages_wall_time, submission_rows, train_and_blend)
 from pipelines.run_folders import SUBMISSION_FILE, new_run_id, publish_submission
 from pipelines.submission import read_submission, validate_submission
 from tests.conftest import logged_messages
@@ -110,6 +111,23 @@ def test_a_cached_run_still_tells_the_compute_time_of_its_stages(runs):
     # The rerun computed nothing; its stages are the same ones, so their time is the same.
     assert again.computed == ()
     assert stages_wall_time(again.manifest["stages"], work) == pytest.approx(by_hand)
+
+
+def test_the_stage_index_counts_the_data_stages_of_collections_a_model_also_trains_on(tiny_world, tmp_path):
+    # xla:random's GNN also trains on nlp:random's graphs: nlp:random is prepared but not scored
+    config = fast_config("run.seeds=[0]", 'gnn.collections."layout:xla:random".passes_per_epoch=1',
+                         'gnn.collections."layout:xla:random".extra_train_collections=["layout:nlp:random"]')
+    runs, computed = train_and_blend(config, tiny_world, work_dir=tmp_path, models=["gnn"],
+                                     collections=["layout:xla:random"])
+    index = stage_index(runs)
+    assert list(index) == ["layout:xla:random"]
+    companion = index["layout:xla:random"]["companions"]["layout:nlp:random"]
+    assert set(companion) == {"prune", "features", "node_arrays", "folds"}
+    assert {f"{stage}/{key}" for stage, key in companion.items()} <= set(computed)
+    # every computed stage is indexed once, so the index's compute time is the computed stages' time
+    assert indexed_stage_count(index) == len(computed) == len(set(computed))
+    by_hand = sum(json.loads((tmp_path / ref / "manifest.json").read_text())["wall_time_s"] for ref in computed)
+    assert stages_wall_time(index, tmp_path) == pytest.approx(by_hand)
 
 
 def test_manifest_records_stages_scores_and_weights(runs):
