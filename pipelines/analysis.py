@@ -526,17 +526,16 @@ def run_outputs(submissions_dir: Path | str, run_id: str, work_dir: Path | str |
     """Load the training, ensemble and prune outputs of a run from its ``manifest.json``
     (``work_dir`` overrides the work dir the run recorded, e.g. after moving the cache)."""
     from pipelines.ensemble import ENSEMBLE_STAGE
-    from pipelines.run_folders import read_run_manifest
+    from pipelines.run_folders import read_run_manifest, training_stage_dir
 
     manifest = read_run_manifest(submissions_dir, run_id)
     root = Path(work_dir) if work_dir is not None else Path(manifest["work_dir"])
     trained, ensemble, prune = {}, {}, {}
     for collection, stages in manifest["stages"].items():
-        where = {name: Path(work_dir) if work_dir is not None else Path(ref.get("work_dir") or root)
-                 for name, ref in stages["train"].items()}
         try:
-            trained[collection] = {name: load_stage(where[name], ref["stage"], ref["key"])
-                                   for name, ref in stages["train"].items()}
+            trained[collection] = {
+                name: load_stage(training_stage_dir(ref, manifest, work_dir), ref["stage"], ref["key"])
+                for name, ref in stages["train"].items()}
             ensemble[collection] = load_stage(root, ENSEMBLE_STAGE, stages[ENSEMBLE_STAGE])
             prune[collection] = load_stage(root, "prune", stages["prepare"]["prune"])
         except PipelineError as exc:

@@ -26,7 +26,7 @@ from pipelines.engine import StageOutput, code_version, file_sha256, fingerprint
 from pipelines.errors import ConfigError, PipelineError
 from pipelines.paths import SUBMISSIONS_DIR
 from pipelines.run import RunResult, scores_from_manifest, write_run_report
-from pipelines.run_folders import read_run_manifest
+from pipelines.run_folders import read_run_manifest, training_stage_dir
 
 logger = logging.getLogger(__name__)
 
@@ -167,7 +167,7 @@ def predict_run(run_id: str, data_root: Path | str, *, submissions_dir: Path | s
         frames, prepare_keys = [], {}
         for model in models:
             ref = refs[model]
-            where = Path(work_dir) if work_dir is not None else Path(ref.get("work_dir") or source_work)
+            where = training_stage_dir(ref, source, work_dir)
             try:
                 output = load_stage(where, ref["stage"], ref["key"])
             except PipelineError:

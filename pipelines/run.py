@@ -53,7 +53,7 @@ from pipelines.engine import (
 from pipelines.ensemble import ENSEMBLE_STAGE, ensemble_stage, load_blended_test
 from pipelines.errors import ConfigError, FormatError, PipelineError
 from pipelines.parallel import fan_out
-from pipelines.run_folders import publish_submission, read_run_manifest
+from pipelines.run_folders import publish_submission, read_run_manifest, training_stage_dir
 
 logger = logging.getLogger(__name__)
 
@@ -510,8 +510,8 @@ def ensemble_runs(run_ids: Sequence[str], *, submissions_dir: Path | str = paths
                 if (ref["stage"], ref["key"]) in seen or (models is not None and not _model_matches(name, models)):
                     continue
                 seen.add((ref["stage"], ref["key"]))
-                where = Path(work_dir) if work_dir is not None else Path(ref.get("work_dir") or manifest["work_dir"])
-                trained[name] = _load_saved(where, ref["stage"], ref["key"], run_id, model, cname)
+                trained[name] = _load_saved(training_stage_dir(ref, manifest, work_dir), ref["stage"], ref["key"],
+                                            run_id, model, cname)
         if not trained:
             raise ConfigError(f"{cname}: no model of runs {', '.join(run_ids)} matches "
                               f"--models {', '.join(models or [])}")

@@ -145,3 +145,13 @@ def read_run_manifest(submissions_dir: Path | str, run_id: str) -> dict[str, Any
     if not isinstance(manifest, dict) or not isinstance(manifest.get("stages"), dict):
         raise FormatError(path, "not a run manifest (no 'stages' table)")
     return manifest
+
+
+def training_stage_dir(ref: Mapping[str, Any], manifest: Mapping[str, Any], work_dir: Path | str | None = None) -> Path:
+    """The work dir holding a training stage that a run manifest names (``ref``, one of its
+    ``stages.<collection>.train`` entries): ``work_dir`` when given (the cache moved), else the folder
+    the run recorded for that stage (a re-blend of several runs reads stages from several work dirs),
+    else the run's own work dir."""
+    if work_dir is not None:
+        return Path(work_dir)
+    return Path(ref.get("work_dir") or manifest["work_dir"])
