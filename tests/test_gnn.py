@@ -20,7 +20,8 @@ from pipelines.models.gnn import GNNRanker
 from pipelines.models.gnn.batch import collate, distinct_blocks, gather_configs, layout_physics, prepare_graph
 from pipelines.models.gnn.losses import list_mle_loss, make_loss, pairwise_hinge_loss
 from pipelines.models.gnn.model import GNNModel
-from pipelines.models.gnn.trainer import configs_per_chunk
+import pipelines.models.gnn.trainer as trainer
+from pipelines.models.gnn.trainer import configs_per_chunk, pass_order
 from pipelines.models.gnn.pretrain import encoder_parameters, pretrain_encoder
 from pipelines.models.gnn_config import GNNConfig
 from pipelines.node_arrays import NODE_FEATURE_DIM, GraphArrays, transform_node_feat
@@ -411,6 +412,35 @@ def test_training_graphs_of_another_collection_only_when_the_config_names_it():
         gnn(extra_train_collections=["layout:nlp"])
     with pytest.raises(ConfigError, match="twice"):
         gnn(extra_train_collections=["layout:nlp:random", "layout:nlp:random"])
+
+
+def test_a_pass_visits_every_own_graph_and_at_most_as_many_of_another_collections(monkeypatch):
+    # as many or fewer extra graphs: one permutation of them all, as when they were plain training graphs
+    assert np.array_equal(pass_order(np.random.default_rng(3), 4, 4, 4), np.random.default_rng(3).permutation(8))
+    rng = np.random.default_rng(0)
+    seen = set()
+    for _ in range(20):
+        order = pass_order(rng, 3, 10, 3)
+        assert sorted(order[order < 3]) == [0, 1, 2] and len(order) == len(set(order)) == 6
+        seen |= set(order[order >= 3].tolist())
+    assert seen == set(range(3, 13))  # drawn afresh each pass
+
+    graphs = easy_world(8, "layout", 8)
+    other = [replace(g, collection="layout:nlp:random", stem=f"nlp{i}") for i, g in enumerate(graphs[3:8])]
+    steps: list[list[int]] = []
+    real_step = trainer.train_step
+
+    def counted(model, graphs, *args, **kwargs):
+        steps.append([id(g) for g in graphs])
+        return real_step(model, graphs, *args, **kwargs)
+
+    monkeypatch.setattr(trainer, "train_step", counted)
+    passes = 4
+    gnn(epochs=1, passes_per_epoch=passes, extra_train_collections=["layout:nlp:random"]).fit(graphs[:3] + other, seed=0)
+    assert len(steps) == passes * (3 + 3)  # 3 own + 3 of the 5 others per pass, not all 8
+    by_pass = [{ids[0] for ids in steps[i * 6:(i + 1) * 6]} for i in range(passes)]
+    assert all(len(p) == 6 for p in by_pass) and len(set.intersection(*by_pass)) >= 3
+    assert len(set.union(*by_pass)) == 8
 
 
 def test_predict_before_fit_raises():

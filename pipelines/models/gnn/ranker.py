@@ -102,7 +102,9 @@ class GNNRanker:
                 raise FormatError(f"{g.collection}:{g.stem}", "training/validation graph has no runtimes")
         cfg = self.config
         device = resolve_device(cfg.device)
-        prepared_train = [prepare_graph(g, cfg.config_layers) for g in train]
+        own = [g for g in train if g.collection == self.collection.name]
+        prepared_train = [prepare_graph(g, cfg.config_layers) for g in own]
+        prepared_extra = [prepare_graph(g, cfg.config_layers) for g in train if g.collection != self.collection.name]
         prepared_valid = [prepare_graph(g, cfg.config_layers) for g in valid]
         fingerprint = _fingerprint(cfg, seed, train, valid, unlabeled)
         checkpoint_path = None if checkpoint_dir is None else Path(checkpoint_dir) / f"gnn_seed{seed}.pt"
@@ -114,11 +116,12 @@ class GNNRanker:
 
             def pretrain(rng: np.random.Generator) -> None:
                 if cfg.pretrain:
-                    everything = prepared_train + prepared_valid + [prepare_graph(g, 0) for g in unlabeled]
+                    everything = [*prepared_train, *prepared_extra, *prepared_valid,
+                                  *(prepare_graph(g, 0) for g in unlabeled)]
                     pretrain_encoder(model, everything, cfg, rng)
 
             state = train_model(model, prepared_train, prepared_valid, cfg, seed=seed, fingerprint=fingerprint,
-                                checkpoint_path=checkpoint_path, before_training=pretrain)
+                                checkpoint_path=checkpoint_path, before_training=pretrain, extra=prepared_extra)
         model.eval()
         self.model_ = model
         self.kind_ = kind
