@@ -59,9 +59,23 @@ def test_quick_extends_base_and_changes_only_its_own_keys():
     quick_file = shipped("quick")
     assert quick_file.pop("extends") == "base"
     base, quick = flatten(config_to_dict(load_config())), flatten(config_to_dict(load_config("quick")))
-    changed = {k for k in base if base[k] != quick[k]}
-    assert changed == set(flatten(quick_file))
+    changed = {k for k in base.keys() | quick.keys() if base.get(k) != quick.get(k)}
+    own = set(flatten(quick_file))
+    # a section key quick sets to base's own value is there to clear base's per-collection values of it
+    # (gnn.extra_train_collections: base's xla:random also trains on nlp:random)
+    clearing = {k for k in own if base[k] == quick[k]}
+    assert clearing == {"gnn.extra_train_collections"}
+    assert changed == (own - clearing) | {"gnn.collections.layout:xla:random.extra_train_collections"}
     assert load_config("quick").folds.k == 2
+
+
+def test_base_trains_xla_random_on_the_nlp_random_graphs_and_the_light_configs_do_not():
+    for name in (None, "gpu", "demo", "cpu", "quick", "smoke"):
+        config = load_config(name)
+        for collection in ALL_COLLECTIONS:
+            extra = resolve_for_collection(config.gnn, collection).extra_train_collections
+            on = name in (None, "gpu") and collection.name == "layout:xla:random"
+            assert extra == (["layout:nlp:random"] if on else []), (name, collection.name)
 
 
 def test_cpu_trains_one_pass_per_epoch_on_every_collection_and_demo_keeps_four_on_layouts():
