@@ -436,7 +436,8 @@ def test_a_pass_visits_every_own_graph_and_at_most_as_many_of_another_collection
 
     monkeypatch.setattr(trainer, "train_step", counted)
     passes = 4
-    gnn(epochs=1, passes_per_epoch=passes, extra_train_collections=["layout:nlp:random"]).fit(graphs[:3] + other, seed=0)
+    ranker = gnn(epochs=1, passes_per_epoch=passes, extra_train_collections=["layout:nlp:random"])
+    ranker.fit(graphs[:3] + other, seed=0)
     assert len(steps) == passes * (3 + 3)  # 3 own + 3 of the 5 others per pass, not all 8
     by_pass = [{ids[0] for ids in steps[i * 6:(i + 1) * 6]} for i in range(passes)]
     assert all(len(p) == 6 for p in by_pass) and len(set.intersection(*by_pass)) >= 3
