@@ -406,6 +406,8 @@ def test_training_graphs_of_another_collection_only_when_the_config_names_it():
     ranker = gnn(epochs=1, extra_train_collections=["layout:nlp:random"])
     with pytest.raises(ConfigError, match="cannot fit graphs of layout:nlp:random"):  # never to validate on
         ranker.fit(graphs[2:5], graphs[5:] + other, seed=0)
+    with pytest.raises(ConfigError, match="no training graphs of layout:xla:random"):  # the others only join
+        ranker.fit(other, graphs[5:], seed=0)
     ranker.fit(graphs[2:5] + other, graphs[5:], seed=0)
     assert ranker.predict(graphs[5:]).shape == (graphs[5].num_configs,)
     with pytest.raises(ConfigError, match="unknown collection 'layout:nlp'"):

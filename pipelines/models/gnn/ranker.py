@@ -103,6 +103,9 @@ class GNNRanker:
         cfg = self.config
         device = resolve_device(cfg.device)
         own = [g for g in train if g.collection == self.collection.name]
+        if not own:  # a pass is the own graphs plus at most as many others: none would leave no steps
+            raise ConfigError(f"GNN: no training graphs of {self.collection.name} (graphs of "
+                              "extra_train_collections only join them)")
         prepared_train = [prepare_graph(g, cfg.config_layers) for g in own]
         prepared_extra = [prepare_graph(g, cfg.config_layers) for g in train if g.collection != self.collection.name]
         prepared_valid = [prepare_graph(g, cfg.config_layers) for g in valid]
