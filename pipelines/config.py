@@ -69,9 +69,10 @@ class PruneConfig:
     # How identical config rows of TRAINING graphs are merged (test rows are never merged):
     # first: keep the first row; mean/min: one row with the mean/min runtime; none: keep all.
     dedup: str = field(default="first", metadata={"choices": ("first", "mean", "min", "none")})
-    # How the pruned configs are stored (pipelines.prune.save_pruned): auto: zstd where it shrinks them
+    # How pruned layout configs are stored (pipelines.prune.save_pruned): auto: zstd where it shrinks them
     # >= 20x (default-search layouts), a plain memory-mapped .npy elsewhere (fastest); always: zstd for every
     # graph (random-search configs ~7x less disk: ~3 GB instead of ~23 GB for the real data, a slower prune).
+    # Tile configs are small and always inside the graph's zstd-compressed file.
     compress_configs: str = field(default="auto", metadata={"choices": ("auto", "always")})
 
 

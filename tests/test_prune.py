@@ -169,16 +169,16 @@ def test_sample_configs_is_seeded_sorted_and_capped() -> None:
 def test_save_load_round_trip(tmp_path) -> None:
     graph = random_layout_graph(np.random.default_rng(4))
     pruned, _ = prune_layout_graph(graph, 2, "khop")
-    save_pruned(tmp_path / "g.npz", pruned)
-    back = load_pruned(tmp_path / "g.npz")
+    save_pruned(tmp_path / "g.pruned", pruned)
+    back = load_pruned(tmp_path / "g.pruned")
     assert (back.stem, back.kind) == ("g", "layout")
     for name in ("node_feat", "node_opcode", "edge_index", "node_ids", "config_nodes", "config_feat",
                  "config_index", "target", "file_target"):
         np.testing.assert_array_equal(getattr(back, name), getattr(pruned, name))
         assert getattr(back, name).dtype == getattr(pruned, name).dtype
-    np.testing.assert_array_equal(load_file_target(tmp_path / "g.npz"), pruned.file_target)
-    # the configs are a plain .npy beside the npz, memory-mapped read-only (no private copy)
-    assert configs_path(tmp_path / "g.npz") == tmp_path / "g.configs.npy"
+    np.testing.assert_array_equal(load_file_target(tmp_path / "g.pruned"), pruned.file_target)
+    # the configs are a plain .npy beside the graph file, memory-mapped read-only (no private copy)
+    assert configs_path(tmp_path / "g.pruned") == tmp_path / "g.configs.npy"
     assert isinstance(back.config_feat, np.memmap) and not back.config_feat.flags.writeable
 
 
@@ -189,8 +189,9 @@ def test_tile_round_trip_with_deduplicated_and_no_configs(tmp_path) -> None:
     for case in (deduplicate_graph(graph, "first"), replace(graph, config_feat=graph.config_feat[:0],
                                                               config_index=graph.config_index[:0],
                                                               target=graph.target[:0])):
-        save_pruned(tmp_path / "t.npz", case)
-        back = load_pruned(tmp_path / "t.npz")
+        save_pruned(tmp_path / "t.pruned", case)
+        assert [p.name for p in tmp_path.iterdir()] == ["t.pruned"]  # tile configs live in the graph file
+        back = load_pruned(tmp_path / "t.pruned")
         assert (back.stem, back.kind, back.config_feat.dtype) == ("t", "tile", np.float32)
         for name in ("node_feat", "edge_index", "config_feat", "config_index", "target", "file_target"):
             np.testing.assert_array_equal(getattr(back, name), getattr(case, name))
@@ -198,10 +199,10 @@ def test_tile_round_trip_with_deduplicated_and_no_configs(tmp_path) -> None:
 
 def _damaged(tmp_path, damage) -> FormatError:
     pruned, _ = prune_layout_graph(random_layout_graph(np.random.default_rng(4), configs=40), 1, "khop")
-    save_pruned(tmp_path / "g.npz", pruned)
-    damage(tmp_path / "g.npz", tmp_path / "g.configs.npy")
+    save_pruned(tmp_path / "g.pruned", pruned)
+    damage(tmp_path / "g.pruned", tmp_path / "g.configs.npy")
     with pytest.raises(FormatError) as raised:
-        load_pruned(tmp_path / "g.npz")
+        load_pruned(tmp_path / "g.pruned")
     return raised.value
 
 
@@ -217,21 +218,25 @@ def _flip(path, at: int) -> None:
 
 
 def test_a_truncated_or_corrupt_graph_file_is_a_format_error_naming_it(tmp_path) -> None:
-    flips = [lambda npz, npy, share=share: _flip(npz, int(npz.stat().st_size * share)) for share in (0.1, 0.3, 0.5, 0.7)]
-    for damage in [lambda npz, npy: _cut(npz, 0.6), lambda npz, npy: npz.write_bytes(b"not a zip"), *flips]:
+    size = lambda graph: graph.stat().st_size  # noqa: E731
+    flips = [lambda graph, npy, at=at: _flip(graph, int(size(graph) * at) if at < 1 else at)
+             for at in (3, 9, 20, 0.1, 0.3, 0.5, 0.7)]  # magic, header length, header, arrays
+    cuts = [lambda graph, npy, keep=keep: _cut(graph, keep) for keep in (0.005, 0.05, 0.6, 0.99)]
+    for damage in [*cuts, *flips, lambda graph, npy: graph.write_bytes(b"not a pruned graph"),
+                   lambda graph, npy: graph.write_bytes(graph.read_bytes() + b"\0")]:
         error = _damaged(tmp_path, damage)
-        assert error.path == tmp_path / "g.npz" and "cannot read pruned graph" in error.problem
+        assert error.path == tmp_path / "g.pruned" and "cannot read pruned graph" in error.problem
 
 
 def test_a_missing_truncated_corrupt_or_foreign_configs_file_is_a_format_error_naming_it(tmp_path) -> None:
     other, _ = prune_layout_graph(random_layout_graph(np.random.default_rng(5), configs=7), 1, "khop")
-    save_pruned(tmp_path / "other.npz", other)
+    save_pruned(tmp_path / "other.pruned", other)
     cases = {
-        "cannot read pruned configs": [lambda npz, npy: npy.unlink(), lambda npz, npy: _cut(npy, 0.9),
-                                       lambda npz, npy: npy.write_bytes(b"\x93NUMPY garbage"),
-                                       lambda npz, npy: _flip(npy, 40)],  # inside the header's dict
-        "do not match their CRC-32": [lambda npz, npy: _flip(npy, npy.stat().st_size - 5)],  # one config value
-        "expected int8": [lambda npz, npy: npy.write_bytes((tmp_path / "other.configs.npy").read_bytes())],
+        "cannot read pruned configs": [lambda graph, npy: npy.unlink(), lambda graph, npy: _cut(npy, 0.9),
+                                       lambda graph, npy: npy.write_bytes(b"\x93NUMPY garbage"),
+                                       lambda graph, npy: _flip(npy, 40)],  # inside the header's dict
+        "do not match their CRC-32": [lambda graph, npy: _flip(npy, npy.stat().st_size - 5)],  # one config value
+        "expected int8": [lambda graph, npy: npy.write_bytes((tmp_path / "other.configs.npy").read_bytes())],
     }
     for problem, damages in cases.items():
         for damage in damages:
@@ -264,19 +269,19 @@ def test_configs_that_compress_well_are_stored_with_zstd_and_read_back_the_same(
     graph.node_config_feat[::50, 0, :2] = (0, 1)
     pruned, _ = prune_layout_graph(graph, 1, "khop")
     assert configs_storage(pruned.config_feat) == "zst"
-    save_pruned(tmp_path / "g.npz", pruned)
-    assert configs_path(tmp_path / "g.npz", "zst").is_file() and not configs_path(tmp_path / "g.npz").exists()
-    back = load_pruned(tmp_path / "g.npz")
+    save_pruned(tmp_path / "g.pruned", pruned)
+    assert configs_path(tmp_path / "g.pruned", "zst").is_file() and not configs_path(tmp_path / "g.pruned").exists()
+    back = load_pruned(tmp_path / "g.pruned")
     np.testing.assert_array_equal(back.config_feat, pruned.config_feat)
     assert back.config_feat.dtype == np.int8 and not back.config_feat.flags.writeable
 
-    zst = configs_path(tmp_path / "g.npz", "zst")
+    zst = configs_path(tmp_path / "g.pruned", "zst")
     good = zst.read_bytes()
     for damaged in (good[: len(good) // 2], good[:-1], b"garbage", good[:20] + bytes([good[20] ^ 0x40]) + good[21:],
                     good[:-3] + bytes([good[-3] ^ 0x01]) + good[-2:]):
         zst.write_bytes(damaged)
         with pytest.raises(FormatError) as raised:
-            load_pruned(tmp_path / "g.npz")
+            load_pruned(tmp_path / "g.pruned")
         assert raised.value.path == zst and "pruned configs" in raised.value.problem
 
 
@@ -289,12 +294,12 @@ def test_compress_configs_always_stores_random_configs_with_zstd_and_reads_them_
     configs = np.random.default_rng(0).integers(-1, 6, (300, 20, 18)).astype(np.int8)
     assert configs_storage(configs, "always") == "zst"
     pruned, _ = prune_layout_graph(random_layout_graph(np.random.default_rng(7), n=30, configs=400), 1, "khop")
-    save_pruned(tmp_path / "g.npz", pruned, "always")
-    assert configs_path(tmp_path / "g.npz", "zst").is_file() and not configs_path(tmp_path / "g.npz").exists()
-    np.testing.assert_array_equal(load_pruned(tmp_path / "g.npz").config_feat, pruned.config_feat)
+    save_pruned(tmp_path / "g.pruned", pruned, "always")
+    assert configs_path(tmp_path / "g.pruned", "zst").is_file() and not configs_path(tmp_path / "g.pruned").exists()
+    np.testing.assert_array_equal(load_pruned(tmp_path / "g.pruned").config_feat, pruned.config_feat)
 
 
-def test_compress_configs_is_part_of_the_prune_key() -> None:
+def test_compress_configs_is_part_of_the_layout_prune_key_only() -> None:
     from pipelines.collections import parse_collection
     from pipelines.config import load_config
 
@@ -302,4 +307,7 @@ def test_compress_configs_is_part_of_the_prune_key() -> None:
         collection = parse_collection(name)
         auto = prune_config(load_config(None), collection)
         always = prune_config(load_config(None, ["prune.compress_configs=\"always\""]), collection)
-        assert auto != always and always["compress_configs"] == "always"  # two storages, two stage keys
+        if collection.is_tile:  # tile configs live in the graph file whatever the option: one key
+            assert auto == always and "compress_configs" not in always
+        else:
+            assert auto != always and always["compress_configs"] == "always"  # two storages, two stage keys
