@@ -16,6 +16,7 @@ import json
 import math
 import struct
 import tokenize
+import zipfile
 import zlib
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -354,6 +355,8 @@ def load_pruned(path: Path | str) -> PrunedGraph:
     file (rows are read from the page cache when used: select or copy the rows you keep), or the
     decompressed array of a zstd one."""
     path = Path(path)
+    if path.suffix == LEGACY_SUFFIX:
+        return _load_legacy_npz(path)
     header, values = _read_pruned(path)
     storage = header["configs"]["storage"]
     if header["kind"] == "tile" and storage == "inline":
@@ -368,7 +371,32 @@ def load_pruned(path: Path | str) -> PrunedGraph:
 
 def load_file_target(path: Path | str) -> np.ndarray:
     """Only the per-file targets of a pruned graph (decompresses that one array)."""
-    return _read_pruned(Path(path), only="file_target")[1]["file_target"]
+    path = Path(path)
+    if path.suffix == LEGACY_SUFFIX:
+        return _load_legacy_npz(path).file_target
+    return _read_pruned(path, only="file_target")[1]["file_target"]
+
+
+# The npz format of prune outputs written before 2026-11-25 (runs made then keep their stage outputs, which
+# notebooks and `analysis` still read): ``meta`` = (stem, kind, configs CRC-32, storage), the arrays, and
+# the configs in their own file beside it, tile configs too. Read only; nothing writes it any more.
+LEGACY_SUFFIX = ".npz"
+
+
+def _load_legacy_npz(path: Path) -> PrunedGraph:
+    try:
+        with np.load(path, allow_pickle=False) as archive:
+            stem, kind, checksum, storage = (str(v) for v in archive["meta"])
+            values = {name: archive[name] for name in _GRAPH_ARRAYS}
+    except (OSError, KeyError, ValueError, EOFError, zipfile.BadZipFile, zlib.error) as exc:
+        raise FormatError(path, f"cannot read pruned graph ({type(exc).__name__}: {exc})") from None
+    if storage not in CONFIGS_SUFFIX:
+        raise FormatError(path, f"cannot read pruned graph (configs stored as {storage!r})")
+    shape = ((values["config_index"].shape[0], values["config_nodes"].shape[0], 18) if kind == "layout"
+             else (values["config_index"].shape[0], 24))
+    dtype = np.dtype(np.int8 if kind == "layout" else np.float32)
+    config_feat = _load_configs(configs_path(path, storage), shape, dtype, checksum)
+    return PrunedGraph(stem=stem, kind=kind, config_feat=config_feat, **values)
 
 
 def _read_pruned(path: Path, only: str | None = None) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
@@ -500,9 +528,9 @@ def _prune_to(folder: Path, ref: GraphRef,
 
 def run_prune(config: PipelineConfig, collection: Collection, work_dir: Path, refs: dict[str, list[GraphRef]],
               data_key: str, force: bool) -> StageOutput:
-    """The prune stage: raw files -> per graph a ``.pruned`` file and, for layout, its configs file (see :func:`save_pruned`),
-    plus ``graphs.parquet`` (read them back with :func:`read_graph_table`, :func:`read_pruned`,
-    :func:`read_file_target`)."""
+    """The prune stage: raw files -> per graph a ``.pruned`` file and, for layout, its configs file (see
+    :func:`save_pruned`), plus ``graphs.parquet`` (read them back with :func:`read_graph_table`,
+    :func:`read_pruned`, :func:`read_file_target`)."""
     def compute(folder: Path) -> dict[str, Any]:
         rows, skipped = [], []
         for split in refs:
@@ -543,9 +571,17 @@ def read_graph_table(prune: StageOutput) -> pl.DataFrame:
 
 
 def read_pruned(prune: StageOutput, split: str, stem: str) -> PrunedGraph:
-    return load_pruned(prune.file(_pruned_name(split, stem)))
+    return load_pruned(_stored_graph(prune, split, stem))
 
 
 def read_file_target(prune: StageOutput, split: str, stem: str) -> np.ndarray:
     """float64 target of every config of the original file in file order (zeros for test)."""
-    return load_file_target(prune.file(_pruned_name(split, stem)))
+    return load_file_target(_stored_graph(prune, split, stem))
+
+
+def _stored_graph(prune: StageOutput, split: str, stem: str) -> Path:
+    """The graph file of ``stem`` in a prune output: ``.pruned``, or the npz of an output written before it."""
+    legacy = prune.path / f"{split}/{stem}{LEGACY_SUFFIX}"
+    if not (prune.path / _pruned_name(split, stem)).exists() and legacy.is_file():
+        return legacy
+    return prune.file(_pruned_name(split, stem))

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import zlib
 from collections import deque
 from dataclasses import replace
 
 import numpy as np
 import pytest
 
+from pipelines.engine import StageOutput
 from pipelines.errors import ConfigError, FormatError
 from pipelines.prune import (
     configs_path,
@@ -18,6 +20,8 @@ from pipelines.prune import (
     load_pruned,
     prune_config,
     prune_layout_graph,
+    read_file_target,
+    read_pruned,
     sample_configs,
     save_pruned,
     tile_as_pruned,
@@ -311,3 +315,36 @@ def test_compress_configs_is_part_of_the_layout_prune_key_only() -> None:
             assert auto == always and "compress_configs" not in always
         else:
             assert auto != always and always["compress_configs"] == "always"  # two storages, two stage keys
+
+
+def _save_legacy_npz(folder, graph) -> None:
+    """A prune output file as the code before the .pruned format wrote it: an npz with ``meta`` and the arrays,
+    the configs in a plain .npy beside it."""
+    configs = np.ascontiguousarray(graph.config_feat)
+    np.save(folder / f"{graph.stem}.configs.npy", configs)
+    arrays = {name: getattr(graph, name) for name in ("node_feat", "node_opcode", "edge_index", "node_ids",
+                                                       "config_nodes", "config_index", "target", "file_target")}
+    np.savez_compressed(folder / f"{graph.stem}.npz", meta=np.array([graph.stem, graph.kind,
+                                                                     f"{zlib.crc32(configs):08x}", "npy"]), **arrays)
+
+
+def test_prune_outputs_of_the_earlier_npz_format_are_still_read(tmp_path) -> None:
+    """Runs made before the .pruned format keep their prune outputs; analysis of them reads those."""
+    layout, _ = prune_layout_graph(random_layout_graph(np.random.default_rng(4)), 2, "khop")
+    tile = tile_as_pruned(TileGraph("t", np.ones((3, 140), np.float32), np.arange(3, dtype=np.uint8),
+                                    np.array([[1, 0], [2, 1]]), np.arange(48.0, dtype=np.float32).reshape(2, 24),
+                                    np.arange(1, 3), np.full(2, 2)))
+    (tmp_path / "train").mkdir()
+    output = StageOutput("prune", "k", tmp_path, {})
+    for graph in (replace(layout, stem="g"), tile):
+        _save_legacy_npz(tmp_path / "train", graph)
+        back = read_pruned(output, "train", graph.stem)
+        assert (back.stem, back.kind) == (graph.stem, graph.kind)
+        for name in ("node_feat", "edge_index", "config_nodes", "config_feat", "config_index", "target"):
+            np.testing.assert_array_equal(getattr(back, name), getattr(graph, name))
+        np.testing.assert_array_equal(read_file_target(output, "train", graph.stem), graph.file_target)
+    save_pruned(tmp_path / "train" / "g.pruned", replace(layout, stem="g", target=layout.target + 1))
+    assert read_pruned(output, "train", "g").target[0] == layout.target[0] + 1  # the .pruned file wins
+    (tmp_path / "train" / "t.configs.npy").write_bytes(b"\x93NUMPY garbage")
+    with pytest.raises(FormatError, match="cannot read pruned configs"):
+        read_pruned(output, "train", "t")
