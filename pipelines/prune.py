@@ -359,7 +359,7 @@ def load_pruned(path: Path | str) -> PrunedGraph:
         return _load_legacy_npz(path)
     header, values = _read_pruned(path)
     storage = header["configs"]["storage"]
-    if header["kind"] == "tile" and storage == "inline":
+    if header["kind"] == "tile" and storage == "inline" and "config_feat" in values:
         config_feat = values.pop("config_feat")
     elif header["kind"] == "layout" and storage in CONFIGS_SUFFIX:
         shape = (values["config_index"].shape[0], values["config_nodes"].shape[0], 18)
@@ -411,7 +411,7 @@ def _read_pruned(path: Path, only: str | None = None) -> tuple[dict[str, Any], d
             if zlib.crc32(raw_header) != checksum:
                 raise ValueError("its header does not match its CRC-32")
             header = json.loads(raw_header)
-            data = stream.read()
+            data = memoryview(stream.read())
         values, offset, decompressor = {}, 0, zstandard.ZstdDecompressor()
         for name, dtype, shape, length in header["arrays"]:
             if offset + length > len(data):
@@ -425,7 +425,7 @@ def _read_pruned(path: Path, only: str | None = None) -> tuple[dict[str, Any], d
                 values[name] = np.frombuffer(raw, dtype=dtype).reshape(shape)
             offset += length
         if offset != len(data):
-            raise ValueError(f"{len(data) - offset} bytes more or less than its arrays")
+            raise ValueError(f"{len(data) - offset} bytes after its last array")
         missing = set(_GRAPH_ARRAYS if only is None else (only,)) - set(values)
         if missing:
             raise ValueError(f"no array {', '.join(sorted(missing))}")

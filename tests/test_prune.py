@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import zlib
 from collections import deque
 from dataclasses import replace
@@ -348,3 +349,29 @@ def test_prune_outputs_of_the_earlier_npz_format_are_still_read(tmp_path) -> Non
     (tmp_path / "train" / "t.configs.npy").write_bytes(b"\x93NUMPY garbage")
     with pytest.raises(FormatError, match="cannot read pruned configs"):
         read_pruned(output, "train", "t")
+
+
+def _rewrite_header(path, edit) -> None:
+    """Apply ``edit`` to the JSON header of a .pruned file, keeping its arrays (and a valid header CRC)."""
+    raw = path.read_bytes()
+    size = int.from_bytes(raw[8:12], "little")
+    header = json.loads(raw[16:16 + size])
+    edit(header)
+    new = json.dumps(header).encode()
+    path.write_bytes(raw[:8] + len(new).to_bytes(4, "little") + zlib.crc32(new).to_bytes(4, "little") + new
+                     + raw[16 + size:])
+
+
+def test_a_graph_file_whose_header_disagrees_with_its_arrays_is_a_format_error(tmp_path) -> None:
+    layout, _ = prune_layout_graph(random_layout_graph(np.random.default_rng(4)), 1, "khop")
+    edits = {
+        "a 'tile' graph with configs": lambda h: h.update(kind="tile", configs={"storage": "inline", "crc32": ""}),
+        "array node_feat holds": lambda h: h["arrays"][0][2].__setitem__(0, h["arrays"][0][2][0] + 1),
+        "no array file_target": lambda h: h["arrays"][-1].__setitem__(0, "other"),
+    }
+    for problem, edit in edits.items():
+        save_pruned(tmp_path / "g.pruned", layout)
+        _rewrite_header(tmp_path / "g.pruned", edit)
+        with pytest.raises(FormatError, match=problem) as raised:
+            load_pruned(tmp_path / "g.pruned")
+        assert raised.value.path == tmp_path / "g.pruned"
