@@ -3,7 +3,8 @@
 For each variant: ``synth --scale SCALE --variant N`` (timed), ``run`` with the given config (timed:
 the wall time of one full run), then ``evaluate`` on the world's hidden test labels. Prints (and writes
 to ``benchmarks/results/``) the table floor / each model / ensemble / ceiling per collection and
-combined, as mean +- spread (standard deviation) over the worlds, and the wall times.
+combined, as mean +- spread (standard deviation) over the worlds, the ensemble against the best single
+model and that model's run seeds alone (``pipelines.evaluate.seed_checks``), and the wall times.
 
     python -m benchmarks.evaluation_worlds                          # base config, variants 1,2,3, medium
     python -m benchmarks.evaluation_worlds --variants 1 --config demo --models gbdt
@@ -60,7 +61,17 @@ def main(argv: list[str] | None = None) -> int:
 
     from pipelines.collections import parse_collections
     from pipelines.config import load_config
-    from pipelines.evaluate import CEILING, FLOOR, SUBMISSION, evaluate_collection_runs, evaluate_run
+    from pipelines.evaluate import (
+        CEILING,
+        FLOOR,
+        SUBMISSION,
+        evaluate_collection_runs,
+        evaluate_collection_seeds,
+        evaluate_rows,
+        evaluate_run,
+        model_rows,
+        seed_checks,
+    )
     from pipelines.logs import setup_logging
     from pipelines.run import parse_models, run_pipeline, stage_index, stages_wall_time, train_and_blend
     from pipelines.synth import generate_world
@@ -72,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
     variants = [int(v) for v in args.variants.split(",") if v.strip()]
     collections = None if args.collections is None else list(parse_collections(args.collections))
     work, submissions = args.root / "work", args.root / "submissions"
-    results, timings = [], []
+    results, timings, checks = [], [], []
     for variant in variants:
         world = args.root / f"{args.scale}-seed{args.seed}-variant{variant}"
         t0 = time.perf_counter()
@@ -82,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
         if collections is None:
             run = run_pipeline(config, world, work_dir=work, models=parse_models(args.models),
                                submissions_dir=submissions)
-            run_id, stages = run.run_id, run.manifest["stages"]
+            run_id, stages, manifest = run.run_id, run.manifest["stages"], run.manifest
         else:
             runs, _ = train_and_blend(config, world, work_dir=work, models=parse_models(args.models),
                                       collections=collections)
@@ -92,8 +103,11 @@ def main(argv: list[str] | None = None) -> int:
         t0 = time.perf_counter()
         if collections is None:
             evaluation, path = evaluate_run(run_id, world, submissions_dir=submissions)
+            seeds = evaluate_rows(world, model_rows(manifest, work, per_seed=True))
         else:
             evaluation, path = evaluate_collection_runs(runs, world, method=config.ensemble.method), None
+            seeds = evaluate_collection_seeds(runs, world, method=config.ensemble.method)
+        checks += [(variant, check) for check in seed_checks(evaluation, seeds)]
         evaluate_s = time.perf_counter() - t0
         print(evaluation.to_text(), flush=True)
         print(f"variant {variant}: synth {synth_s:.0f} s, run {run_s:.0f} s (its stages {stage_s:.0f} s), "
@@ -135,6 +149,15 @@ def main(argv: list[str] | None = None) -> int:
              "", *markdown_table(header, rows), "",
              "Floor heuristic per world: " + "; ".join(f"variant {v}: " + ", ".join(f"{c} {h}" for c, h in f.items())
                                                       for v, f in floors.items()), "",
+             "## The ensemble against the best single model", "",
+             "Per world and collection: the model that scores best on test, its run seeds alone (that seed's fold "
+             "models averaged, as the submission averages all), their spread (max - min), and the ensemble's "
+             "distance to that model; issue 17 asks for it to stay within the spread.", "",
+             *markdown_table(["variant", "collection", "best single", "its score", "its run seeds", "seed spread",
+                              "ensemble - best", "within the spread"],
+                             [[v, c.collection, c.best_model, f"{c.best_score:.4f}",
+                               " / ".join(f"{x:.4f}" for x in c.seed_scores), f"{c.spread:.4f}", f"{c.gap:+.4f}",
+                               "yes" if c.within_spread else "no"] for v, c in checks]), "",
              "## Wall times", "",
              *markdown_table(["variant", "world", "run-id", "synth s", run_column, stage_column, "evaluate s"],
                              [[v, str(w), rid, s, r, st, e] for v, w, rid, s, r, st, e in timings]), "",

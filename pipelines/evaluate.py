@@ -249,8 +249,10 @@ def _collection_mean(report: ScoreReport, collection: str) -> float:
 # ----------------------------------------------------------------------------- a run's entries
 
 
-def model_rows(manifest: Mapping[str, Any], work_dir: Path | None) -> dict[str, dict[str, list[int]]]:
-    """Submission rows of each model of a run alone, from its saved training stages (see module doc)."""
+def model_rows(manifest: Mapping[str, Any], work_dir: Path | None, *,
+               per_seed: bool = False) -> dict[str, dict[str, list[int]]]:
+    """Submission rows of each model of a run alone (with ``per_seed``: of each of its run seeds alone), from
+    its saved training stages (see module doc)."""
     from pipelines.engine import load_stage
 
     method = (manifest.get("config") or {}).get("ensemble", {}).get("method", "minmax")
@@ -263,11 +265,13 @@ def model_rows(manifest: Mapping[str, Any], work_dir: Path | None) -> dict[str, 
             except PipelineError:
                 raise PipelineError(f"the saved {model} training output of {collection} is gone: "
                                     f"{folder / where['stage'] / where['key']} (pass --work-dir, or re-run)") from None
-    return _trained_rows(outputs, method)
+    return _trained_rows(outputs, method, per_seed=per_seed)
 
 
-def _trained_rows(outputs: Sequence[tuple[str, StageOutput]], method: str) -> dict[str, dict[str, list[int]]]:
-    """Submission rows of each (model name, training output) alone, its test scores normalised as a blend would."""
+def _trained_rows(outputs: Sequence[tuple[str, StageOutput]], method: str, *,
+                  per_seed: bool = False) -> dict[str, dict[str, list[int]]]:
+    """Submission rows of each (model name, training output) alone, its test scores normalised as a blend would;
+    with ``per_seed``, of each of its run seeds alone instead (entries :func:`seed_entry`)."""
     from pipelines.ensemble import prepare_model_scores
     from pipelines.run import submission_rows
     from pipelines.train import load_predictions
@@ -276,8 +280,19 @@ def _trained_rows(outputs: Sequence[tuple[str, StageOutput]], method: str) -> di
     for model, output in outputs:
         test = load_predictions(output)
         test = test.filter(test["split"] == "test").with_columns(pl.lit(model).alias("model"))
-        out.setdefault(model, {}).update(submission_rows(prepare_model_scores(test, method)))
+        parts = ([(seed_entry(model, seed), test.filter(test["seed"] == seed))
+                  for seed in sorted(test["seed"].unique().to_list())] if per_seed else [(model, test)])
+        for entry, part in parts:
+            out.setdefault(entry, {}).update(submission_rows(prepare_model_scores(part, method)))
     return out
+
+
+_SEED = " seed "
+
+
+def seed_entry(model: str, seed: int) -> str:
+    """The entry of one run seed of a model (its fold models of that seed averaged) in a seed evaluation."""
+    return f"{model}{_SEED}{seed}"
 
 
 def evaluate_collection_runs(runs: Sequence[CollectionRun], data_root: Path | str, *, method: str) -> Evaluation:
@@ -294,6 +309,53 @@ def evaluate_collection_runs(runs: Sequence[CollectionRun], data_root: Path | st
         blended.update(submission_rows(load_blended_test(run.ensemble)))
     rows[SUBMISSION] = blended
     return evaluate_rows(data_root, rows, collections=[run.collection for run in runs])
+
+
+def evaluate_collection_seeds(runs: Sequence[CollectionRun], data_root: Path | str, *, method: str) -> Evaluation:
+    """Each model of :func:`evaluate_collection_runs` scored once per run seed (entries :func:`seed_entry`):
+    how far its seeds alone spread, which is what the ensemble's distance to the best model is judged by."""
+    rows = _trained_rows([(model, output) for run in runs for model, output in run.trained.items()], method,
+                         per_seed=True)
+    return evaluate_rows(data_root, rows, collections=[run.collection for run in runs])
+
+
+@dataclass(frozen=True)
+class SeedCheck:
+    """One collection: the ensemble against the model that scores best on test, and that model's seed spread."""
+
+    collection: str
+    best_model: str
+    best_score: float
+    seed_scores: tuple[float, ...]  # the best model's run seeds alone, in seed order
+    ensemble_score: float
+
+    @property
+    def spread(self) -> float:
+        """max - min of the seed scores (0 with one seed)."""
+        return max(self.seed_scores) - min(self.seed_scores)
+
+    @property
+    def gap(self) -> float:
+        """ensemble - best single model (negative: below it)."""
+        return self.ensemble_score - self.best_score
+
+    @property
+    def within_spread(self) -> bool:
+        return self.gap >= -self.spread
+
+
+def seed_checks(evaluation: Evaluation, seeds: Evaluation) -> list[SeedCheck]:
+    """Per collection of ``evaluation`` (models and ensemble), the :class:`SeedCheck` against ``seeds``
+    (:func:`evaluate_collection_seeds` or ``model_rows(..., per_seed=True)`` of the same runs)."""
+    checks = []
+    for collection, ensemble in evaluation.collection_scores(SUBMISSION).items():
+        scores = {m: evaluation.collection_scores(m).get(collection, math.nan) for m in evaluation.model_names}
+        best = max(scores, key=lambda m: -math.inf if math.isnan(scores[m]) else scores[m])
+        best_seeds = sorted((int(seed), entry) for entry in seeds.model_names
+                            for model, _, seed in [entry.rpartition(_SEED)] if model == best and seed.isdigit())
+        checks.append(SeedCheck(collection, best, scores[best],
+                                tuple(seeds.collection_scores(entry)[collection] for _, entry in best_seeds), ensemble))
+    return checks
 
 
 def evaluate_run(run_id: str, data_root: Path | str, *, submissions_dir: Path | str = "submissions",

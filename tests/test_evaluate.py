@@ -123,6 +123,36 @@ def test_scoring_some_collections_reuses_the_runs_stages_and_gives_its_scores(ru
     assert not part.reports[SUBMISSION].combined.complete  # a mean of two collections, flagged as not the score
 
 
+def test_each_run_seed_is_scored_alone_and_the_ensemble_is_checked_against_their_spread(run, tiny_world: Path) -> None:
+    from pipelines.evaluate import evaluate_collection_runs, evaluate_collection_seeds, seed_checks, seed_entry
+    from pipelines.run import train_and_blend
+
+    submissions, _ = run
+    chosen = ["layout:nlp:random"]
+    runs, _ = train_and_blend(load_config("smoke", ["gbdt.n_estimators=10", "run.seeds=[0, 1]"]), tiny_world,
+                              work_dir=submissions.parent / "work", models=["gbdt", "feature"], collections=chosen)
+    evaluation = evaluate_collection_runs(runs, tiny_world, method="minmax")
+    seeds = evaluate_collection_seeds(runs, tiny_world, method="minmax")
+    assert set(seeds.model_names) == {seed_entry(m, s) for m in ("gbdt", "feature") for s in (0, 1)}
+    (check,) = seed_checks(evaluation, seeds)
+    scores = {m: evaluation.collection_scores(m)[chosen[0]] for m in ("gbdt", "feature")}
+    assert check.best_model == max(scores, key=scores.get) and check.best_score == scores[check.best_model]
+    assert check.seed_scores == tuple(seeds.collection_scores(seed_entry(check.best_model, s))[chosen[0]]
+                                      for s in (0, 1))
+    assert check.ensemble_score == evaluation.collection_scores(SUBMISSION)[chosen[0]]
+    assert check.within_spread == (check.gap >= -check.spread)
+
+    # one run seed: scoring it alone is scoring the model
+    one, _ = train_and_blend(load_config("smoke", ["gbdt.n_estimators=10", "run.seeds=[3]"]), tiny_world,
+                             work_dir=submissions.parent / "work", models=["gbdt"], collections=chosen)
+    alone = evaluate_collection_seeds(one, tiny_world, method="minmax")
+    assert alone.model_names == (seed_entry("gbdt", 3),)
+    assert alone.collection_scores(seed_entry("gbdt", 3)) == evaluate_collection_runs(
+        one, tiny_world, method="minmax").collection_scores("gbdt")
+    (single,) = seed_checks(evaluate_collection_runs(one, tiny_world, method="minmax"), alone)
+    assert single.spread == 0 and single.within_spread == (single.gap >= 0)
+
+
 def test_evaluate_never_overwrites_a_file_it_did_not_write(run, tiny_world: Path, tmp_path: Path) -> None:
     submissions, run_id = run
     copy = tmp_path / "submissions"
