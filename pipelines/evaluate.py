@@ -331,8 +331,8 @@ class SeedCheck:
 
     @property
     def spread(self) -> float:
-        """max - min of the seed scores (0 with one seed)."""
-        return max(self.seed_scores) - min(self.seed_scores)
+        """max - min of the seed scores (0 with one seed, nan with none: not known)."""
+        return max(self.seed_scores) - min(self.seed_scores) if self.seed_scores else math.nan
 
     @property
     def gap(self) -> float:
@@ -341,7 +341,8 @@ class SeedCheck:
 
     @property
     def within_spread(self) -> bool:
-        return self.gap >= -self.spread
+        """At or above the best model, or below it by at most the spread (not known: False)."""
+        return self.gap >= 0 or self.gap >= -self.spread
 
 
 def seed_checks(evaluation: Evaluation, seeds: Evaluation) -> list[SeedCheck]:

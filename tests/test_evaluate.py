@@ -124,7 +124,13 @@ def test_scoring_some_collections_reuses_the_runs_stages_and_gives_its_scores(ru
 
 
 def test_each_run_seed_is_scored_alone_and_the_ensemble_is_checked_against_their_spread(run, tiny_world: Path) -> None:
-    from pipelines.evaluate import evaluate_collection_runs, evaluate_collection_seeds, seed_checks, seed_entry
+    from pipelines.evaluate import (
+        SeedCheck,
+        evaluate_collection_runs,
+        evaluate_collection_seeds,
+        seed_checks,
+        seed_entry,
+    )
     from pipelines.run import train_and_blend
 
     submissions, _ = run
@@ -141,6 +147,9 @@ def test_each_run_seed_is_scored_alone_and_the_ensemble_is_checked_against_their
                                       for s in (0, 1))
     assert check.ensemble_score == evaluation.collection_scores(SUBMISSION)[chosen[0]]
     assert check.within_spread == (check.gap >= -check.spread)
+    assert SeedCheck("c", "m", 0.5, (), 0.6).within_spread and not SeedCheck("c", "m", 0.5, (), 0.4).within_spread
+    assert SeedCheck("c", "m", 0.5, (0.45, 0.5), 0.46).within_spread
+    assert not SeedCheck("c", "m", 0.5, (0.45, 0.5), 0.44).within_spread
 
     # one run seed: scoring it alone is scoring the model
     one, _ = train_and_blend(load_config("smoke", ["gbdt.n_estimators=10", "run.seeds=[3]"]), tiny_world,
