@@ -31,7 +31,7 @@ import numpy as np
 from pipelines.atomic import chmod_like_new_file
 from pipelines.collections import ALL_COLLECTIONS, SPLITS, Collection
 from pipelines.errors import FormatError
-from pipelines.zip_member import open_member
+from pipelines.zip_member import MemberReader
 
 NODE_FEAT_DIM = 140
 
@@ -241,7 +241,8 @@ def load_graph(path: Path | str, collection: Collection, *, with_configs: bool =
     path = Path(path)
     stem = path.name[: -len(".npz")] if path.name.endswith(".npz") else path.stem
     check_readable_file(path)
-    with _archive_errors(path), zipfile.ZipFile(path) as archive:
+    # one handle on the file: zipfile reads the directory through it, MemberReader the members
+    with _archive_errors(path), open(path, "rb") as file, zipfile.ZipFile(file) as archive:
         members = _checked_members(archive, path)
         required = TILE_KEYS if collection.is_tile else LAYOUT_KEYS
         missing = [k for k in required if k not in members]
@@ -249,13 +250,13 @@ def load_graph(path: Path | str, collection: Collection, *, with_configs: bool =
             raise FormatError(path, f"missing key(s) {', '.join(missing)} for {collection.name} "
                                     f"(found: {', '.join(sorted(members)) or 'none'})")
         arrays = {
-            key: _read_member(archive, members[key], path, key)
+            key: _read_member(file, archive.getinfo(members[key]), path, key)
             for key in required
             if key != "node_config_feat"
         }
         if collection.is_layout:
             arrays["node_config_feat"] = (
-                _read_layout_configs(archive, members["node_config_feat"], path)
+                _read_layout_configs(file, archive.getinfo(members["node_config_feat"]), path)
                 if with_configs
                 else None
             )
@@ -283,13 +284,12 @@ def count_configs(path: Path | str, collection: Collection) -> int:
     key, rank, width = (("config_feat", 2, TILE_CONFIG_DIM) if collection.is_tile
                         else ("node_config_feat", 3, LAYOUT_CONFIG_DIM))
     check_readable_file(path)
-    with _archive_errors(path), zipfile.ZipFile(path) as archive:
+    with _archive_errors(path), open(path, "rb") as file, zipfile.ZipFile(file) as archive:
         members = _checked_members(archive, path)
         if key not in members:
             raise FormatError(path, f"missing key {key} for {collection.name}")
         info = archive.getinfo(members[key])
-        with open_member(path, info) as stream:
-            shape, _, dtype = _checked_header(stream, info, path, key)
+        shape, _, dtype = _checked_header(MemberReader(file, info), info, path, key)
     if len(shape) != rank or shape[-1] != width or shape[0] == 0 or dtype.hasobject:
         expected = "(c, 24)" if collection.is_tile else "(c, nc, 18)"
         raise FormatError(path, f"{key}: expected a numeric array of shape {expected} with c > 0, "
@@ -410,13 +410,13 @@ def _read_header(stream: IO[bytes]) -> tuple[tuple[int, ...], bool, np.dtype]:
         raise ValueError(f"unreadable npy header ({type(exc).__name__})") from None
 
 
-def _read_member(archive: zipfile.ZipFile, member: str, path: Path, key: str) -> np.ndarray:
-    """Read one (small: its size is bounded by _checked_members) array member completely; its size and
-    CRC-32 are checked before its header is parsed. Object arrays are refused."""
-    info = archive.getinfo(member)
-    with open_member(path, info) as member_stream:
-        whole = member_stream.read(info.file_size)
-        _drain(member_stream)
+def _read_member(file: IO[bytes], info: zipfile.ZipInfo, path: Path, key: str) -> np.ndarray:
+    """Read one (small: its size is bounded by _checked_members) array member of the archive open as
+    ``file`` completely; its size and CRC-32 are checked before its header is parsed. Object arrays are
+    refused."""
+    member = MemberReader(file, info)
+    whole = member.read(info.file_size)
+    _drain(member)
     stream = io.BytesIO(whole)
     shape, fortran_order, dtype = _checked_header(stream, info, path, key)
     count = int(np.prod(shape, dtype=np.int64))
@@ -439,37 +439,36 @@ def _drain(stream: IO[bytes]) -> None:
         raise ValueError("array member has trailing bytes")
 
 
-def _read_layout_configs(archive: zipfile.ZipFile, member: str, path: Path) -> np.ndarray:
+def _read_layout_configs(file: IO[bytes], info: zipfile.ZipInfo, path: Path) -> np.ndarray:
     """Stream node_config_feat into an int8 array chunk by chunk, checking values are integers in -1..5."""
     key = "node_config_feat"
-    info = archive.getinfo(member)
-    with open_member(path, info) as stream:
-        shape, fortran_order, dtype = _checked_header(stream, info, path, key)
-        if len(shape) != 3 or shape[2] != LAYOUT_CONFIG_DIM:
-            raise FormatError(path, f"{key}: expected shape (c, nc, {LAYOUT_CONFIG_DIM}), got {shape}")
-        if dtype.hasobject or dtype.kind not in "fiub":
-            raise FormatError(path, f"{key}: expected a numeric dtype, got {dtype}")
-        if fortran_order:  # never written by np.savez for C-contiguous data; accept it unchunked
-            whole = np.frombuffer(_read_exact(stream, int(np.prod(shape)) * dtype.itemsize, path, key), dtype)
-            _drain(stream)
-            source = whole.reshape(shape, order="F")
-            out = np.empty(shape, dtype=np.int8)
-            for start in range(0, shape[0], 1024):
-                out[start : start + 1024] = _to_layout_int8(source[start : start + 1024], path, start)
-            return out
-        num_configs, row_items = shape[0], shape[1] * shape[2]
-        out = np.empty(shape, dtype=np.int8)
-        row_bytes = max(row_items * dtype.itemsize, 1)
-        rows_per_chunk = max(1, CHUNK_BYTES // row_bytes)
-        buffer = bytearray(min(rows_per_chunk, num_configs) * row_bytes if row_items else 0)  # one, reused
-        for start in range(0, num_configs, rows_per_chunk):
-            rows = min(rows_per_chunk, num_configs - start)
-            wanted = memoryview(buffer)[: rows * row_bytes if row_items else 0]
-            if stream.readinto(wanted) != len(wanted):
-                raise FormatError(path, f"{key}: truncated array data (config {start} onwards)")
-            chunk = np.frombuffer(wanted, dtype=dtype).reshape((rows, *shape[1:]))
-            out[start : start + rows] = _to_layout_int8(chunk, path, start)
+    stream = MemberReader(file, info)
+    shape, fortran_order, dtype = _checked_header(stream, info, path, key)
+    if len(shape) != 3 or shape[2] != LAYOUT_CONFIG_DIM:
+        raise FormatError(path, f"{key}: expected shape (c, nc, {LAYOUT_CONFIG_DIM}), got {shape}")
+    if dtype.hasobject or dtype.kind not in "fiub":
+        raise FormatError(path, f"{key}: expected a numeric dtype, got {dtype}")
+    if fortran_order:  # never written by np.savez for C-contiguous data; accept it unchunked
+        whole = np.frombuffer(_read_exact(stream, int(np.prod(shape)) * dtype.itemsize, path, key), dtype)
         _drain(stream)
+        source = whole.reshape(shape, order="F")
+        out = np.empty(shape, dtype=np.int8)
+        for start in range(0, shape[0], 1024):
+            out[start : start + 1024] = _to_layout_int8(source[start : start + 1024], path, start)
+        return out
+    num_configs, row_items = shape[0], shape[1] * shape[2]
+    out = np.empty(shape, dtype=np.int8)
+    row_bytes = max(row_items * dtype.itemsize, 1)
+    rows_per_chunk = max(1, CHUNK_BYTES // row_bytes)
+    buffer = bytearray(min(rows_per_chunk, num_configs) * row_bytes if row_items else 0)  # one, reused
+    for start in range(0, num_configs, rows_per_chunk):
+        rows = min(rows_per_chunk, num_configs - start)
+        wanted = memoryview(buffer)[: rows * row_bytes if row_items else 0]
+        if stream.readinto(wanted) != len(wanted):
+            raise FormatError(path, f"{key}: truncated array data (config {start} onwards)")
+        chunk = np.frombuffer(wanted, dtype=dtype).reshape((rows, *shape[1:]))
+        out[start : start + rows] = _to_layout_int8(chunk, path, start)
+    _drain(stream)
     return out
 
 

@@ -14,9 +14,7 @@ from __future__ import annotations
 
 import struct
 import zipfile
-from contextlib import contextmanager
-from pathlib import Path
-from typing import BinaryIO, Iterator
+from typing import BinaryIO
 
 from zlib_ng import zlib_ng
 
@@ -28,8 +26,10 @@ _ENCRYPTED = 0x1
 
 
 class MemberReader:
-    """A read-only stream over one member's uncompressed bytes; ``read(n)`` returns n bytes unless the
-    member ends first (then what is left, and b"" after its end, as a file does)."""
+    """A read-only stream over the uncompressed bytes of member ``info`` of the archive open as ``file``
+    (the handle ``zipfile.ZipFile`` read its directory from: no second open per member). ``read(n)``
+    returns n bytes unless the member ends first (then what is left, and b"" after its end, as a file
+    does). It seeks ``file``, so one member is read at a time."""
 
     def __init__(self, file: BinaryIO, info: zipfile.ZipInfo):
         if info.flag_bits & _ENCRYPTED:
@@ -107,10 +107,3 @@ class MemberReader:
                                      f"declares {self._info.file_size}")
         if self._crc != self._info.CRC:
             raise zipfile.BadZipFile(f"Bad CRC-32 for file {self._info.filename!r}")
-
-
-@contextmanager
-def open_member(path: Path, info: zipfile.ZipInfo) -> Iterator[MemberReader]:
-    """A reader of ``info``'s bytes in the archive at ``path`` (its own handle on the file, closed on exit)."""
-    with open(path, "rb") as file:
-        yield MemberReader(file, info)

@@ -4,13 +4,15 @@ CRC-32 at the end of a member, a cut deflate stream, trailing bytes, encryption,
 from __future__ import annotations
 
 import zipfile
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 import numpy as np
 import pytest
 
 from pipelines import zip_member
-from pipelines.zip_member import MemberReader, open_member
+from pipelines.zip_member import MemberReader
 
 
 def _payloads() -> dict[str, bytes]:
@@ -25,6 +27,12 @@ def _archive(path: Path, compression: int) -> Path:
         for name, data in _payloads().items():
             archive.writestr(name, data)
     return path
+
+
+@contextmanager
+def open_member(path: Path, info: zipfile.ZipInfo) -> Iterator[MemberReader]:
+    with open(path, "rb") as file:
+        yield MemberReader(file, info)
 
 
 def _read_all(reader: MemberReader, size: int) -> bytes:
