@@ -16,7 +16,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 import numpy as np
 
@@ -50,14 +50,21 @@ def real_total(collection: str) -> int:
     return sum(REAL_FILES[collection])
 
 
-def measure(body: str, *, nice: int = 0, timeout_s: float | None = None) -> dict[str, Any]:
+def measure(body: str, *, nice: int = 0, timeout_s: float | None = None,
+            env_changes: Mapping[str, str | None] | None = None) -> dict[str, Any]:
     """Run ``body`` (Python code that fills a dict ``result``) in a fresh process; returns ``result``
-    with ``wall_s`` (unless the body set it) and ``peak_rss_mb`` added."""
+    with ``wall_s`` (unless the body set it) and ``peak_rss_mb`` added. The process gets this one's
+    environment with ``env_changes`` applied (a value of None removes the variable)."""
     code = _WRAPPER.format(body=body)
     command = [sys.executable, "-c", code]
     if nice:
         command = ["nice", "-n", str(nice), *command]
     env = dict(os.environ)
+    for name, value in (env_changes or {}).items():
+        if value is None:
+            env.pop(name, None)
+        else:
+            env[name] = value
     root = str(Path(__file__).resolve().parent.parent)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
     done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=timeout_s)

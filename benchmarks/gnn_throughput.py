@@ -137,6 +137,16 @@ def largest_layout_graph(work: Path) -> tuple[Path, str]:
     return best[1], best[2]
 
 
+def measured_code(path: Path, collection: str, mode: str, *, copies: int = 1, steps: int = 5,
+                  eval_configs: int = 1000, device: str = "cpu", precision: str = "fp32",
+                  overrides: Sequence[str] = (), threads: int = 2) -> str:
+    """The body ``common.measure`` runs for one figure: ``mode`` "train" (``steps`` training steps) or
+    "predict" (``eval_configs`` configs scored) on the graph at ``path``."""
+    return _BODY.format(collection=collection, path=str(path), copies=copies, mode=mode, steps=steps,
+                        eval_configs=eval_configs, device=device, precision=precision, overrides=list(overrides),
+                        threads=threads)
+
+
 def measure_throughput(work: Path, *, copies: Sequence[int] = (1, 2), steps: int = 5, eval_configs: int = 1000,
                        devices: Sequence[str] = ("cpu",), precisions: Sequence[str] = ("fp32",), nice: int = 0,
                        overrides: Sequence[str] = (), threads: int = 2, log=print) -> list[list]:
@@ -147,10 +157,9 @@ def measure_throughput(work: Path, *, copies: Sequence[int] = (1, 2), steps: int
         for precision in precisions:
             for count in copies:
                 for mode in ("train", "predict"):
-                    r = measure(_BODY.format(collection=collection, path=str(path), copies=count, mode=mode,
-                                             steps=steps, eval_configs=eval_configs, device=device,
-                                             precision=precision, overrides=list(overrides), threads=threads),
-                                 nice=nice)
+                    r = measure(measured_code(path, collection, mode, copies=count, steps=steps,
+                                              eval_configs=eval_configs, device=device, precision=precision,
+                                              overrides=overrides, threads=threads), nice=nice)
                     rows.append([r["device"], precision, mode, count, r["nodes"], r["config_nodes"], r["rows"],
                                  r["seconds"], r["cpu_seconds"], r["configs_per_s"], r.get("h2d_kb", "-"),
                                  r.get("graph_h2d_kb", "-"), r["peak_rss_mb"],

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+import pipelines  # noqa: F401  (first: it sets the OpenMP wait policy before any test imports torch)
+
 
 @pytest.fixture(scope="session")
 def tiny_world(tmp_path_factory: pytest.TempPathFactory) -> Path:
