@@ -32,8 +32,9 @@ from typing import Iterator, Sequence
 
 from benchmarks.common import WORLDS, machine, markdown_table, measure
 
+LIBGOMP_DEFAULT = "libgomp default (spin 300000)"
 POLICIES: dict[str, dict[str, str | None]] = {
-    "libgomp default (spin 300000)": {"OMP_WAIT_POLICY": None, "GOMP_SPINCOUNT": "300000"},
+    LIBGOMP_DEFAULT: {"OMP_WAIT_POLICY": None, "GOMP_SPINCOUNT": "300000"},
     "passive (the package's default)": {"OMP_WAIT_POLICY": "PASSIVE", "GOMP_SPINCOUNT": None},
 }
 
@@ -89,7 +90,7 @@ def run(work: Path, *, threads: int, load: int, reps: int, rounds: int, steps: i
         log=print) -> list[list]:
     rows = []
     for name, count, code in workloads(work, threads, rounds, steps, eval_configs, log):
-        policies = POLICIES if count > 1 else dict(list(POLICIES.items())[:1])  # one thread never waits
+        policies = POLICIES if count > 1 else {LIBGOMP_DEFAULT: POLICIES[LIBGOMP_DEFAULT]}  # one thread never waits
         for policy, env in policies.items():
             seconds = {}
             for condition, spinners in (("idle", 0), ("loaded", load)):
@@ -127,7 +128,8 @@ def main(argv: Sequence[str] | None = None) -> None:
              f"Command: `python -m benchmarks.openmp_wait {' '.join(sys.argv[1:] if argv is None else argv)}`", "",
              f"Wall seconds of the measured span, mean over {args.reps} runs (range); loaded: {load} busy-looping "
              "processes beside it.", "",
-             *markdown_table(["workload", "threads", "OpenMP wait policy", "idle s", "loaded s", "loaded / idle"], rows)]
+             *markdown_table(["workload", "threads", "OpenMP wait policy", "idle s", "loaded s", "loaded / idle"],
+                             rows)]
     text = "\n".join(lines) + "\n"
     print(text)
     if args.out is not None:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 import os
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable, Iterable, Iterator
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 PROC_CGROUP = Path("/proc/self/cgroup")
@@ -37,10 +37,10 @@ def _cgroup_dirs(controller: str, root: Path, proc_cgroup: Path) -> Iterator[Pat
         if controllers == "":  # v2: one hierarchy, mounted at the root (or at root/unified on hybrid systems)
             mounts = [root, root / "unified"]
         elif controller in controllers.split(","):
-            mounts = [root / controllers, root / controller]
+            mounts = [root / controllers, root / controller]  # the same folder where it is mounted alone
         else:
             continue
-        for mount in mounts:
+        for mount in dict.fromkeys(mounts):
             here = mount / path.lstrip("/")
             while True:
                 yield here
@@ -57,7 +57,7 @@ def _read_number(path: Path) -> int | None:
         return None
 
 
-def _smallest(values: Iterator[float | None]) -> float | None:
+def _smallest(values: Iterable[float | None]) -> float | None:
     found = [v for v in values if v is not None]
     return min(found) if found else None
 
@@ -133,4 +133,4 @@ def meminfo_bytes(field: str) -> int | None:
 def available_memory(cgroup_available: Callable[[], int | None] = cgroup_memory_available) -> int | None:
     """Bytes of memory available to new work: Linux ``MemAvailable``, or what this process's cgroups
     still allow where that is less; None where neither is known."""
-    return _smallest(iter([meminfo_bytes("MemAvailable"), cgroup_available()]))
+    return _smallest([meminfo_bytes("MemAvailable"), cgroup_available()])
