@@ -10,8 +10,10 @@ same paths and have this package installed).
 
 from __future__ import annotations
 
+import heapq
 import logging
 import os
+import queue
 import signal
 import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -138,3 +140,127 @@ def _in_input_order(results: Iterable[T], order: Sequence[int]) -> Iterator[T]:
         while due in waiting:
             yield waiting.pop(due)
             due += 1
+
+
+class JobPool:
+    """Local worker processes shared by stages that run side by side in threads of this process.
+
+    A stage's jobs rarely divide evenly among the workers: its last ones run while the other workers
+    idle (5 fold jobs on 2 workers leave one core idle for a third of the stage, 10 on 8 workers for
+    half of it). Stages that share one pool hand those workers to the next stage's jobs instead.
+    ``map_unordered`` queues a stage's jobs behind those of stages that called it earlier (workers
+    always take the earliest stage's next job, so stages finish in the order they started) and yields
+    the stage's results as its jobs finish. A job starts only when its memory estimate fits beside
+    the running jobs' within ``memory_budget`` (bytes; a job alone always starts).
+
+    Every job runs in a worker with ``threads_per_job`` threads whatever else runs, so a result is
+    the same as in a pool of its own. Workers are loky processes with joblib's thread limits.
+    """
+
+    def __init__(self, workers: int, *, threads_per_job: int, memory_budget: float | None = None):
+        from joblib._parallel_backends import ParallelBackendBase
+        from joblib.externals.loky import ProcessPoolExecutor
+
+        self.workers, self.threads_per_job, self.memory_budget = workers, threads_per_job, memory_budget
+        # what joblib's loky backend sets in its workers (unless the parent set them): same libraries, same threads
+        env = {var: os.environ.get(var, str(threads_per_job)) for var in ParallelBackendBase.MAX_NUM_THREADS_VARS}
+        self._executor = ProcessPoolExecutor(max_workers=workers, timeout=300, env=env)
+        self._lock = threading.Condition()
+        self._pending: list[tuple[int, int, float, Callable[..., Any], tuple, queue.SimpleQueue]] = []
+        self._maps = 0  # map_unordered calls so far: a stage's priority
+        self._running = 0
+        self._memory = 0.0
+        self._closed = False
+        self._dispatcher = threading.Thread(target=self._dispatch, name="job-pool", daemon=True)
+        self._dispatcher.start()
+
+    def map_unordered(self, function: Callable[..., T], arguments: Iterable[tuple[Any, ...]], *,
+                      job_memory: float | None = None) -> Iterator[T]:
+        """Queue ``function(*args)`` for each tuple (now, not when iterated) and return an iterator over
+        the results in the order the jobs finish; a failed job raises its exception there."""
+        arguments = list(arguments)
+        results: queue.SimpleQueue = queue.SimpleQueue()
+        with self._lock:
+            if self._closed:
+                raise PipelineError("the job pool is closed")
+            self._maps += 1
+            for index, args in enumerate(arguments):
+                heapq.heappush(self._pending, (self._maps, index, float(job_memory or 0), function, args, results))
+            self._lock.notify_all()
+        return self._results(results, len(arguments))
+
+    @staticmethod
+    def _results(results: queue.SimpleQueue, count: int) -> Iterator[Any]:
+        for _ in range(count):
+            item = results.get()
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+
+    @property
+    def maps_queued(self) -> int:
+        """How many ``map_unordered`` calls have queued their jobs."""
+        with self._lock:
+            return self._maps
+
+    def has_idle_worker(self) -> bool:
+        """No job waits and a worker is free: the moment to start another stage."""
+        with self._lock:
+            return not self._pending and self._running < self.workers
+
+    def wait_for_change(self, timeout: float) -> None:
+        """Block until a job starts or ends (or ``timeout`` seconds pass)."""
+        with self._lock:
+            self._lock.wait(timeout)
+
+    def _dispatch(self) -> None:
+        while True:
+            with self._lock:
+                while not self._next_fits() and not (self._closed and not self._pending):
+                    self._lock.wait()
+                if not self._next_fits():  # closed, and nothing waits (or was cancelled)
+                    return
+                _, _, memory, function, args, results = heapq.heappop(self._pending)
+                self._running += 1
+                self._memory += memory
+                self._lock.notify_all()
+            try:  # never under the lock: the callback below takes it
+                future = self._executor.submit(function, *args)
+            except BaseException as exc:  # a broken or shut-down executor: the stage learns why
+                self._finished(memory, results, exc)
+                continue
+            future.add_done_callback(lambda done, m=memory, r=results: self._finished(m, r, done))
+
+    def _next_fits(self) -> bool:
+        if not self._pending or self._running >= self.workers:
+            return False
+        memory = self._pending[0][2]
+        return self._running == 0 or self.memory_budget is None or self._memory + memory <= self.memory_budget
+
+    def _finished(self, memory: float, results: queue.SimpleQueue, outcome: Any) -> None:
+        if isinstance(outcome, BaseException):
+            results.put(outcome)
+        else:
+            try:
+                results.put(outcome.result())
+            except BaseException as exc:  # the job's own exception, or the worker's death
+                results.put(exc)
+        with self._lock:
+            self._running -= 1
+            self._memory -= memory
+            self._lock.notify_all()
+
+    def close(self, *, cancel: bool = False) -> None:
+        """Stop taking new jobs. ``cancel``: drop the waiting jobs (their stages get KeyboardInterrupt)
+        and kill the workers, whose running jobs are lost; else run the queued jobs and wait for them."""
+        with self._lock:
+            if self._closed and not cancel:
+                return
+            self._closed = True
+            dropped = self._pending if cancel else []
+            self._pending = [] if cancel else self._pending
+            self._lock.notify_all()
+        for *_, results in dropped:
+            results.put(KeyboardInterrupt("job cancelled"))
+        self._dispatcher.join()
+        self._executor.shutdown(wait=not cancel, kill_workers=cancel)

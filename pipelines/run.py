@@ -31,7 +31,8 @@ import re
 import shlex
 import sys
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import Future
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -52,7 +53,8 @@ from pipelines.engine import (
 )
 from pipelines.ensemble import ENSEMBLE_STAGE, ensemble_stage, load_blended_test
 from pipelines.errors import ConfigError, FormatError, PipelineError
-from pipelines.parallel import fan_out
+from pipelines.machine import available_cores, available_memory
+from pipelines.parallel import JobPool, fan_out
 from pipelines.run_folders import publish_submission, read_run_manifest, training_stage_dir
 
 logger = logging.getLogger(__name__)
@@ -215,33 +217,91 @@ def train_models(config: PipelineConfig, prepared: Mapping[str, Any], models: Se
 
     Each stage fans its fold x seed jobs out through joblib. With the ``"dask"`` backend the stages
     themselves run concurrently (one driver thread each), so the cluster receives the fold x seed x
-    model jobs of all collections at once; locally they run one after the other, because the local
-    cores are already shared by one stage's jobs (and its memory guard assumes it runs alone).
+    model jobs of all collections at once. Locally, with ``run.n_jobs`` > 1, the stages share one
+    pool of that many workers (:class:`pipelines.parallel.JobPool`): the next stage starts as soon
+    as the current one has handed out its last job and a worker is free, so the workers that a
+    stage's last jobs leave idle take the next stage's first ones. Each job still gets
+    ``cores // run.n_jobs`` threads and the results are those of stages run one after the other.
     """
     from pipelines.train import train_model
 
     tasks = [(cname, model) for cname in prepared for model in models]
 
-    def one(task: tuple[str, str]) -> StageOutput:
+    def one(task: tuple[str, str], pool: JobPool | None = None) -> StageOutput:
         cname, model = task
         if backend == "dask":
             import joblib
 
             with joblib.parallel_config(backend="dask"):  # the backend choice is per thread
                 return train_model(config, prepared[cname], model=model, work_dir=work_dir, force=force)
-        return train_model(config, prepared[cname], model=model, work_dir=work_dir, force=force)
+        return train_model(config, prepared[cname], model=model, work_dir=work_dir, force=force, pool=pool)
 
     if backend == "dask" and len(tasks) > 1:
         from concurrent.futures import ThreadPoolExecutor
 
-        with ThreadPoolExecutor(max_workers=len(tasks), thread_name_prefix="train") as pool:
-            outputs = list(pool.map(one, tasks))
+        with ThreadPoolExecutor(max_workers=len(tasks), thread_name_prefix="train") as threads:
+            outputs = list(threads.map(one, tasks))
+    elif backend == "loky" and config.run.n_jobs > 1 and len(tasks) > 1:
+        outputs = _train_sharing_workers(one, tasks, config.run.n_jobs)
     else:
         outputs = [one(task) for task in tasks]
     trained: dict[str, dict[str, StageOutput]] = {cname: {} for cname in prepared}
     for (cname, model), output in zip(tasks, outputs):
         trained[cname][model] = output
     return trained
+
+
+# How often the start of the next stage is reconsidered while the current one hands out its jobs.
+STAGE_START_POLL_S = 0.5
+
+
+def _train_sharing_workers(one: Callable[..., StageOutput], tasks: Sequence[tuple[str, str]],
+                           workers: int) -> list[StageOutput]:
+    """``one(task, pool)`` for every task in a thread of its own, started in order: a task starts when
+    the one before it has ended or has queued its jobs and a worker is free with nothing waiting.
+    Returns the outputs in task order; the first failure (or Ctrl-C) cancels the rest and is raised."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from pipelines.train import MEMORY_SHARE
+
+    memory = available_memory()
+    pool = JobPool(workers, threads_per_job=max(1, available_cores() // workers),
+                   memory_budget=memory * MEMORY_SHARE if memory else None)
+    threads = ThreadPoolExecutor(max_workers=len(tasks), thread_name_prefix="train")
+    futures: list[Future] = []
+    try:
+        for task in tasks:
+            if futures:
+                _wait_for_a_free_worker(pool, futures, queued_before)
+            queued_before = pool.maps_queued
+            futures.append(threads.submit(one, task, pool))
+        while not all(f.done() for f in futures):
+            _raise_first_failure(futures)
+            pool.wait_for_change(STAGE_START_POLL_S)
+        _raise_first_failure(futures)
+        return [f.result() for f in futures]
+    except BaseException:
+        pool.close(cancel=True)  # waiting jobs end with KeyboardInterrupt, running ones with their killed worker
+        raise
+    finally:
+        threads.shutdown(wait=True)  # every stage thread has its results or its exception by now
+        pool.close()
+
+
+def _wait_for_a_free_worker(pool: JobPool, futures: Sequence[Future], queued_before: int) -> None:
+    """Until the last stage started has ended, or has queued its jobs (``pool.maps_queued`` went past
+    ``queued_before``; a stage queues them at once) and a worker is free with no job waiting."""
+    while not futures[-1].done():
+        _raise_first_failure(futures)
+        if pool.maps_queued > queued_before and pool.has_idle_worker():
+            return
+        pool.wait_for_change(STAGE_START_POLL_S)
+
+
+def _raise_first_failure(futures: Sequence[Future]) -> None:
+    for future in futures:
+        if future.done() and future.exception() is not None:
+            raise future.exception()
 
 
 def checked_models(config: PipelineConfig, models: Sequence[str] | None) -> list[str]:

@@ -7,7 +7,7 @@ fold, and predicts every config of the held-out graphs (out-of-fold), of the hol
 joblib (loky processes, or the backend of an enclosing ``joblib.parallel_config``, e.g. Dask):
 ``run.n_jobs`` workers, fewer when the adapter's estimate of one job's memory
 times the jobs exceeds ``MEMORY_SHARE`` of the available memory; each model gets ``cores // jobs``
-threads. A worker loads only its own fold's data and predicts a few graphs at a time, so memory
+threads. A run's stages share one ``pipelines.parallel.JobPool`` instead (``run.train_models``). A worker loads only its own fold's data and predicts a few graphs at a time, so memory
 stays at about one fold's training table per job.
 
 Output folder ``<work_dir>/train-<model>/<key>/`` (key = model settings resolved for the
@@ -54,6 +54,7 @@ from pipelines.errors import PipelineError
 from pipelines.machine import available_cores, available_memory
 from pipelines.models.contract import ModelAdapter, Ranker
 from pipelines.models.registry import adapter_module, get_adapter
+from pipelines.parallel import JobPool
 from pipelines.predictions import PREDICTION_SCHEMA, prediction_frame
 from pipelines.progress import format_duration
 
@@ -372,11 +373,13 @@ def _job_memory(adapter: ModelAdapter, prepared: Any, plan: FoldPlan, settings: 
 
 
 def train_model(config: PipelineConfig, prepared: Any, *, model: str, work_dir: Path | str,
-                force: bool = False) -> StageOutput:
+                force: bool = False, pool: JobPool | None = None) -> StageOutput:
     """Run (or reuse) the training stage of ``model`` on the collection of ``prepared``.
 
     Fold jobs finished by an earlier, interrupted call with the same key are reused (and a GNN fold
     resumes from its last epoch checkpoint); ``force`` discards them and trains every fold again.
+    With ``pool`` the fold jobs run in those shared workers (see ``run.train_models``), else in
+    ``run.n_jobs`` workers of the stage's own.
     """
     adapter = get_adapter(model)
     collection: Collection = prepared.collection
@@ -393,7 +396,7 @@ def train_model(config: PipelineConfig, prepared: Any, *, model: str, work_dir: 
 
     def compute(folder: Path) -> dict[str, Any]:
         return _run_folds(adapter, prepared, collection, settings, seeds, n_jobs=config.run.n_jobs,
-                          folder=folder, partial=partial)
+                          folder=folder, partial=partial, pool=pool)
 
     output = run_stage(work_dir=Path(work_dir), stage=stage, config=stage_config, code=code,
                        inputs=inputs, compute=compute, seeds={f"run_{i}": s for i, s in enumerate(seeds)},
@@ -403,7 +406,8 @@ def train_model(config: PipelineConfig, prepared: Any, *, model: str, work_dir: 
 
 
 def _run_folds(adapter: ModelAdapter, prepared: Any, collection: Collection, settings: dict[str, Any],
-               seeds: list[int], *, n_jobs: int, folder: Path, partial: Path | None = None) -> dict[str, Any]:
+               seeds: list[int], *, n_jobs: int, folder: Path, partial: Path | None = None,
+               pool: JobPool | None = None) -> dict[str, Any]:
     plan = fold_plan(prepared.folds(), list(prepared.graphs("test")))
     tasks = [(fold, seed) for seed in seeds for fold in plan.folds]
     finished: dict[tuple[int, int], FoldResult] = {}
@@ -413,15 +417,19 @@ def _run_folds(adapter: ModelAdapter, prepared: Any, collection: Collection, set
             if saved is not None:
                 finished[(fold, seed)] = saved
     todo = [task for task in tasks if task not in finished]
-    jobs = max(1, min(n_jobs, len(todo)))
     per_job = _job_memory(adapter, prepared, plan, settings)
-    budget = available_memory()
-    if per_job and budget and jobs > 1:
-        jobs = max(1, min(jobs, int(budget * MEMORY_SHARE // per_job)))
-    threads = max(1, available_cores() // jobs)
+    if pool is not None:  # the pool admits jobs by their memory estimate
+        jobs, threads = pool.workers, pool.threads_per_job
+    else:
+        jobs = max(1, min(n_jobs, len(todo)))
+        budget = available_memory()
+        if per_job and budget and jobs > 1:
+            jobs = max(1, min(jobs, int(budget * MEMORY_SHARE // per_job)))
+        threads = max(1, available_cores() // jobs)
     tag = f"[{collection.name}] {adapter.name}"
+    shared = " (workers shared with the run's other training stages)" if pool is not None else ""
     logger.info(f"{tag}: {len(plan.folds)} folds x {len(seeds)} seeds = {len(tasks)} fold jobs, "
-                f"{jobs} job(s) x {threads} thread(s), ~{(per_job or 0) / 2**30:.2f} GiB per job")
+                f"{jobs} job(s) x {threads} thread(s){shared}, ~{(per_job or 0) / 2**30:.2f} GiB per job")
     for companion in companions(prepared, settings):
         logger.info(f"{tag}: every fold model also trains on the {len(labelled(companion))} labelled graphs "
                     f"of {companion.collection.name}")
@@ -429,7 +437,9 @@ def _run_folds(adapter: ModelAdapter, prepared: Any, collection: Collection, set
         logger.info(f"{tag}: resuming: {len(finished)} of {len(tasks)} fold jobs already done "
                     f"({', '.join(fold_job_name(f, s) for f, s in sorted(finished))}), training {len(todo)}")
     args = [(adapter, prepared, collection, settings, plan, fold, seed, threads, partial) for fold, seed in todo]
-    if jobs == 1:
+    if pool is not None:
+        results_iter = pool.map_unordered(fit_predict_fold, args, job_memory=per_job)
+    elif jobs == 1:
         results_iter = (fit_predict_fold(*a) for a in args)
     else:
         from joblib import Parallel, delayed
@@ -478,6 +488,7 @@ def _run_folds(adapter: ModelAdapter, prepared: Any, collection: Collection, set
         "extra_train_graphs": {c.collection.name: len(labelled(c)) for c in companions(prepared, settings)},
         "jobs": jobs,
         "threads_per_job": threads,
+        "shared_workers": pool is not None,
         "resumed_fold_jobs": len(finished),
         "models": [{"fold": r.fold, "seed": r.seed, "wall_s": round(r.wall_s, 3), **r.facts,
                     **saved_models.get((r.fold, r.seed), {})} for r in results],

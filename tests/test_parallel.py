@@ -1,4 +1,4 @@
-"""map_in_order: costliest jobs first, results in input order (the data stages' fan-out)."""
+"""map_in_order: costliest jobs first, results in input order (the data stages' fan-out); JobPool: stages sharing workers."""
 
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from pipelines.parallel import file_cost, map_in_order
+from pipelines.errors import PipelineError
+from pipelines.parallel import JobPool, file_cost, map_in_order
 
 
 def _record_start(log: str, label: str, seconds: float) -> str:
@@ -49,3 +50,113 @@ def test_file_cost_is_the_size_or_zero_when_unreadable(tmp_path: Path) -> None:
     path.write_bytes(b"x" * 123)
     assert file_cost(path) == 123
     assert file_cost(tmp_path / "missing.npz") == 0
+
+
+# ----------------------------------------------------------------------------- JobPool (training stages side by side)
+
+
+def _record_span(log: str, label: str, seconds: float) -> str:
+    """Append 'label start end' (wall clock) to ``log`` after sleeping ``seconds``."""
+    start = time.time()
+    time.sleep(seconds)
+    with open(log, "a") as out:
+        out.write(f"{label} {start} {time.time()}\n")
+    return label
+
+
+def _fail(label: str) -> str:
+    raise ValueError(f"job {label} failed")
+
+
+def _spans(log: str) -> dict[str, tuple[float, float]]:
+    rows = [line.split() for line in Path(log).read_text().splitlines()]
+    return {label: (float(start), float(end)) for label, start, end in rows}
+
+
+def test_a_later_stage_takes_the_worker_that_an_earlier_stage_leaves_idle(tmp_path: Path) -> None:
+    log = str(tmp_path / "spans.log")
+    pool = JobPool(2, threads_per_job=1)
+    try:
+        first = pool.map_unordered(_record_span, [(log, "a-long", 2.0), (log, "a-short", 0.2)])
+        second = pool.map_unordered(_record_span, [(log, "b1", 0.2), (log, "b2", 0.2), (log, "b3", 0.2)])
+        assert sorted(first) == ["a-long", "a-short"] and sorted(second) == ["b1", "b2", "b3"]
+    finally:
+        pool.close()
+    spans = _spans(log)
+    # the second stage's jobs ran on the worker the first stage's short job freed, beside its long one
+    assert all(spans[b][1] < spans["a-long"][1] for b in ("b1", "b2", "b3"))
+
+
+def test_the_earliest_stage_jobs_start_first_and_memory_bounds_what_runs_together(tmp_path: Path) -> None:
+    log = str(tmp_path / "spans.log")
+    pool = JobPool(2, threads_per_job=1, memory_budget=100)
+    try:
+        big = pool.map_unordered(_record_span, [(log, f"big{i}", 0.3) for i in range(2)], job_memory=60)
+        small = pool.map_unordered(_record_span, [(log, f"small{i}", 0.3) for i in range(2)], job_memory=40)
+        assert sorted(big) == ["big0", "big1"] and sorted(small) == ["small0", "small1"]
+    finally:
+        pool.close()
+    spans = _spans(log)
+    # two 60-byte jobs never overlap within 100 bytes; a 40-byte one may run beside a 60-byte one
+    assert spans["big0"][1] <= spans["big1"][0] or spans["big1"][1] <= spans["big0"][0]
+    # the later stage's jobs waited behind the earlier stage's second job, although they fitted beside the
+    # first one: none started before the first big job ended and let the second one go
+    assert min(spans[s][0] for s in ("small0", "small1")) >= min(spans[b][1] for b in ("big0", "big1"))
+
+
+def test_a_failed_job_raises_in_its_own_stage_and_a_cancelled_pool_ends_every_stage(tmp_path: Path) -> None:
+    log = str(tmp_path / "spans.log")
+    pool = JobPool(1, threads_per_job=1)
+    try:
+        failing = pool.map_unordered(_fail, [("x",)])
+        with pytest.raises(ValueError, match="job x failed"):
+            list(failing)
+        running = pool.map_unordered(_record_span, [(log, "slow", 30.0)])
+        waiting = pool.map_unordered(_record_span, [(log, "never", 0.0)])
+        time.sleep(1.0)  # "slow" is running, "never" waits for the only worker
+        started = time.perf_counter()
+        pool.close(cancel=True)
+        with pytest.raises(KeyboardInterrupt):
+            list(waiting)
+        with pytest.raises(BaseException):  # its worker was killed
+            list(running)
+        assert time.perf_counter() - started < 20
+        with pytest.raises(PipelineError, match="closed"):
+            pool.map_unordered(_record_span, [(log, "late", 0.0)])
+    finally:
+        pool.close()
+    assert not Path(log).exists()  # neither the killed nor the cancelled job wrote anything
+
+
+def _fake_stage(task: tuple[str, str, float, int], pool: JobPool) -> list[str]:
+    """A training stage's use of the pool: queue ``jobs`` jobs of ``seconds``, return their labels."""
+    log, name, seconds, jobs = task
+    if name == "boom":
+        raise ValueError("stage boom failed")
+    with open(log, "a") as out:
+        out.write(f"start-{name} {time.time()} {time.time()}\n")
+    return sorted(pool.map_unordered(_record_span, [(log, f"{name}{i}", seconds) for i in range(jobs)]))
+
+
+def test_stages_start_while_the_one_before_runs_its_last_job_and_keep_their_order(tmp_path: Path) -> None:
+    from pipelines.run import _train_sharing_workers
+
+    log = str(tmp_path / "spans.log")
+    tasks = [(log, "a", 2.0, 1), (log, "b", 0.2, 3), (log, "c", 0.2, 1)]
+    assert _train_sharing_workers(_fake_stage, tasks, 2) == [["a0"], ["b0", "b1", "b2"], ["c0"]]
+    spans = _spans(log)
+    # b started once a had queued its single job (a worker was free), and c once b had handed out its
+    # jobs: both ran beside a's long job
+    assert spans["start-b"][0] < spans["a0"][1] and spans["start-c"][0] < spans["a0"][1]
+    assert spans["start-c"][0] >= min(spans[f"b{i}"][0] for i in range(3))
+
+
+def test_a_failed_stage_stops_the_others_and_its_error_is_raised(tmp_path: Path) -> None:
+    from pipelines.run import _train_sharing_workers
+
+    log = str(tmp_path / "spans.log")
+    started = time.perf_counter()
+    with pytest.raises(ValueError, match="stage boom failed"):
+        _train_sharing_workers(_fake_stage, [(log, "slow", 60.0, 1), (log, "boom", 0.0, 0)], 2)
+    assert time.perf_counter() - started < 30  # the slow stage's job was killed, not waited for
+    assert "slow0" not in Path(log).read_text()

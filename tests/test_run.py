@@ -255,6 +255,28 @@ def test_lightgbm_predictions_do_not_depend_on_the_thread_count(tiny_world, tmp_
     assert frames[0].equals(frames[1])
 
 
+def test_training_stages_sharing_workers_give_the_results_of_stages_run_alone(tiny_world, tmp_path):
+    from pipelines.collections import parse_collection
+    from pipelines.prepare import prepare
+    from pipelines.run import train_models
+
+    config = fast_config("run.n_jobs=2")
+    prepared = prepare(config, tiny_world, tmp_path / "work", [parse_collection("layout:xla:default")])  # fast fits
+    models = ["gbdt", "gnn"]  # two stages, the GNN's result sensitive to its thread count
+    with logged_messages() as lines:
+        shared = train_models(config, prepared, models, work_dir=tmp_path / "shared")
+    assert sum("workers shared with the run's other training stages" in line for line in lines) == 2
+    for cname, item in prepared.items():
+        for model in models:
+            ours = shared[cname][model]
+            alone = train.train_model(config, item, model=model, work_dir=tmp_path / "alone")
+            assert ours.metrics["shared_workers"] and not alone.metrics["shared_workers"]
+            assert ours.key == alone.key and not alone.cached
+            assert ours.metrics["threads_per_job"] == alone.metrics["threads_per_job"]
+            assert read_predictions(ours.file(train.PREDICTIONS_FILE)).equals(
+                read_predictions(alone.file(train.PREDICTIONS_FILE)))
+
+
 def test_run_command_prints_the_table_and_the_submission_path_last(runs, tmp_path, capsys):
     code = main(["run", "--data-root", str(runs["root"]), "--work-dir", str(runs["work"]), "--config", "smoke",
                  "--models", "gbdt,random",
