@@ -220,8 +220,8 @@ def train_models(config: PipelineConfig, prepared: Mapping[str, Any], models: Se
     model jobs of all collections at once. Locally, with ``run.n_jobs`` > 1, the stages share one
     pool of that many workers (:class:`pipelines.parallel.JobPool`): the next stage starts as soon
     as the current one has handed out its last job and a worker is free, so the workers that a
-    stage's last jobs leave idle take the next stage's first ones. Each job still gets
-    ``cores // run.n_jobs`` threads and the results are those of stages run one after the other.
+    stage's last jobs leave idle take the next stage's first ones. Each job gets ``cores // run.n_jobs``
+    threads, as in a stage of that many jobs run alone, and so gives the same results.
     """
     from pipelines.train import train_model
 

@@ -7,8 +7,9 @@ fold, and predicts every config of the held-out graphs (out-of-fold), of the hol
 joblib (loky processes, or the backend of an enclosing ``joblib.parallel_config``, e.g. Dask):
 ``run.n_jobs`` workers, fewer when the adapter's estimate of one job's memory
 times the jobs exceeds ``MEMORY_SHARE`` of the available memory; each model gets ``cores // jobs``
-threads. A run's stages share one ``pipelines.parallel.JobPool`` instead (``run.train_models``). A worker loads only its own fold's data and predicts a few graphs at a time, so memory
-stays at about one fold's training table per job.
+threads. A run's stages share one ``pipelines.parallel.JobPool`` instead (``run.train_models``).
+A worker loads only its own fold's data and predicts a few graphs at a time, so memory stays at
+about one fold's training table per job.
 
 Output folder ``<work_dir>/train-<model>/<key>/`` (key = model settings resolved for the
 collection + seeds + upstream stage keys):
