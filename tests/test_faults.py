@@ -470,6 +470,28 @@ if __name__ == "__main__":
             sys.exit(130)
 """
 
+# The same through the pool that a run's training stages share: the first stage's two jobs hold both
+# workers, the second stage waits for one.
+_SLOW_STAGES = """
+import os, sys, time
+from pipelines.parallel import terminate_as_interrupt
+from pipelines.run import _train_sharing_workers
+
+def job(folder):
+    open(os.path.join(folder, str(os.getpid())), "w").close()
+    time.sleep(300)
+
+def stage(task, pool):
+    return list(pool.map_unordered(job, [(task[0],)] * 2))
+
+if __name__ == "__main__":
+    with terminate_as_interrupt():
+        try:
+            _train_sharing_workers(stage, [(sys.argv[1], "first"), (sys.argv[1], "second")], 2)
+        except KeyboardInterrupt:
+            sys.exit(130)
+"""
+
 
 def _running(pid: int) -> bool:
     try:
@@ -479,10 +501,11 @@ def _running(pid: int) -> bool:
 
 
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads process states from /proc")
-def test_sigterm_during_parallel_jobs_stops_the_worker_processes_too(tmp_path):
+@pytest.mark.parametrize("jobs", [_SLOW_JOBS, _SLOW_STAGES], ids=["one-stage", "stages-sharing-workers"])
+def test_sigterm_during_parallel_jobs_stops_the_worker_processes_too(tmp_path, jobs):
     """Killed on the spot, the parent would leave its loky workers running their jobs as orphans."""
     script = tmp_path / "slow_jobs.py"
-    script.write_text(_SLOW_JOBS)
+    script.write_text(jobs)
     pids = tmp_path / "pids"
     pids.mkdir()
     process = subprocess.Popen([sys.executable, str(script), str(pids)], env=python_env(),
