@@ -53,7 +53,6 @@ from pipelines.engine import (
 )
 from pipelines.ensemble import ENSEMBLE_STAGE, ensemble_stage, load_blended_test
 from pipelines.errors import ConfigError, FormatError, PipelineError
-from pipelines.machine import available_cores, available_memory
 from pipelines.parallel import JobPool, fan_out
 from pipelines.run_folders import publish_submission, read_run_manifest, training_stage_dir
 
@@ -262,11 +261,9 @@ def _train_sharing_workers(one: Callable[..., StageOutput], tasks: Sequence[tupl
     Returns the outputs in task order; the first failure (or Ctrl-C) cancels the rest and is raised."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from pipelines.train import MEMORY_SHARE
+    from pipelines.train import shared_fold_pool
 
-    memory = available_memory()
-    pool = JobPool(workers, threads_per_job=max(1, available_cores() // workers),
-                   memory_budget=memory * MEMORY_SHARE if memory else None)
+    pool = shared_fold_pool(workers)
     threads = ThreadPoolExecutor(max_workers=len(tasks), thread_name_prefix="train")
     futures: list[Future] = []
     try:

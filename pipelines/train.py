@@ -373,6 +373,19 @@ def _job_memory(adapter: ModelAdapter, prepared: Any, plan: FoldPlan, settings: 
     return max(estimate(prepared, plan.train_graphs(fold), settings) for fold in plan.folds) + extra
 
 
+def fold_job_threads(jobs: int) -> int:
+    """Threads of each fold job when ``jobs`` of them run at once: the available cores shared out."""
+    return max(1, available_cores() // jobs)
+
+
+def shared_fold_pool(workers: int) -> JobPool:
+    """The pool a run's training stages share (``run.train_models``): ``workers`` fold jobs at once, each
+    with the threads a stage of that many jobs gives it, within ``MEMORY_SHARE`` of the available memory."""
+    memory = available_memory()
+    return JobPool(workers, threads_per_job=fold_job_threads(workers),
+                   memory_budget=memory * MEMORY_SHARE if memory else None)
+
+
 def train_model(config: PipelineConfig, prepared: Any, *, model: str, work_dir: Path | str,
                 force: bool = False, pool: JobPool | None = None) -> StageOutput:
     """Run (or reuse) the training stage of ``model`` on the collection of ``prepared``.
@@ -426,7 +439,7 @@ def _run_folds(adapter: ModelAdapter, prepared: Any, collection: Collection, set
         budget = available_memory()
         if per_job and budget and jobs > 1:
             jobs = max(1, min(jobs, int(budget * MEMORY_SHARE // per_job)))
-        threads = max(1, available_cores() // jobs)
+        threads = fold_job_threads(jobs)
     tag = f"[{collection.name}] {adapter.name}"
     shared = " (workers shared with the run's other training stages)" if pool is not None else ""
     logger.info(f"{tag}: {len(plan.folds)} folds x {len(seeds)} seeds = {len(tasks)} fold jobs, "
