@@ -153,8 +153,9 @@ class JobPool:
     the stage's results as its jobs finish. A job starts only when its memory estimate fits beside
     the running jobs' within ``memory_budget`` (bytes; a job alone always starts).
 
-    Every job runs in a worker with ``threads_per_job`` threads whatever else runs, so a result is
-    the same as in a pool of its own. Workers are loky processes with joblib's thread limits.
+    Workers are loky processes with joblib's thread limits at ``threads_per_job``; a training job
+    sets its own thread count from its stage (``train.stage_job_threads``) whatever else runs, so a
+    result is the same as in a pool of its own.
     """
 
     def __init__(self, workers: int, *, threads_per_job: int, memory_budget: float | None = None):

@@ -219,8 +219,9 @@ def train_models(config: PipelineConfig, prepared: Mapping[str, Any], models: Se
     model jobs of all collections at once. Locally, with ``run.n_jobs`` > 1, the stages share one
     pool of that many workers (:class:`pipelines.parallel.JobPool`): the next stage starts as soon
     as the current one has handed out its last job and a worker is free, so the workers that a
-    stage's last jobs leave idle take the next stage's first ones. Each job gets ``cores // run.n_jobs``
-    threads, as in a stage of that many jobs run alone, and so gives the same results.
+    stage's last jobs leave idle take the next stage's first ones. Each job gets the threads it gets
+    in its stage run alone (``train.stage_job_threads``: ``cores // run.n_jobs`` unless the stage has
+    fewer fold jobs), and so gives the same results.
     """
     from pipelines.train import train_model
 

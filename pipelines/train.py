@@ -378,6 +378,17 @@ def fold_job_threads(jobs: int) -> int:
     return max(1, available_cores() // jobs)
 
 
+def stage_job_threads(workers: int, fold_jobs: int) -> int:
+    """Threads of every fold job of a stage of ``fold_jobs`` jobs on ``workers`` workers.
+
+    A GNN fit's floats depend on its thread count, so it depends only on the machine and the config:
+    not on how many jobs a resumed stage has left, nor on how many the free memory admits at once,
+    nor on whether the stage runs alone or in a run's shared pool. Otherwise a resumed or
+    memory-bound stage would not give the bytes of an uninterrupted one.
+    """
+    return fold_job_threads(max(1, min(workers, fold_jobs)))
+
+
 def shared_fold_pool(workers: int) -> JobPool:
     """The pool a run's training stages share (``run.train_models``): ``workers`` fold jobs at once, each
     with the threads a stage of that many jobs gives it, within ``MEMORY_SHARE`` of the available memory."""
@@ -433,13 +444,14 @@ def _run_folds(adapter: ModelAdapter, prepared: Any, collection: Collection, set
     todo = [task for task in tasks if task not in finished]
     per_job = _job_memory(adapter, prepared, plan, settings)
     if pool is not None:  # the pool admits jobs by their memory estimate
-        jobs, threads = pool.workers, pool.threads_per_job
+        jobs = pool.workers
+        threads = stage_job_threads(pool.workers, len(tasks))
     else:
         jobs = max(1, min(n_jobs, len(todo)))
         budget = available_memory()
         if per_job and budget and jobs > 1:
             jobs = max(1, min(jobs, int(budget * MEMORY_SHARE // per_job)))
-        threads = fold_job_threads(jobs)
+        threads = stage_job_threads(n_jobs, len(tasks))
     tag = f"[{collection.name}] {adapter.name}"
     shared = " (workers shared with the run's other training stages)" if pool is not None else ""
     logger.info(f"{tag}: {len(plan.folds)} folds x {len(seeds)} seeds = {len(tasks)} fold jobs, "

@@ -139,6 +139,31 @@ def test_a_killed_training_stage_trains_only_the_unfinished_folds_and_gives_the_
         assert (resumed.path / name).read_bytes() == (reference.path / name).read_bytes(), name
 
 
+def test_fold_jobs_keep_their_threads_when_resumed_or_bound_by_memory(tiny_world, tmp_path, monkeypatch, caplog):
+    # A GNN fit's floats depend on its thread count: a resumed stage with one fold job left, or one the
+    # free memory lets run only one job at a time, must give each job the threads of a fresh stage.
+    monkeypatch.setattr(train, "available_cores", lambda: 2)
+    base = ["folds.k=3", "run.seeds=[0, 1]"]
+    config = load_config("smoke", base + ["run.n_jobs=2"])
+    prepared = prepare(config, tiny_world, tmp_path / "work", [TILE_XLA])[TILE_XLA.name]
+    assert train.stage_job_threads(2, 6) == 1 and train.stage_job_threads(2, 1) == 2
+
+    _train_killed_after(load_config("smoke", base), prepared, "gbdt", tmp_path / "work", 5, monkeypatch)
+    threads = []
+    real = train.fit_predict_fold
+    monkeypatch.setattr(train, "fit_predict_fold", lambda *a, **k: threads.append(a[7]) or real(*a, **k))
+    resumed = train.train_model(config, prepared, model="gbdt", work_dir=tmp_path / "work")
+    assert resumed.metrics["resumed_fold_jobs"] == 5
+    assert threads == [1]  # a fresh stage of 6 jobs on 2 workers: 1 thread each
+
+    threads.clear()
+    monkeypatch.setattr(train, "available_memory", lambda: 1)  # room for one job at a time
+    caplog.set_level(logging.INFO, logger="pipelines")
+    bound = train.train_model(config, prepared, model="gbdt", work_dir=tmp_path / "bound")
+    assert any("1 job(s) x 1 thread(s)" in line for line in caplog.messages)
+    assert threads == [1] * 6 and bound.metrics["threads_per_job"] == 1
+
+
 def test_a_killed_run_restarts_and_submits_the_same_csv(tiny_world, tmp_path, monkeypatch):
     config = load_config("smoke", ["folds.k=3"])
     real = train.fit_predict_fold
