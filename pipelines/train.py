@@ -443,15 +443,15 @@ def _run_folds(adapter: ModelAdapter, prepared: Any, collection: Collection, set
                 finished[(fold, seed)] = saved
     todo = [task for task in tasks if task not in finished]
     per_job = _job_memory(adapter, prepared, plan, settings)
-    if pool is not None:  # the pool admits jobs by their memory estimate
-        jobs = pool.workers
-        threads = stage_job_threads(pool.workers, len(tasks))
-    else:
+    workers = n_jobs if pool is None else pool.workers
+    # the model's own setting (num_threads > 0), else the stage's share of the cores
+    threads = int(settings.get("num_threads") or 0) or stage_job_threads(workers, len(tasks))
+    jobs = workers  # a shared pool admits jobs by their memory estimate
+    if pool is None:
         jobs = max(1, min(n_jobs, len(todo)))
         budget = available_memory()
         if per_job and budget and jobs > 1:
             jobs = max(1, min(jobs, int(budget * MEMORY_SHARE // per_job)))
-        threads = stage_job_threads(n_jobs, len(tasks))
     tag = f"[{collection.name}] {adapter.name}"
     shared = " (workers shared with the run's other training stages)" if pool is not None else ""
     logger.info(f"{tag}: {len(plan.folds)} folds x {len(seeds)} seeds = {len(tasks)} fold jobs, "

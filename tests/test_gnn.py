@@ -495,6 +495,16 @@ def test_resume_from_checkpoint_matches_uninterrupted_run(tmp_path, caplog):
         gnn(**{**hp, "lr": 0.01}).fit(graphs[:4], graphs[4:], seed=0, checkpoint_dir=tmp_path)
 
 
+def test_num_threads_zero_takes_the_stage_share_and_a_set_count_wins():
+    assert GNNRanker({"num_threads": 0}, collection="tile:xla", num_threads=2).config.num_threads == 2
+    assert GNNRanker({"num_threads": 3}, collection="tile:xla", num_threads=2).config.num_threads == 3
+    assert GNNRanker(collection="tile:xla").config.num_threads == 0  # standalone: torch's own setting
+    before = torch.get_num_threads()
+    graphs = easy_world(4, "tile", 6)
+    gnn("tile", epochs=1, num_threads=0).fit(graphs, seed=0)
+    assert torch.get_num_threads() == before
+
+
 def test_save_load_round_trip(tmp_path):
     graphs = easy_world(4, "tile", 6)
     ranker = gnn("tile", epochs=1, graphs_per_step=3).fit(graphs, seed=0)

@@ -143,7 +143,7 @@ def test_fold_jobs_keep_their_threads_when_resumed_or_bound_by_memory(tiny_world
     # A GNN fit's floats depend on its thread count: a resumed stage with one fold job left, or one the
     # free memory lets run only one job at a time, must give each job the threads of a fresh stage.
     monkeypatch.setattr(train, "available_cores", lambda: 2)
-    base = ["folds.k=3", "run.seeds=[0, 1]"]
+    base = ["folds.k=3", "run.seeds=[0, 1]", "gbdt.num_threads=0"]  # smoke fixes 1 thread
     config = load_config("smoke", base + ["run.n_jobs=2"])
     prepared = prepare(config, tiny_world, tmp_path / "work", [TILE_XLA])[TILE_XLA.name]
     assert train.stage_job_threads(2, 6) == 1 and train.stage_job_threads(2, 1) == 2
@@ -162,6 +162,11 @@ def test_fold_jobs_keep_their_threads_when_resumed_or_bound_by_memory(tiny_world
     bound = train.train_model(config, prepared, model="gbdt", work_dir=tmp_path / "bound")
     assert any("1 job(s) x 1 thread(s)" in line for line in caplog.messages)
     assert threads == [1] * 6 and bound.metrics["threads_per_job"] == 1
+
+    threads.clear()  # a model's own thread count (num_threads > 0) wins over the stage's share
+    fixed = load_config("smoke", base[:2] + ["run.n_jobs=2", "gbdt.num_threads=3"])
+    assert train.train_model(fixed, prepared, model="gbdt", work_dir=tmp_path / "fixed").metrics["threads_per_job"] == 3
+    assert threads == [3] * 6
 
 
 def test_a_killed_run_restarts_and_submits_the_same_csv(tiny_world, tmp_path, monkeypatch):

@@ -260,7 +260,7 @@ def test_training_stages_sharing_workers_give_the_results_of_stages_run_alone(ti
     from pipelines.prepare import prepare
     from pipelines.run import train_models
 
-    config = fast_config("run.n_jobs=2")
+    config = fast_config("run.n_jobs=2", "gbdt.num_threads=0", "gnn.num_threads=0")  # smoke fixes 1 thread
     prepared = prepare(config, tiny_world, tmp_path / "work", [parse_collection("layout:xla:default")])  # fast fits
     models = ["gbdt", "gnn"]  # two stages, the GNN's result sensitive to its thread count
     with logged_messages() as lines:

@@ -80,7 +80,7 @@ class GNNConfig:
     pretrain_lr: float = bounded(1e-3, 1e-12)
     pretrain_mask_rate: float = bounded(0.15, 1e-6, below=1.0)  # share of nodes whose opcode is masked and predicted
     # --- runtime
-    num_threads: int = bounded(2, 1)
+    num_threads: int = bounded(0, 0)  # 0: the training stage's share of the cores (standalone: torch's default)
     device: str = "cpu"  # "cpu", "cuda" ("cuda:N"), or "auto": CUDA when torch sees a GPU, else CPU
     precision: str = choice("fp32", PRECISIONS)  # "fp32", or "bf16": autocast mixed precision of the forward pass (GPU)
     deterministic: bool = False  # torch.use_deterministic_algorithms during the fit (GPU: bitwise repeatable)

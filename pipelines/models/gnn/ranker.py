@@ -28,7 +28,11 @@ MODEL_FORMAT = 2  # 2: saved by name into a folder, config resolved for its coll
 
 @contextlib.contextmanager
 def _torch_threads(count: int) -> Iterator[None]:
-    """Use ``count`` intra-op threads inside the block, restoring the caller's setting afterwards."""
+    """Use ``count`` intra-op threads inside the block (0: leave torch's setting), restoring the caller's
+    setting afterwards."""
+    if count <= 0:
+        yield
+        return
     before = torch.get_num_threads()
     torch.set_num_threads(count)
     try:
@@ -50,7 +54,7 @@ class GNNRanker:
     (one cost per config, graphs concatenated in order), ``save``/``load``.
 
     ``config`` is the section resolved for ``collection`` (its per-collection overrides applied);
-    ``num_threads``, when given, replaces ``gnn.num_threads`` (the training stage's share of the cores).
+    ``gnn.num_threads = 0`` takes ``num_threads`` (the training stage's share of the cores), as the GBDT does.
     Learned state: ``model_`` (the torch module), ``kind_``, ``node_feat_dim_``, ``history_`` (one
     dict per epoch), ``best_score_`` (validation score of the kept weights; NaN without validation)
     and ``device_`` (where it was trained: ``gnn.device`` resolved, e.g. "cpu" or "cuda:0").
@@ -64,7 +68,7 @@ class GNNRanker:
         self.collection = parse_collection(collection) if isinstance(collection, str) else collection
         # checked like a loaded config (also when built by hand or from settings), then resolved
         plain = dict(config) if isinstance(config, Mapping) else config_to_dict(config or GNNConfig())
-        if num_threads is not None:
+        if num_threads is not None and not plain.get("num_threads"):
             plain["num_threads"] = int(num_threads)
         self.config = resolve_for_collection(config_from_dict(GNNConfig, plain, "GNN config"), self.collection)
 
@@ -185,6 +189,8 @@ class GNNRanker:
         # a model saved before gnn.config_pairs existed was trained without it (the default is now on);
         # one saved before gnn.readout existed had the pooled readout
         config = {"config_pairs": False, "readout": "pooled", **saved["config"]}
+        if num_threads is not None:  # this process's choice, over the thread count the model was fitted with
+            config["num_threads"] = 0
         ranker = cls(config, collection=saved["collection"], num_threads=num_threads)
         ranker.kind_, ranker.node_feat_dim_ = saved["kind"], saved["node_feat_dim"]
         ranker.history_, ranker.best_score_ = saved["history"], saved["best_score"]
