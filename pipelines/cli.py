@@ -470,7 +470,9 @@ def _add_predict(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--split", choices=("test", "valid"), default="test",
                    help="rank this split (valid: for `score`, only for runs whose fold models held it out, "
                         "folds.holdout_valid = true)")
-    p.add_argument("--threads", type=int, default=1, help="threads per model when predicting")
+    p.add_argument("--threads", type=int, default=0,
+                   help="threads per model when predicting (default 0: those the run's fold jobs used, which "
+                        "reproduces its scores to the last bit)")
     p.set_defaults(handler=_run_predict)
 
 
@@ -478,7 +480,7 @@ def _run_predict(args: argparse.Namespace) -> int:
     from pipelines.predict import predict_run
 
     result = predict_run(args.run, args.data_root, submissions_dir=args.submissions_dir, work_dir=args.work_dir,
-                         split=args.split, num_threads=max(1, args.threads))
+                         split=args.split, num_threads=max(0, args.threads))
     print(result.submission)
     return 0
 

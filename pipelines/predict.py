@@ -49,15 +49,19 @@ def _source_config(manifest: dict[str, Any], model_name: str) -> dict[str, Any]:
     return manifest["config"]
 
 
-def fold_models(output: StageOutput, *, num_threads: int = 1) -> list[tuple[int, int, Any, Any]]:
+def fold_models(output: StageOutput, *, num_threads: int = 0) -> list[tuple[int, int, Any, Any]]:
     """``(fold, seed, adapter, ranker)`` of every fold model saved in a training stage output, in the
-    order the stage wrote its predictions (seed, then fold). Each file is checked against its hash."""
+    order the stage wrote its predictions (seed, then fold). Each file is checked against its hash.
+
+    ``num_threads`` 0: the threads the stage's fold jobs predicted with (its ``threads_per_job``); a
+    GNN's last bits depend on the thread count, so that is what reproduces the stage's predictions."""
     from pipelines.models.registry import get_adapter
     from pipelines.train import model_file_name
 
     config = output.manifest.get("config") or {}
     adapter = get_adapter(config.get("model", ""))
     entries = output.metrics.get("models") or []
+    num_threads = num_threads or int(output.metrics.get("threads_per_job") or 1)
     if not entries or any("files" not in e for e in entries):
         raise PipelineError(f"{output.path}: this training output has no saved fold models (it was written before "
                             "models were kept); re-run the run to train and save them")
@@ -75,7 +79,7 @@ def fold_models(output: StageOutput, *, num_threads: int = 1) -> list[tuple[int,
     return out
 
 
-def predict_test(output: StageOutput, prepared: Any, *, num_threads: int = 1) -> pl.DataFrame:
+def predict_test(output: StageOutput, prepared: Any, *, num_threads: int = 0) -> pl.DataFrame:
     """The ``test`` prediction rows of every saved fold model of ``output`` on ``prepared``'s test graphs,
     in the schema and row order of the training stage's own ``predictions.parquet``."""
     from pipelines.predictions import PREDICTION_SCHEMA, prediction_frame
@@ -132,7 +136,7 @@ def _check_split(source: dict[str, Any], run_id: str, split: str) -> None:
 
 
 def predict_run(run_id: str, data_root: Path | str, *, submissions_dir: Path | str = SUBMISSIONS_DIR,
-                work_dir: Path | str | None = None, split: str = "test", num_threads: int = 1,
+                work_dir: Path | str | None = None, split: str = "test", num_threads: int = 0,
                 command: str | None = None) -> RunResult:
     """Rank every ``split`` graph of ``data_root`` with run ``run_id``'s saved models and blend weights, and
     publish a validated submission in a new run folder (see the module docstring). ``split="valid"``

@@ -169,6 +169,26 @@ def test_fold_jobs_keep_their_threads_when_resumed_or_bound_by_memory(tiny_world
     assert threads == [3] * 6
 
 
+def test_predict_loads_fold_models_with_the_threads_their_stage_used(tiny_world, tmp_path, monkeypatch):
+    from pipelines.models.gnn import GNNRanker
+    from pipelines.predict import predict_test
+
+    config = load_config("smoke", TINY_GNN + ["gnn.num_threads=2"])
+    prepared = prepare(config, tiny_world, tmp_path / "work", [TILE_XLA])[TILE_XLA.name]
+    output = train.train_model(config, prepared, model="gnn", work_dir=tmp_path / "work")
+    assert output.metrics["threads_per_job"] == 2
+    loaded_with = []
+    real_load = GNNRanker.load.__func__
+    monkeypatch.setattr(GNNRanker, "load", classmethod(
+        lambda cls, *a, **k: loaded_with.append(k.get("num_threads")) or real_load(cls, *a, **k)))
+    again = predict_test(output, prepared)  # a GNN's last bits depend on its thread count
+    assert loaded_with == [2, 2]  # one per fold model, as the stage predicted
+    stage = pl.read_parquet(output.path / train.PREDICTIONS_FILE).filter(pl.col("split") == "test")
+    assert np.array_equal(again["score"].to_numpy(), stage["score"].to_numpy())
+    predict_test(output, prepared, num_threads=1)  # an explicit count wins
+    assert loaded_with[2:] == [1, 1]
+
+
 def test_a_killed_run_restarts_and_submits_the_same_csv(tiny_world, tmp_path, monkeypatch):
     config = load_config("smoke", ["folds.k=3"])
     real = train.fit_predict_fold
