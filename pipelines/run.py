@@ -219,7 +219,9 @@ def train_models(config: PipelineConfig, prepared: Mapping[str, Any], models: Se
     model jobs of all collections at once. Locally, with ``run.n_jobs`` > 1, the stages share one
     pool of that many workers (:class:`pipelines.parallel.JobPool`): the next stage starts as soon
     as the current one has handed out its last job and a worker is free, so the workers that a
-    stage's last jobs leave idle take the next stage's first ones. Each job gets the threads it gets
+    stage's last jobs leave idle take the next stage's first ones; the stages of models with long
+    fold jobs (adapters with ``long_jobs``, the GNN) go first, so that at the end the short jobs of
+    the others fill the workers that the last long jobs leave idle. Each job gets the threads it gets
     in its stage run alone (``train.stage_job_threads``: ``cores // run.n_jobs`` unless the stage has
     fewer fold jobs), and so gives the same results.
     """
@@ -242,7 +244,11 @@ def train_models(config: PipelineConfig, prepared: Mapping[str, Any], models: Se
         with ThreadPoolExecutor(max_workers=len(tasks), thread_name_prefix="train") as threads:
             outputs = list(threads.map(one, tasks))
     elif backend == "loky" and config.run.n_jobs > 1 and len(tasks) > 1:
-        outputs = _train_sharing_workers(one, tasks, config.run.n_jobs)
+        from pipelines.models.registry import get_adapter
+
+        order = sorted(range(len(tasks)), key=lambda i: not getattr(get_adapter(tasks[i][1]), "long_jobs", False))
+        scheduled = _train_sharing_workers(one, [tasks[i] for i in order], config.run.n_jobs)
+        outputs = [output for _, output in sorted(zip(order, scheduled), key=lambda pair: pair[0])]
     else:
         outputs = [one(task) for task in tasks]
     trained: dict[str, dict[str, StageOutput]] = {cname: {} for cname in prepared}

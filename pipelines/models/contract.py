@@ -24,6 +24,8 @@ Learned state lives in attributes ending in ``_``. The **adapter** tells the tra
     job_memory(prepared, graphs, settings) -> bytes   # optional: peak of fitting on graphs, which
                                                       # caps the parallel jobs to fit in memory
     checkpoints = True                      # optional: fit(..., checkpoint_dir=) resumes epochs
+    long_jobs = True                        # optional: fold jobs much longer than other models'; a run
+                                            # trains these stages first, the short jobs fill in at the end
 
 A model whose settings name ``extra_train_collections`` (the GNN's) also fits on those collections'
 labelled graphs: the training stage appends ``load(companion, its train + valid graphs, fit=True)``

@@ -35,6 +35,7 @@ class GNNAdapter:
     name = "gnn"
     ranker_class = GNNRanker
     checkpoints = True  # the training stage passes a checkpoint_dir, so a killed fit resumes at its last epoch
+    long_jobs = True  # fold jobs of many epochs: a run starts these stages first (run.train_models)
 
     def settings(self, config: Any, collection: Collection) -> dict[str, Any]:
         from pipelines.config import config_to_dict, resolve_for_collection
