@@ -11,7 +11,8 @@ __version__ = "0.1.0"
 # training step ran 4x slower and scoring 30x, a LightGBM fit 50x, beside a medium run
 # (benchmarks/results/2026-11-25-vm-openmp-wait.md). Waiting passively costs 0-20% of a 2-thread
 # process on an idle machine and nothing to a one-thread process (a fold job on 2 cores). A user's
-# OMP_WAIT_POLICY or GOMP_SPINCOUNT is kept. libgomp reads it once, when loaded: this runs before torch or lightgbm is
-# imported by the package (a process that imported them earlier keeps their setting).
+# OMP_WAIT_POLICY or GOMP_SPINCOUNT is kept. libgomp reads it once, when loaded: this runs before
+# torch or lightgbm is imported by the package (a process that imported them earlier keeps their
+# setting).
 if "OMP_WAIT_POLICY" not in _os.environ and "GOMP_SPINCOUNT" not in _os.environ:
     _os.environ["OMP_WAIT_POLICY"] = "PASSIVE"

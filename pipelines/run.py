@@ -246,9 +246,9 @@ def train_models(config: PipelineConfig, prepared: Mapping[str, Any], models: Se
     elif backend == "loky" and config.run.n_jobs > 1 and len(tasks) > 1:
         from pipelines.models.registry import get_adapter
 
-        order = sorted(range(len(tasks)), key=lambda i: not getattr(get_adapter(tasks[i][1]), "long_jobs", False))
-        scheduled = _train_sharing_workers(one, [tasks[i] for i in order], config.run.n_jobs)
-        outputs = [output for _, output in sorted(zip(order, scheduled), key=lambda pair: pair[0])]
+        scheduled = sorted(tasks, key=lambda task: not getattr(get_adapter(task[1]), "long_jobs", False))
+        by_task = dict(zip(scheduled, _train_sharing_workers(one, scheduled, config.run.n_jobs)))
+        outputs = [by_task[task] for task in tasks]
     else:
         outputs = [one(task) for task in tasks]
     trained: dict[str, dict[str, StageOutput]] = {cname: {} for cname in prepared}

@@ -446,8 +446,9 @@ def _run_folds(adapter: ModelAdapter, prepared: Any, collection: Collection, set
     workers = n_jobs if pool is None else pool.workers
     # the model's own setting (num_threads > 0), else the stage's share of the cores
     threads = int(settings.get("num_threads") or 0) or stage_job_threads(workers, len(tasks))
-    jobs = workers  # a shared pool admits jobs by their memory estimate
-    if pool is None:
+    if pool is not None:  # the pool admits jobs by their memory estimate
+        jobs = pool.workers
+    else:
         jobs = max(1, min(n_jobs, len(todo)))
         budget = available_memory()
         if per_job and budget and jobs > 1:

@@ -190,8 +190,8 @@ class GNNRanker:
         # one saved before gnn.readout existed had the pooled readout
         config = {"config_pairs": False, "readout": "pooled", **saved["config"]}
         if num_threads is not None:  # this process's choice, over the thread count the model was fitted with
-            config["num_threads"] = 0
-        ranker = cls(config, collection=saved["collection"], num_threads=num_threads)
+            config["num_threads"] = int(num_threads)
+        ranker = cls(config, collection=saved["collection"])
         ranker.kind_, ranker.node_feat_dim_ = saved["kind"], saved["node_feat_dim"]
         ranker.history_, ranker.best_score_ = saved["history"], saved["best_score"]
         ranker.device_ = "cpu"  # loaded weights start on the CPU; predict moves them to the config's device
