@@ -203,9 +203,14 @@ def _stack_models(frames: Mapping[str, pl.DataFrame], truths: Mapping[tuple[str,
     return stacks
 
 
+def _graph_values(stacks: Sequence[_GraphStack], weights: np.ndarray, metric: GraphMetric) -> np.ndarray:
+    """The metric of the blend on each graph (NaN where undefined)."""
+    return np.array([metric(weights @ s.scores, s.truth) for s in stacks], dtype=np.float64)
+
+
 def _objective(stacks: Sequence[_GraphStack], weights: np.ndarray, metric: GraphMetric) -> float:
     """Mean per-graph metric of the blend; graphs where the metric is undefined (NaN) are left out."""
-    values = np.array([metric(weights @ s.scores, s.truth) for s in stacks], dtype=np.float64)
+    values = _graph_values(stacks, weights, metric)
     defined = values[~np.isnan(values)]
     return float(defined.mean()) if defined.size else math.nan
 
@@ -298,6 +303,16 @@ def fit_blend_weights(
         single_scores={m: tried[v] for m, v in zip(models, vertices)},
         curve=curve,
     )
+
+
+def blend_graph_scores(oof_frames_by_model: Mapping[str, pl.DataFrame], truths: Mapping[tuple[str, str], np.ndarray],
+                       collection: str, weights: Mapping[str, float],
+                       metric: GraphMetric | None = None) -> np.ndarray:
+    """The OOF metric of the blend with ``weights`` on each graph (NaN where undefined), in graph order:
+    the per-graph values whose mean :func:`fit_blend_weights` maximises (inputs as there)."""
+    stacks = _stack_models(oof_frames_by_model, truths, collection)
+    vector = np.array([weights[m] for m in oof_frames_by_model], dtype=np.float64)
+    return _graph_values(stacks, vector, metric or competition_metric(collection))
 
 
 # ----------------------------------------------------------------------------- blending

@@ -4,8 +4,8 @@ import pytest
 
 from pipelines.ensemble import (
     common_oof,
-    AVERAGED, average_over_seeds_and_folds, blend, ensemble_collection, fit_blend_weights, normalise_scores,
-    prepare_model_scores,
+    AVERAGED, average_over_seeds_and_folds, blend, blend_graph_scores, ensemble_collection, fit_blend_weights,
+    normalise_scores, prepare_model_scores,
 )
 from pipelines.collections import parse_collection
 from pipelines.errors import ConfigError, FormatError
@@ -165,6 +165,19 @@ def test_blend_never_below_best_single_model(collection, seed):
     assert fit.score >= max(fit.single_scores.values())
     for model, frame in frames.items():
         assert fit.single_scores[model] == pytest.approx(oof_score(frame, truths))
+
+
+@pytest.mark.parametrize("collection", [LAYOUT, TILE])
+def test_blend_graph_scores_are_the_per_graph_values_the_fit_averages(collection):
+    truths = make_world(collection, graphs=9, configs=20, seed=4)
+    frames = {m: prepare_model_scores(oof_frame(truths, m, noise=noise, seed=i))
+              for i, (m, noise) in enumerate((("A", 0.7), ("B", 1.3)))}
+    fit = fit_blend_weights(frames, truths, collection)
+    values = blend_graph_scores(frames, truths, collection, fit.weights)
+    assert values.shape == (9,) and values.mean() == pytest.approx(fit.score)
+    alone = blend_graph_scores(frames, truths, collection, {"A": 0.0, "B": 1.0})
+    per_graph = score_predictions(frames["B"], truths).per_graph.sort("graph")["score"].to_numpy()
+    np.testing.assert_allclose(alone, per_graph)  # in graph order, as the metric module scores each graph
 
 
 def test_coordinate_ascent_for_many_models():

@@ -1,0 +1,151 @@
+"""Blend rules on held-out test: the landed OOF fit against the alternatives, per world and collection.
+
+Usage: python -m benchmarks.blend_rules ROOT [ROOT ...] [--out FILE]
+
+ROOT is an ``evaluation_worlds --root`` folder: one world with hidden labels (``synth.json`` and
+``labels/`` in a sub-folder) and the stage cache ``work/`` of its run. Every ensemble stage found
+there is recomputed from its training stages' predictions (the weights must equal the stage's:
+checked), then each rule's weights are applied to the test predictions and scored on the hidden
+labels, as ``evaluate`` scores a submission.
+
+Rules (``w`` = weights, ``best`` = the model with the best OOF score alone):
+* ``oof-fit``: the landed rule, the grid weights that maximise the OOF metric (``pipelines.ensemble``);
+* ``best``: the best single model alone;
+* ``sig2``: ``oof-fit`` only if the blend's OOF gain over ``best`` exceeds 2 standard errors of the
+  per-graph gain (paired over the OOF graphs), else ``best``: a gain the OOF cannot tell from noise
+  is not taken;
+* ``half-shrink``: halfway between ``oof-fit`` and ``best``.
+
+Issue 17 asks that the ensemble never fall below the best single model by more than the seed spread;
+these are the candidate rules for that clause (``benchmarks/results/2026-11-23-ensemble-weights-small-variants.md``
+compared them on three ``small`` worlds).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import polars as pl
+
+from benchmarks.common import markdown_table
+from pipelines.atomic import write_text_atomic
+
+RULES = ("oof-fit", "best", "sig2", "half-shrink")
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One (world, collection): the rules' weights, the OOF evidence and each entry's test score."""
+
+    world: str
+    collection: str
+    weights: dict[str, dict[str, float]]  # rule -> model -> weight
+    oof_gain: float  # mean per-graph OOF gain of oof-fit over the best single model
+    oof_gain_sem: float  # its standard error (paired over graphs)
+    test: dict[str, float]  # each model alone, each rule, "ceiling"
+
+
+def rule_weights(fitted: dict[str, float], best: str, gain: float, sem: float) -> dict[str, dict[str, float]]:
+    """Each rule's weights from the OOF-fitted ones, the best single model and the OOF gain (pure)."""
+    alone = {m: float(m == best) for m in fitted}
+    significant = gain > 2 * sem
+    return {"oof-fit": dict(fitted), "best": alone, "sig2": dict(fitted) if significant else alone,
+            "half-shrink": {m: (fitted[m] + alone[m]) / 2 for m in fitted}}
+
+
+def paired_gain(blend: np.ndarray, single: np.ndarray) -> tuple[float, float]:
+    """Mean and standard error of the per-graph gain ``blend - single`` over graphs where both are defined."""
+    diff = blend - single
+    diff = diff[~np.isnan(diff)]
+    if diff.size < 2:
+        return (float(diff.mean()) if diff.size else math.nan), math.nan
+    return float(diff.mean()), float(diff.std(ddof=1) / math.sqrt(diff.size))
+
+
+def world_of(root: Path) -> Path:
+    worlds = sorted(p.parent for p in root.glob("*/synth.json") if (p.parent / "labels").is_dir())
+    if len(worlds) != 1:
+        raise SystemExit(f"{root}: expected one world with hidden labels (*/synth.json + labels/), found {len(worlds)}")
+    return worlds[0]
+
+
+def cells_of(root: Path) -> list[Cell]:
+    from pipelines.collections import parse_collection
+    from pipelines.engine import load_stage
+    from pipelines.ensemble import (blend, blend_graph_scores, common_oof, fit_blend_weights, prepare_model_scores)
+    from pipelines.evaluate import CEILING, _collection_mean, evaluate_rows
+    from pipelines.prepare import Prepared
+    from pipelines.run import submission_rows
+    from pipelines.train import load_predictions
+
+    world, work = world_of(root), root / "work"
+    cells = []
+    for path in sorted((work / "ensemble").glob("*/manifest.json")):
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+        if "metrics" not in manifest:
+            continue  # an unfinished stage
+        config, inputs = manifest["config"], manifest["inputs"]
+        name, method, grid = config["collection"], config["method"], config["grid"]
+        collection = parse_collection(name)
+        models = list(config["models"])
+        table = pl.concat([load_predictions(load_stage(work, stage, inputs[f"model:{m}"])).with_columns(pl.lit(m).alias("model"))
+                           for m, stage in config["models"].items()])
+        oof = prepare_model_scores(common_oof(table.filter(pl.col("split") == "oof"), models), method)
+        test = prepare_model_scores(table.filter(pl.col("split") == "test"), method)
+        source = Prepared(collection, {"prune": load_stage(work, "prune", inputs["prune"])})
+        truths = {(name, g): source.runtimes(g) for g in sorted(oof["graph"].unique().to_list())}
+        frames = {m: oof.filter(pl.col("model") == m) for m in models}
+        fit = fit_blend_weights(frames, truths, name, grid=grid)
+        if fit.weights != manifest["metrics"]["weights"]:
+            raise SystemExit(f"{path}: recomputed weights {fit.weights} differ from the stage's "
+                             f"{manifest['metrics']['weights']} (other code?)")
+        best = max(models, key=lambda m: fit.single_scores[m])
+        gain, sem = paired_gain(blend_graph_scores(frames, truths, name, fit.weights),
+                                blend_graph_scores(frames, truths, name, {m: float(m == best) for m in models}))
+        weights = rule_weights(fit.weights, best, gain, sem)
+        rows = {m: submission_rows(test.filter(pl.col("model") == m)) for m in models}
+        rows.update({rule: submission_rows(blend(test, w)) for rule, w in weights.items()})
+        evaluation = evaluate_rows(world, rows, collections=[collection])
+        scores = {e: _collection_mean(evaluation.reports[e], name) for e in [*rows, CEILING]}
+        cells.append(Cell(world.name, name, weights, gain, sem, scores))
+    return cells
+
+
+def report(cells: Sequence[Cell]) -> list[str]:
+    models = sorted({m for c in cells for m in c.weights["oof-fit"]})
+    header = ["world", "collection", *[f"w({m}) oof-fit" for m in models], "OOF gain (sem)", *models, *RULES,
+              "ceiling"]
+    rows = [[c.world, c.collection, *[f"{c.weights['oof-fit'][m]:.2f}" for m in models],
+             f"{c.oof_gain:+.4f} ({c.oof_gain_sem:.4f})", *[f"{c.test[e]:.4f}" for e in (*models, *RULES, "ceiling")]]
+            for c in cells]
+    ratio = {e: np.mean([c.test[e] / c.test["ceiling"] for c in cells]) for e in (*models, *RULES)}
+    return [*markdown_table(header, rows), "",
+            "mean test/ceiling over the cells: " + ", ".join(f"{e} {v:.4f}" for e, v in ratio.items()),
+            "rule - oof-fit per cell: " + "; ".join(
+                f"{c.collection} " + " ".join(f"{r} {c.test[r] - c.test['oof-fit']:+.4f}" for r in RULES[1:])
+                for c in cells)]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("roots", nargs="+", type=Path)
+    parser.add_argument("--out", type=Path, default=None, help="also write the table to this file")
+    args = parser.parse_args(argv)
+    cells = [cell for root in args.roots for cell in cells_of(root)]
+    if not cells:
+        raise SystemExit("no finished ensemble stage under " + ", ".join(str(r / "work" / "ensemble") for r in args.roots))
+    text = "\n".join(report(cells)) + "\n"
+    print(text, end="")
+    if args.out:
+        write_text_atomic(args.out, text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
