@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 from benchmarks.common import WORLDS, markdown_table, measure
 
@@ -149,7 +149,10 @@ def measured_code(path: Path, collection: str, mode: str, *, copies: int = 1, st
 
 def measure_throughput(work: Path, *, copies: Sequence[int] = (1, 2), steps: int = 5, eval_configs: int = 1000,
                        devices: Sequence[str] = ("cpu",), precisions: Sequence[str] = ("fp32",), nice: int = 0,
-                       overrides: Sequence[str] = (), threads: int = 2, log=print) -> list[list]:
+                       overrides: Sequence[str] = (), threads: int = 2, log=print,
+                       on_row: Callable[[list[list]], None] | None = None) -> list[list]:
+    """One row per (device, precision, copies, mode), each from a fresh process; ``on_row`` gets the
+    rows so far after each (a caller that writes them keeps what a stopped run measured)."""
     path, collection = largest_layout_graph(work)
     log(f"GNN throughput on {path} ({collection})")
     rows = []
@@ -169,6 +172,8 @@ def measure_throughput(work: Path, *, copies: Sequence[int] = (1, 2), steps: int
                         + (f"H2D {r['h2d_kb']:.0f} KB/step + {r['graph_h2d_kb']:.0f} KB/graph, "
                            if "h2d_kb" in r else "") +
                         f"peak {r['peak_rss_mb']:.0f} MB RSS, {r['peak_device_mb']:.0f} MB device")
+                    if on_row is not None:
+                        on_row(list(rows))
     return rows
 
 

@@ -23,7 +23,9 @@ graph are measured too (``benchmarks/gnn_throughput.py``).
 
 Expected duration on 2 idle cores with the defaults: ~8 min to build the worlds the first time,
 then ~10 min of data stages and ~25-40 min of training (the GNN at the base config dominates).
-The table goes to benchmarks/results/<UTC date>-<host>.md, with the machine description, and is printed.
+The table goes to benchmarks/results/<UTC date>-<host>.md (``-2``, ``-3``... where that file exists), with
+the machine description, and is printed; the file is rewritten after each measurement, marked partial
+until the end, so a run stopped by a time limit keeps what it measured.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from typing import Sequence
 
 from benchmarks import data_stages, gnn_throughput, training
 from benchmarks.common import RESULTS, WORLDS, build_big_world, build_world, machine
+from pipelines.atomic import write_text_atomic
 from pipelines.machine import available_cores
 
 LAYOUT = ("layout:xla:default", "layout:xla:random", "layout:nlp:default", "layout:nlp:random")
@@ -96,9 +99,16 @@ def main(argv: Sequence[str] | None = None) -> Path:
         layout_root = build_world("all", args.limit, jobs=available_cores())
         roots.update({c: layout_root for c in collections if c in LAYOUT})
     work = WORLDS / "work"
+    path = unused_path(args.out, f"{datetime.now(timezone.utc):%Y-%m-%d}-{host.host}")
+    stage_rows, fit_rows, throughput_rows, startup = [], [], [], {}
+
+    def write(done: str | None) -> None:
+        """The table so far, rewritten after each measurement: a benchmark stopped by a time limit (a
+        lent GPU, a batch queue) keeps what it measured. ``done``: the last part measured, while partial."""
+        write_text_atomic(path, report(host, args, stage_rows, fit_rows, throughput_rows,
+                                       time.perf_counter() - started, startup, partial=done))
 
     print("data stages (each in a fresh process):")
-    stage_rows = []
     for collection in collections:
         stage_rows += data_stages.measure_collection(roots[collection], collection, work, nice=args.nice,
                                                      jobs=[int(j) for j in args.jobs.split(",")])
@@ -108,8 +118,8 @@ def main(argv: Sequence[str] | None = None) -> Path:
         big = build_big_world()
         stage_rows += data_stages.measure_collection(big, "layout:xla:default", work / "largest", nice=args.nice,
                                                      label=LARGEST_LABEL)
+    write("the data stages")
 
-    fit_rows = []
     if models:
         print("training, one fold and one seed, then prediction of every test graph:")
         for model in models:
@@ -119,28 +129,40 @@ def main(argv: Sequence[str] | None = None) -> Path:
                                                 gnn_epochs=args.gnn_epochs or None, device=device,
                                                 gnn_expected_epochs=args.gnn_expected_epochs)
                     fit_rows.append(row if device == "cpu" else replace(row, model=f"{model} ({device})"))
+                    write(f"{model} ({device}) on {collection}")
 
-    throughput_rows = []
     if "gnn" in models and any(c in LAYOUT for c in collections):
-        throughput_rows = gnn_throughput.measure_throughput(work, nice=args.nice, devices=args.device.split(","),
-                                                            precisions=args.precision.split(","))
+        def measured(rows: list[list]) -> None:
+            throughput_rows[:] = rows
+            write(f"GNN throughput row {len(rows)}")
 
-    text = report(host, args, stage_rows, fit_rows, throughput_rows, time.perf_counter() - started, startup)
-    args.out.mkdir(parents=True, exist_ok=True)
-    path = args.out / f"{datetime.now(timezone.utc):%Y-%m-%d}-{host.host}.md"
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
+        gnn_throughput.measure_throughput(work, nice=args.nice, devices=args.device.split(","),
+                                          precisions=args.precision.split(","), on_row=measured)
+    write(None)
     print()
-    print(text)
+    print(path.read_text(encoding="utf-8"))
     print(f"written to {path}")
     return path
 
 
+def unused_path(folder: Path, stem: str) -> Path:
+    """``folder/stem.md``, or ``stem-2.md``, ``stem-3.md``... if taken: a second run on the same day and
+    host must not replace a results file that may be committed."""
+    folder.mkdir(parents=True, exist_ok=True)
+    path, n = folder / f"{stem}.md", 1
+    while path.exists():
+        n += 1
+        path = folder / f"{stem}-{n}.md"
+    return path
+
+
 def report(host, args: argparse.Namespace, stage_rows: list, fit_rows: list, throughput_rows: list,
-           wall_s: float, startup: dict | None = None) -> str:
+           wall_s: float, startup: dict | None = None, partial: str | None = None) -> str:
     now = datetime.now(timezone.utc).isoformat(timespec="minutes")
-    lines = [f"# Benchmark {now}", "", "## Machine", "", *host.describe(),
+    lines = [f"# Benchmark {now}", "",
+             *([f"**Partial: measured up to {partial}; the run has not finished (or was stopped).**", ""]
+               if partial else []),
+             "## Machine", "", *host.describe(),
              f"- benchmark wall time {wall_s / 60:.1f} min; measured processes ran at nice {args.nice}", "",
              "## Data", "",
              f"Synthetic `full` scale: the first {args.limit} layout files per collection and split "
