@@ -21,7 +21,7 @@ from pipelines.models.gnn.batch import collate, distinct_blocks, gather_configs,
 from pipelines.models.gnn.losses import list_mle_loss, make_loss, pairwise_hinge_loss
 from pipelines.models.gnn.model import GNNModel
 import pipelines.models.gnn.trainer as trainer
-from pipelines.models.gnn.trainer import configs_per_chunk, pass_order
+from pipelines.models.gnn.trainer import configs_per_chunk, pass_order, scoring_passes
 from pipelines.models.gnn.pretrain import encoder_parameters, pretrain_encoder
 from pipelines.models.gnn_config import GNNConfig
 from pipelines.node_arrays import NODE_FEATURE_DIM, GraphArrays, transform_node_feat
@@ -347,6 +347,34 @@ def test_batched_configs_and_graphs_score_like_one_at_a_time():
         joint = model.score(model.encode(collate(prepared)), gather_configs(prepared, [np.arange(10)] * 3))
     for i, p in enumerate(prepared):
         np.testing.assert_allclose(joint[i].numpy(), together[i], rtol=1e-5, atol=1e-6)
+
+
+def test_scoring_passes_partition_the_configs():
+    rng = np.random.default_rng(4)
+    graph = prepare_graph(layout_graph(rng, n=12, nc=3), 1)
+    plain = GNNConfig(eval_chunk=4)
+    assert [p.tolist() for p in scoring_passes(plain, graph, 10)] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
+    attention = GNNConfig(cross_config_attention=True, configs_per_graph=8, eval_chunk=512)
+    passes = scoring_passes(attention, graph, 50)
+    assert len(passes) == 7 and all(7 <= p.shape[0] <= 8 for p in passes)  # 50 configs, groups of <= K = 8
+    assert sorted(np.concatenate(passes).tolist()) == list(range(50))
+    assert not np.array_equal(np.concatenate(passes), np.arange(50))  # mixed, as a training step samples
+    assert all(np.array_equal(a, b) for a, b in zip(passes, scoring_passes(attention, graph, 50)))  # fixed
+    assert scoring_passes(attention, graph, 0) == [] and scoring_passes(plain, graph, 0) == []
+
+
+def test_cross_config_attention_scores_do_not_depend_on_memory_settings():
+    """With attention a score depends on the configs scored in the same pass; the passes hold <= K configs
+    whatever eval_chunk / eval_chunk_mb say (they used to set the pass size: 2 configs on large graphs)."""
+    rng = np.random.default_rng(8)
+    graphs = [layout_graph(rng, n=15, nc=3, c=40, stem=f"g{i}") for i in range(2)]
+    ranker = gnn(epochs=1, cross_config_attention=True, configs_per_graph=8, eval_chunk=512).fit(graphs, seed=0)
+    roomy = ranker.predict(graphs)
+    ranker.config.eval_chunk = 3
+    np.testing.assert_array_equal(roomy, ranker.predict(graphs))
+    ranker.config.cross_config_attention = False  # the same weights without the attention layer's
+    ranker.model_.attention = None                 # context: scores differ, so the layer is in play
+    assert not np.allclose(roomy, ranker.predict(graphs))
 
 
 # ----------------------------------------------------------------------------- training behaviour

@@ -68,6 +68,25 @@ def configs_per_chunk(cfg: GNNConfig, graph: PreparedGraph) -> int:
     return int(min(cfg.eval_chunk, max(1, cfg.eval_chunk_mb * 2**20 // per_config)))
 
 
+def scoring_passes(cfg: GNNConfig, graph: PreparedGraph, count: int) -> list[np.ndarray]:
+    """Positions ``0..count-1`` of the configs to score, grouped into forward passes (a partition).
+
+    Without cross-config attention a config's score depends on that config alone: consecutive chunks
+    sized for memory (:func:`configs_per_chunk`). With it, a score depends on the configs scored in the
+    same pass, so each pass holds a fixed pseudo-random group of at most ``configs_per_graph`` configs,
+    as a training step samples them: a config is scored in the context it was trained in, and the
+    scores do not depend on memory settings (with memory-sized chunks, a config of an 11k-node graph
+    was scored beside one other config, on a small graph beside 500).
+    """
+    if not cfg.cross_config_attention:
+        chunk = configs_per_chunk(cfg, graph)
+        return [np.arange(start, min(start + chunk, count)) for start in range(0, count, chunk)]
+    if count == 0:
+        return []
+    order = np.random.default_rng(0).permutation(count)  # fixed: the same groups on every call
+    return np.array_split(order, -(-count // cfg.configs_per_graph))
+
+
 def model_device(model: nn.Module) -> torch.device:
     return next(model.parameters()).device
 
@@ -97,24 +116,29 @@ class DeviceBatches:
 @torch.no_grad()
 def score_graph(model: GNNModel, graph: PreparedGraph, cfg: GNNConfig, indices: np.ndarray | None = None,
                 batch: GraphBatch | None = None) -> np.ndarray:
-    """Costs of the configs ``indices`` (default: all) of one graph, encoded once, scored in chunks.
+    """Costs of the configs ``indices`` (default: all) of one graph, encoded once, scored in passes
+    (:func:`scoring_passes`).
 
     ``batch``: the graph already collated on the model's device (else it is collated and copied).
     The scores stay on the device until the last chunk, then come back in one copy.
     """
-    chunk = configs_per_chunk(cfg, graph)
     device = model_device(model)
     was_training = model.training
     model.eval()
+    idx = np.arange(graph.num_configs) if indices is None else indices
+    passes = scoring_passes(cfg, graph, idx.shape[0])
     try:
         with autocast(device, cfg.precision):
             ctx = model.encode(batch if batch is not None else collate([graph]).to(device))
-            idx = np.arange(graph.num_configs) if indices is None else indices
-            parts = [model.score(ctx, gather_configs([graph], [idx[s:s + chunk]]).to(device))[0].double()
-                     for s in range(0, idx.shape[0], chunk)]
+            parts = [model.score(ctx, gather_configs([graph], [idx[rows]]).to(device))[0].double()
+                     for rows in passes]
     finally:
         model.train(was_training)
-    return torch.cat(parts).cpu().numpy() if parts else np.zeros(0)
+    if not parts:
+        return np.zeros(0)
+    scores = np.empty(idx.shape[0])
+    scores[np.concatenate(passes)] = torch.cat(parts).cpu().numpy()  # back to the order of ``indices``
+    return scores
 
 
 def graph_metric(kind: str, scores: np.ndarray, runtime: np.ndarray) -> float:
