@@ -76,7 +76,7 @@ def scoring_passes(cfg: GNNConfig, graph: PreparedGraph, count: int) -> list[np.
     same pass, so each pass holds a fixed pseudo-random group of at most ``configs_per_graph`` configs,
     as a training step samples them: a config is scored in the context it was trained in, and the
     scores do not depend on memory settings (with memory-sized chunks, a config of an 11k-node graph
-    was scored beside one other config, on a small graph beside 500).
+    was scored beside one other config, on a small graph in passes of up to 512).
     """
     if not cfg.cross_config_attention:
         chunk = configs_per_chunk(cfg, graph)
@@ -120,7 +120,7 @@ def score_graph(model: GNNModel, graph: PreparedGraph, cfg: GNNConfig, indices: 
     (:func:`scoring_passes`).
 
     ``batch``: the graph already collated on the model's device (else it is collated and copied).
-    The scores stay on the device until the last chunk, then come back in one copy.
+    The scores stay on the device until the last pass, then come back in one copy.
     """
     device = model_device(model)
     was_training = model.training
