@@ -78,11 +78,9 @@ def world_of(root: Path) -> Path:
 def cells_of(root: Path) -> list[Cell]:
     from pipelines.collections import parse_collection
     from pipelines.engine import load_stage
-    from pipelines.ensemble import (blend, blend_graph_scores, common_oof, fit_blend_weights, prepare_model_scores)
+    from pipelines.ensemble import blend, blend_graph_scores, fit_blend_weights, load_blend_inputs, prepare_model_scores
     from pipelines.evaluate import CEILING, _collection_mean, evaluate_rows
-    from pipelines.prepare import Prepared
     from pipelines.run import submission_rows
-    from pipelines.train import load_predictions
 
     world, work = world_of(root), root / "work"
     cells = []
@@ -90,22 +88,20 @@ def cells_of(root: Path) -> list[Cell]:
         manifest = json.loads(path.read_text(encoding="utf-8"))
         if "metrics" not in manifest:
             continue  # an unfinished stage
-        config, inputs = manifest["config"], manifest["inputs"]
+        config, inputs, metrics = manifest["config"], manifest["inputs"], manifest["metrics"]
         name, method, grid = config["collection"], config["method"], config["grid"]
         collection = parse_collection(name)
         models = list(config["models"])
-        table = pl.concat([load_predictions(load_stage(work, stage, inputs[f"model:{m}"])).with_columns(pl.lit(m).alias("model"))
-                           for m, stage in config["models"].items()])
-        oof = prepare_model_scores(common_oof(table.filter(pl.col("split") == "oof"), models), method)
+        trained = {m: load_stage(work, stage, inputs[f"model:{m}"]) for m, stage in config["models"].items()}
+        table, oof, _, truths = load_blend_inputs(collection, load_stage(work, "prune", inputs["prune"]), trained)
+        oof = prepare_model_scores(oof, method)
         test = prepare_model_scores(table.filter(pl.col("split") == "test"), method)
-        source = Prepared(collection, {"prune": load_stage(work, "prune", inputs["prune"])})
-        truths = {(name, g): source.runtimes(g) for g in sorted(oof["graph"].unique().to_list())}
         frames = {m: oof.filter(pl.col("model") == m) for m in models}
         fit = fit_blend_weights(frames, truths, name, grid=grid)
-        if fit.weights != manifest["metrics"]["weights"]:
+        if fit.weights != metrics["weights"]:
             raise SystemExit(f"{path}: recomputed weights {fit.weights} differ from the stage's "
-                             f"{manifest['metrics']['weights']} (other code?)")
-        best = max(models, key=lambda m: fit.single_scores[m])
+                             f"{metrics['weights']} (other code?)")
+        best = metrics["best_single_model"]
         gain, sem = paired_gain(blend_graph_scores(frames, truths, name, fit.weights),
                                 blend_graph_scores(frames, truths, name, {m: float(m == best) for m in models}))
         weights = rule_weights(fit.weights, best, gain, sem)

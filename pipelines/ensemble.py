@@ -410,6 +410,34 @@ def common_oof(frame: pl.DataFrame, models: Sequence[str]) -> pl.DataFrame:
 # ----------------------------------------------------------------------------- the stage (I/O shell) and its reader
 
 
+class BlendInputs(NamedTuple):
+    table: pl.DataFrame  # every model's OOF and test rows, ``model`` = the model's name
+    oof: pl.DataFrame  # the OOF rows of the configs every model predicted (:func:`common_oof`)
+    oof_dropped: int  # OOF rows left out: a config some model did not predict
+    truths: dict[tuple[str, str], np.ndarray]  # true runtimes of the OOF graphs
+
+
+def load_blend_inputs(collection: Collection, prune: StageOutput, trained: Mapping[str, StageOutput]) -> BlendInputs:
+    """What a blend of ``trained`` (model name -> training output) reads: their predictions (each of
+    ``collection`` only), the OOF rows common to all of them, and the OOF graphs' true runtimes."""
+    from pipelines.prepare import Prepared
+    from pipelines.train import load_predictions
+
+    frames = []
+    for name, output in trained.items():
+        frame = load_predictions(output).with_columns(pl.lit(name).alias("model"))
+        others = sorted(set(frame["collection"].unique().to_list()) - {collection.name})
+        if others:
+            raise PipelineError(f"{output.path}: predictions of {', '.join(others)}, expected {collection.name} only")
+        frames.append(frame)
+    table = pl.concat(frames)
+    oof_all = table.filter(pl.col("split") == "oof")
+    oof = common_oof(oof_all, list(trained))
+    source = Prepared(collection, {"prune": prune})  # only true runtimes are read
+    truths = {(collection.name, g): source.runtimes(g) for g in sorted(oof["graph"].unique().to_list())}
+    return BlendInputs(table, oof, oof_all.height - oof.height, truths)
+
+
 def ensemble_stage(collection: Collection, prune: StageOutput, trained: Mapping[str, StageOutput], *,
                    method: str, grid: float | None = None, work_dir: Path, force: bool = False) -> StageOutput:
     """Run (or reuse) the blend of ``trained`` (model name -> training output) for one collection."""
@@ -422,25 +450,10 @@ def ensemble_stage(collection: Collection, prune: StageOutput, trained: Mapping[
     inputs = {"prune": prune.key, **{f"model:{name}": trained[name].key for name in names}}
 
     def compute(folder: Path) -> dict[str, Any]:
-        from pipelines.prepare import Prepared
-        from pipelines.train import load_predictions
-
-        frames = []
-        for name in names:
-            frame = load_predictions(trained[name]).with_columns(pl.lit(name).alias("model"))
-            others = sorted(set(frame["collection"].unique().to_list()) - {collection.name})
-            if others:
-                raise PipelineError(f"{trained[name].path}: predictions of {', '.join(others)}, "
-                                    f"expected {collection.name} only")
-            frames.append(frame)
-        table = pl.concat(frames)
-        oof_all = table.filter(pl.col("split") == "oof")
-        oof = common_oof(oof_all, names)
-        if oof.height < oof_all.height:
+        table, oof, dropped, truths = load_blend_inputs(collection, prune, trained)
+        if dropped:
             logger.info(f"[{collection.name}] ensemble: weights fitted on the "
                         f"{oof.select('graph', 'config_index').n_unique()} OOF configs every model predicted")
-        source = Prepared(collection, {"prune": prune})  # only true runtimes are read
-        truths = {(collection.name, g): source.runtimes(g) for g in sorted(oof["graph"].unique().to_list())}
         result = ensemble_collection(oof, table.filter(pl.col("split") == "test"), truths, names, method, grid)
         pl.concat([result.blended_oof, result.blended_test]).write_parquet(folder / ENSEMBLE_PREDICTIONS)
         result.curve.write_parquet(folder / ENSEMBLE_CURVE)
@@ -450,7 +463,7 @@ def ensemble_stage(collection: Collection, prune: StageOutput, trained: Mapping[
                     + f": OOF {result.scores['ensemble']:.4f} (best single: {best} {result.scores[best]:.4f})")
         return {"collection": collection.name, "method": method, "weights": result.weights,
                 "oof_scores": result.scores, "best_single_model": best, "oof_rows_used": oof.height,
-                "oof_rows_dropped": oof_all.height - oof.height}
+                "oof_rows_dropped": dropped}
 
     return run_stage(work_dir=Path(work_dir), stage=ENSEMBLE_STAGE, code=ENSEMBLE_CODE, config=config,
                      inputs=inputs, compute=compute, force=force)
