@@ -79,7 +79,7 @@ def cells_of(root: Path) -> list[Cell]:
     from pipelines.collections import parse_collection
     from pipelines.engine import load_stage
     from pipelines.ensemble import blend, blend_graph_scores, fit_blend_weights, load_blend_inputs, prepare_model_scores
-    from pipelines.evaluate import CEILING, _collection_mean, evaluate_rows
+    from pipelines.evaluate import CEILING, evaluate_rows
     from pipelines.run import submission_rows
 
     world, work = world_of(root), root / "work"
@@ -108,7 +108,7 @@ def cells_of(root: Path) -> list[Cell]:
         rows = {m: submission_rows(test.filter(pl.col("model") == m)) for m in models}
         rows.update({rule: submission_rows(blend(test, w)) for rule, w in weights.items()})
         evaluation = evaluate_rows(world, rows, collections=[collection])
-        scores = {e: _collection_mean(evaluation.reports[e], name) for e in [*rows, CEILING]}
+        scores = {e: evaluation.reports[e].collection_score(name) for e in [*rows, CEILING]}
         cells.append(Cell(world.name, name, weights, gain, sem, scores))
     return cells
 

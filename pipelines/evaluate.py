@@ -232,18 +232,13 @@ def evaluate_rows(data_root: Path | str, rows: Mapping[str, Mapping[str, Sequenc
     floor_scores: list[GraphScore] = []
     for collection in collections:
         applicable = list(heuristic_sets(collection))
-        means = {h: _collection_mean(reports[HEURISTIC + h], collection.name) for h in applicable}
+        means = {h: reports[HEURISTIC + h].collection_score(collection.name) for h in applicable}
         best = max(applicable, key=lambda h: -math.inf if math.isnan(means[h]) else means[h])
         floor_by_collection[collection.name] = best
         floor_scores += [g for g in scored[HEURISTIC + best] if g.collection == collection.name]
     reports[FLOOR] = summarize(floor_scores)
     models = tuple(e for e in rows if e != SUBMISSION)  # everything else the caller passed
     return Evaluation(reports, floor_by_collection, tuple(heuristic_names), models)
-
-
-def _collection_mean(report: ScoreReport, collection: str) -> float:
-    part = report.per_collection.filter(report.per_collection["collection"] == collection)
-    return float(part["score"][0]) if part.height else math.nan
 
 
 # ----------------------------------------------------------------------------- a run's entries

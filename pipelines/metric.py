@@ -304,6 +304,11 @@ class ScoreReport:
     per_collection: pl.DataFrame
     combined: CombinedScore
 
+    def collection_score(self, collection: str) -> float:
+        """The mean score of one collection; NaN when the report has no row for it."""
+        part = self.per_collection.filter(self.per_collection["collection"] == collection)
+        return float(part["score"][0]) if part.height else math.nan
+
     def to_text(self) -> str:
         lines = [f"{'collection':<20} {'metric':<14} {'graphs':>6} {'undefined':>9} {'score':>8} {'mean OPA':>9}"]
         for row in self.per_collection.iter_rows(named=True):

@@ -221,6 +221,9 @@ def test_summarize_means_skip_undefined_graphs() -> None:
     layout = report.per_collection.filter(pl.col("collection") == "layout:xla:random").row(0, named=True)
     assert (layout["graphs"], layout["undefined"]) == (3, 1)
     assert layout["score"] == pytest.approx(0.2) and layout["opa"] == pytest.approx(0.5)
+    assert report.collection_score("layout:xla:random") == pytest.approx(0.2)
+    assert report.collection_score("tile:xla") == pytest.approx(0.9)
+    assert math.isnan(report.collection_score("layout:nlp:random"))  # no graph of it: no row
     text = report.to_text()
     assert "kendall tau-b" in text and "top5 slowdown" in text and "UNDEFINED" in text
 
