@@ -9,23 +9,23 @@ checked), then each rule's weights are applied to the test predictions and score
 labels, as ``evaluate`` scores a submission.
 
 Rules (``w`` = weights, ``best`` = the model with the best OOF score alone):
-* ``oof-fit``: the landed rule, the grid weights that maximise the OOF metric (``pipelines.ensemble``);
+* ``oof-fit``: the grid weights that maximise the OOF metric (``pipelines.ensemble`` with
+  ``ensemble.min_gain_se = 0``; the landed rule until 2026-11-26);
 * ``best``: the best single model alone;
 * ``sig2``: ``oof-fit`` only if the blend's OOF gain over ``best`` exceeds 2 standard errors of the
   per-graph gain (paired over the OOF graphs), else ``best``: a gain the OOF cannot tell from noise
-  is not taken;
+  is not taken (the ensemble stage with ``ensemble.min_gain_se = 2``, the base config since then);
 * ``half-shrink``: halfway between ``oof-fit`` and ``best``.
 
 Issue 17 asks that the ensemble never fall below the best single model by more than the seed spread;
 these are the candidate rules for that clause (``benchmarks/results/2026-11-23-ensemble-weights-small-variants.md``
-compared them on three ``small`` worlds).
+compared them on three ``small`` worlds, ``2026-11-26-evaluation-worlds-medium-v6.md`` on v6 and chose ``sig2``).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
@@ -59,15 +59,6 @@ def rule_weights(fitted: dict[str, float], best: str, gain: float, sem: float) -
             "half-shrink": {m: (fitted[m] + alone[m]) / 2 for m in fitted}}
 
 
-def paired_gain(blend: np.ndarray, single: np.ndarray) -> tuple[float, float]:
-    """Mean and standard error of the per-graph gain ``blend - single`` over graphs where both are defined."""
-    diff = blend - single
-    diff = diff[~np.isnan(diff)]
-    if diff.size < 2:
-        return (float(diff.mean()) if diff.size else math.nan), math.nan
-    return float(diff.mean()), float(diff.std(ddof=1) / math.sqrt(diff.size))
-
-
 def world_of(root: Path) -> Path:
     worlds = sorted(p.parent for p in root.glob("*/synth.json") if (p.parent / "labels").is_dir())
     if len(worlds) != 1:
@@ -78,18 +69,23 @@ def world_of(root: Path) -> Path:
 def cells_of(root: Path) -> list[Cell]:
     from pipelines.collections import parse_collection
     from pipelines.engine import load_stage
-    from pipelines.ensemble import blend, blend_graph_scores, fit_blend_weights, load_blend_inputs, prepare_model_scores
+    from pipelines.ensemble import blend, fit_blend_weights, load_blend_inputs, prepare_model_scores
     from pipelines.evaluate import CEILING, evaluate_rows
     from pipelines.run import submission_rows
 
     world, work = world_of(root), root / "work"
     cells = []
+    seen: set[str] = set()
     for path in sorted((work / "ensemble").glob("*/manifest.json")):
         manifest = json.loads(path.read_text(encoding="utf-8"))
         if "metrics" not in manifest:
             continue  # an unfinished stage
         config, inputs, metrics = manifest["config"], manifest["inputs"], manifest["metrics"]
         name, method, grid = config["collection"], config["method"], config["grid"]
+        blended = json.dumps([name, method, grid, config["models"], inputs], sort_keys=True)
+        if blended in seen:
+            continue  # a stage of the same inputs with another min_gain_se: the same cell
+        seen.add(blended)
         collection = parse_collection(name)
         models = list(config["models"])
         trained = {m: load_stage(work, stage, inputs[f"model:{m}"]) for m, stage in config["models"].items()}
@@ -97,14 +93,13 @@ def cells_of(root: Path) -> list[Cell]:
         oof = prepare_model_scores(oof, method)
         test = prepare_model_scores(table.filter(pl.col("split") == "test"), method)
         frames = {m: oof.filter(pl.col("model") == m) for m in models}
-        fit = fit_blend_weights(frames, truths, name, grid=grid)
-        if fit.weights != metrics["weights"]:
-            raise SystemExit(f"{path}: recomputed weights {fit.weights} differ from the stage's "
-                             f"{metrics['weights']} (other code?)")
-        best = metrics["best_single_model"]
-        gain, sem = paired_gain(blend_graph_scores(frames, truths, name, fit.weights),
-                                blend_graph_scores(frames, truths, name, {m: float(m == best) for m in models}))
-        weights = rule_weights(fit.weights, best, gain, sem)
+        fit = fit_blend_weights(frames, truths, name, grid=grid)  # the grid optimum, whatever its margin
+        stage_fit = metrics.get("fitted_weights", metrics["weights"])  # stages before ensemble.min_gain_se
+        if fit.weights != stage_fit or fit.best_single != metrics["best_single_model"]:
+            raise SystemExit(f"{path}: recomputed weights {fit.weights} (best single {fit.best_single}) differ "
+                             f"from the stage's {stage_fit} ({metrics['best_single_model']}) (other code?)")
+        gain, sem = fit.gain, fit.gain_se
+        weights = rule_weights(fit.weights, fit.best_single, gain, sem)
         rows = {m: submission_rows(test.filter(pl.col("model") == m)) for m in models}
         rows.update({rule: submission_rows(blend(test, w)) for rule, w in weights.items()})
         evaluation = evaluate_rows(world, rows, collections=[collection])

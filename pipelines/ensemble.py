@@ -9,7 +9,10 @@ Every frame follows ``pipelines.predictions`` (score LOWER = predicted FASTER). 
    model spans [0, 1] per graph and a weight means the same for every model;
 3. :func:`fit_blend_weights` chooses the weights on OUT-OF-FOLD predictions only, maximising the
    competition metric (tile top-5 score or mean Kendall tau-b per graph); ties go to the weights
-   closest to equal (the robust choice when the OOF metric cannot tell candidates apart);
+   closest to equal (the robust choice when the OOF metric cannot tell candidates apart). With
+   ``min_gain_se`` > 0 (``ensemble.min_gain_se``) the fitted blend is kept only if its OOF gain over
+   the best single model exceeds that many standard errors of the per-graph gain; otherwise the best
+   single model alone is used (a gain the OOF graphs cannot tell from noise is not taken);
 4. :func:`blend` applies the weights, giving a frame in the same schema with ``model="ensemble"``.
 
 :func:`ensemble_collection` chains them for one collection and any number of models.
@@ -19,7 +22,8 @@ method, grid, model names and the keys of the prune stage and of every training 
 ``predictions.parquet`` (blended ``oof`` and ``test`` rows, ``model="ensemble"``, averaged over folds
 and seeds; read back with :func:`load_blended_test`) and ``curve.parquet`` (every weight vector tried
 and its OOF score); its manifest holds the weights and the OOF score of each model alone and of the
-blend. With one model the blend is the identity (weight 1.0).
+blend (and the grid optimum, the best single model and the blend's OOF gain over it with its
+standard error). With one model the blend is the identity (weight 1.0).
 """
 
 from __future__ import annotations
@@ -140,16 +144,22 @@ def competition_metric(collection: str) -> GraphMetric:
 
 @dataclass(frozen=True)
 class BlendFit:
-    """Fitted blend weights, their out-of-fold score, each model's score alone, and every point tried.
+    """Chosen blend weights, their out-of-fold score, each model's score alone, and every point tried.
 
     ``curve`` has one column ``w:<model>`` per model plus ``score`` (the OOF objective), one row per
-    weight vector evaluated, in the order tried.
+    weight vector evaluated, in the order tried. ``fitted_weights`` is the grid optimum; ``weights``
+    is it, or the best single model alone when its ``gain`` over that model (mean per-graph OOF
+    gain, standard error ``gain_se``) did not pass the ``min_gain_se`` test.
     """
 
     weights: dict[str, float]
     score: float
     single_scores: dict[str, float]
     curve: pl.DataFrame
+    fitted_weights: dict[str, float]
+    best_single: str
+    gain: float
+    gain_se: float
 
 
 @dataclass(frozen=True)
@@ -208,6 +218,21 @@ def _graph_values(stacks: Sequence[_GraphStack], weights: np.ndarray, metric: Gr
     return np.array([metric(weights @ s.scores, s.truth) for s in stacks], dtype=np.float64)
 
 
+def paired_gain(values: np.ndarray, baseline: np.ndarray) -> tuple[float, float]:
+    """Mean and standard error of the per-graph gain ``values - baseline`` over the graphs where both are
+    defined (the standard error is NaN below two such graphs)."""
+    diff = np.asarray(values, dtype=np.float64) - np.asarray(baseline, dtype=np.float64)
+    diff = diff[~np.isnan(diff)]
+    if diff.size < 2:
+        return (float(diff.mean()) if diff.size else math.nan), math.nan
+    return float(diff.mean()), float(diff.std(ddof=1) / math.sqrt(diff.size))
+
+
+def best_single_model(single_scores: Mapping[str, float]) -> str:
+    """The model with the highest score alone (NaN counts as lowest; ties: the first)."""
+    return max(single_scores, key=lambda m: -math.inf if math.isnan(single_scores[m]) else single_scores[m])
+
+
 def _objective(stacks: Sequence[_GraphStack], weights: np.ndarray, metric: GraphMetric) -> float:
     """Mean per-graph metric of the blend; graphs where the metric is undefined (NaN) are left out."""
     values = _graph_values(stacks, weights, metric)
@@ -245,6 +270,7 @@ def fit_blend_weights(
     collection: str,
     metric: GraphMetric | None = None,
     grid: float = DEFAULT_GRID_STEP,
+    min_gain_se: float = 0.0,
 ) -> BlendFit:
     """Choose blend weights (non-negative, summing to 1) that maximise ``metric`` on OOF predictions.
 
@@ -255,10 +281,16 @@ def fit_blend_weights(
     step ``grid`` is tried; with more, coordinate ascent moves one grid step of weight between two
     models at a time from the best of equal weights and the single models. Every single model (a
     vertex of the grid) is always tried, so the blend never scores below the best one on OOF.
+
+    ``min_gain_se`` > 0: the fitted weights are kept only if the blend's mean per-graph gain over the
+    best single model exceeds ``min_gain_se`` standard errors of that gain (paired over the OOF
+    graphs), else that model alone is chosen; 0 keeps the grid optimum whatever its margin.
     """
     models = list(oof_frames_by_model)
     if not models:
         raise ConfigError("fit_blend_weights needs at least one model")
+    if not math.isfinite(min_gain_se) or min_gain_se < 0:
+        raise ConfigError(f"min_gain_se must be a finite number >= 0, got {min_gain_se}")
     parse_collection(collection)
     metric = metric or competition_metric(collection)
     units = _grid_units(grid)
@@ -297,11 +329,21 @@ def fit_blend_weights(
          "score": list(tried.values())},
         schema={**{f"w:{m}": pl.Float64 for m in models}, "score": pl.Float64},
     )
+    single_scores = {m: tried[v] for m, v in zip(models, vertices)}
+    best_single = best_single_model(single_scores)
+    alone = vertices[models.index(best_single)]
+    gain, gain_se = paired_gain(_graph_values(stacks, np.asarray(chosen, dtype=np.float64) / units, metric),
+                                _graph_values(stacks, np.asarray(alone, dtype=np.float64) / units, metric))
+    applied = chosen if min_gain_se == 0 or gain > min_gain_se * gain_se else alone  # NaN: not passed
     return BlendFit(
-        weights={m: chosen[i] / units for i, m in enumerate(models)},
-        score=tried[chosen],
-        single_scores={m: tried[v] for m, v in zip(models, vertices)},
+        weights={m: applied[i] / units for i, m in enumerate(models)},
+        score=tried[applied],
+        single_scores=single_scores,
         curve=curve,
+        fitted_weights={m: chosen[i] / units for i, m in enumerate(models)},
+        best_single=best_single,
+        gain=gain,
+        gain_se=gain_se,
     )
 
 
@@ -354,6 +396,7 @@ class EnsembleResult(NamedTuple):
     weights: dict[str, float]
     curve: pl.DataFrame
     scores: dict[str, float]  # OOF metric of each model alone and of ``"ensemble"``
+    fit: BlendFit
 
 
 def prepare_model_scores(frame: pl.DataFrame, method: NormaliseMethod | str = "minmax") -> pl.DataFrame:
@@ -369,12 +412,14 @@ def ensemble_collection(
     method: NormaliseMethod | str = "minmax",
     grid: float = DEFAULT_GRID_STEP,
     metric: GraphMetric | None = None,
+    min_gain_se: float = 0.0,
 ) -> EnsembleResult:
     """Blend ``models`` for the one collection that ``oof`` and ``test`` hold.
 
-    Weights are fitted on ``oof`` (out-of-fold rows) only and applied to both frames; ``scores``
-    gives the OOF metric of every model alone and of the ensemble, on the same normalised and
-    averaged predictions (so ``scores["ensemble"] >= max`` of the single models).
+    Weights are fitted on ``oof`` (out-of-fold rows) only (:func:`fit_blend_weights`, with
+    ``min_gain_se``) and applied to both frames; ``scores`` gives the OOF metric of every model alone
+    and of the ensemble, on the same normalised and averaged predictions (so ``scores["ensemble"] >=
+    max`` of the single models).
     """
     models = list(dict.fromkeys(models))
     if not models:
@@ -393,9 +438,9 @@ def ensemble_collection(
     oof = prepare_model_scores(oof.filter(pl.col("model").is_in(models)), method)
     test = prepare_model_scores(test.filter(pl.col("model").is_in(models)), method)
     fit = fit_blend_weights({m: oof.filter(pl.col("model") == m) for m in models}, truths, collection,
-                            metric=metric, grid=grid)
+                            metric=metric, grid=grid, min_gain_se=min_gain_se)
     scores = {**fit.single_scores, ENSEMBLE_MODEL: fit.score}
-    return EnsembleResult(blend(oof, fit.weights), blend(test, fit.weights), fit.weights, fit.curve, scores)
+    return EnsembleResult(blend(oof, fit.weights), blend(test, fit.weights), fit.weights, fit.curve, scores, fit)
 
 
 def common_oof(frame: pl.DataFrame, models: Sequence[str]) -> pl.DataFrame:
@@ -439,13 +484,14 @@ def load_blend_inputs(collection: Collection, prune: StageOutput, trained: Mappi
 
 
 def ensemble_stage(collection: Collection, prune: StageOutput, trained: Mapping[str, StageOutput], *,
-                   method: str, grid: float | None = None, work_dir: Path, force: bool = False) -> StageOutput:
+                   method: str, grid: float | None = None, min_gain_se: float = 0.0, work_dir: Path,
+                   force: bool = False) -> StageOutput:
     """Run (or reuse) the blend of ``trained`` (model name -> training output) for one collection."""
     grid = DEFAULT_GRID_STEP if grid is None else grid
     names = list(trained)
     if not names:
         raise ConfigError(f"{collection.name}: nothing to ensemble (no model)")
-    config = {"collection": collection.name, "method": method, "grid": grid,
+    config = {"collection": collection.name, "method": method, "grid": grid, "min_gain_se": float(min_gain_se),
               "models": {name: trained[name].stage for name in names}}
     inputs = {"prune": prune.key, **{f"model:{name}": trained[name].key for name in names}}
 
@@ -454,14 +500,19 @@ def ensemble_stage(collection: Collection, prune: StageOutput, trained: Mapping[
         if dropped:
             logger.info(f"[{collection.name}] ensemble: weights fitted on the "
                         f"{oof.select('graph', 'config_index').n_unique()} OOF configs every model predicted")
-        result = ensemble_collection(oof, table.filter(pl.col("split") == "test"), truths, names, method, grid)
+        result = ensemble_collection(oof, table.filter(pl.col("split") == "test"), truths, names, method, grid,
+                                     min_gain_se=min_gain_se)
         pl.concat([result.blended_oof, result.blended_test]).write_parquet(folder / ENSEMBLE_PREDICTIONS)
         result.curve.write_parquet(folder / ENSEMBLE_CURVE)
-        best = max(names, key=lambda n: -math.inf if math.isnan(result.scores[n]) else result.scores[n])
+        fit, best = result.fit, result.fit.best_single
+        note = "" if fit.weights == fit.fitted_weights else (
+            f"; the fitted blend ({', '.join(f'{n} {w:.2f}' for n, w in fit.fitted_weights.items())}) gains "
+            f"{fit.gain:+.4f} +- {fit.gain_se:.4f} over it, not above {min_gain_se:g} standard errors")
         logger.info(f"[{collection.name}] ensemble weights "
                     + ", ".join(f"{n} {w:.2f}" for n, w in result.weights.items())
-                    + f": OOF {result.scores['ensemble']:.4f} (best single: {best} {result.scores[best]:.4f})")
+                    + f": OOF {result.scores['ensemble']:.4f} (best single: {best} {result.scores[best]:.4f}{note})")
         return {"collection": collection.name, "method": method, "weights": result.weights,
+                "fitted_weights": fit.fitted_weights, "oof_gain": fit.gain, "oof_gain_se": fit.gain_se,
                 "oof_scores": result.scores, "best_single_model": best, "oof_rows_used": oof.height,
                 "oof_rows_dropped": dropped}
 

@@ -1,20 +1,9 @@
-"""The pure parts of benchmarks/blend_rules.py: the candidate blend rules of issue 17's seed-spread clause."""
+"""The pure part of benchmarks/blend_rules.py: the candidate blend rules of issue 17's seed-spread clause."""
 import math
 
-import numpy as np
 import pytest
 
-from benchmarks.blend_rules import paired_gain, rule_weights
-
-
-def test_paired_gain_is_the_mean_and_standard_error_of_per_graph_differences():
-    blend = np.array([0.5, 0.7, np.nan, 0.9])
-    single = np.array([0.4, 0.7, 0.2, 0.6])
-    gain, sem = paired_gain(blend, single)
-    diffs = np.array([0.1, 0.0, 0.3])  # the undefined graph is left out
-    assert gain == pytest.approx(diffs.mean())
-    assert sem == pytest.approx(diffs.std(ddof=1) / math.sqrt(3))
-    assert math.isnan(paired_gain(np.array([0.5]), np.array([0.4]))[1])  # one graph: no error estimate
+from benchmarks.blend_rules import rule_weights
 
 
 def test_rules_keep_the_fit_only_where_its_gain_is_beyond_two_standard_errors():

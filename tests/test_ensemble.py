@@ -1,3 +1,5 @@
+import math
+
 import numpy as np
 import polars as pl
 import pytest
@@ -5,7 +7,7 @@ import pytest
 from pipelines.ensemble import (
     common_oof,
     AVERAGED, average_over_seeds_and_folds, blend, blend_graph_scores, ensemble_collection, fit_blend_weights,
-    normalise_scores, prepare_model_scores,
+    normalise_scores, paired_gain, prepare_model_scores,
 )
 from pipelines.collections import parse_collection
 from pipelines.errors import ConfigError, FormatError
@@ -178,6 +180,45 @@ def test_blend_graph_scores_are_the_per_graph_values_the_fit_averages(collection
     alone = blend_graph_scores(frames, truths, collection, {"A": 0.0, "B": 1.0})
     per_graph = score_predictions(frames["B"], truths).per_graph.sort("graph")["score"].to_numpy()
     np.testing.assert_allclose(alone, per_graph)  # in graph order, as the metric module scores each graph
+
+
+def test_paired_gain_is_the_mean_and_standard_error_of_per_graph_differences():
+    values = np.array([0.5, 0.7, np.nan, 0.9])
+    baseline = np.array([0.4, 0.7, 0.2, 0.6])
+    gain, se = paired_gain(values, baseline)
+    diffs = np.array([0.1, 0.0, 0.3])  # the undefined graph is left out
+    assert gain == pytest.approx(diffs.mean())
+    assert se == pytest.approx(diffs.std(ddof=1) / math.sqrt(3))
+    assert math.isnan(paired_gain(np.array([0.5]), np.array([0.4]))[1])  # one graph: no error estimate
+
+
+@pytest.mark.parametrize("collection", [LAYOUT, TILE])
+def test_the_fitted_blend_is_kept_only_when_its_oof_gain_passes_the_standard_error_test(collection):
+    truths = make_world(collection, graphs=30, configs=40, seed=3)
+    frames = {m: prepare_model_scores(oof_frame(truths, m, noise=1.5, seed=s)) for m, s in (("A", 4), ("B", 5))}
+    plain = fit_blend_weights(frames, truths, collection)
+    assert plain.weights == plain.fitted_weights and plain.best_single in ("A", "B")
+    alone = {m: float(m == plain.best_single) for m in frames}
+    assert plain.fitted_weights != alone  # two independent, equally good models: a blend
+    # The gain and its standard error are those of the per-graph values the fit averages.
+    expected = paired_gain(blend_graph_scores(frames, truths, collection, plain.fitted_weights),
+                           blend_graph_scores(frames, truths, collection, alone))
+    assert (plain.gain, plain.gain_se) == pytest.approx(expected) and plain.gain > 0
+    passed = fit_blend_weights(frames, truths, collection, min_gain_se=plain.gain / plain.gain_se * 0.99)
+    assert passed.weights == plain.fitted_weights and passed.score == plain.score
+    failed = fit_blend_weights(frames, truths, collection, min_gain_se=plain.gain / plain.gain_se * 1.01)
+    assert failed.weights == alone and failed.fitted_weights == plain.fitted_weights
+    assert failed.score == failed.single_scores[plain.best_single]
+    assert failed.curve.equals(plain.curve)  # the same points tried
+    with pytest.raises(ConfigError, match="min_gain_se"):
+        fit_blend_weights(frames, truths, collection, min_gain_se=-1.0)
+
+
+def test_without_a_standard_error_the_best_single_model_is_kept():
+    truths = make_world(LAYOUT, graphs=1, configs=40, seed=2)
+    frames = {m: prepare_model_scores(oof_frame(truths, m, noise=1.5, seed=s)) for m, s in (("A", 4), ("B", 5))}
+    fit = fit_blend_weights(frames, truths, LAYOUT, min_gain_se=2.0)
+    assert math.isnan(fit.gain_se) and fit.weights == {m: float(m == fit.best_single) for m in frames}
 
 
 def test_coordinate_ascent_for_many_models():
