@@ -18,8 +18,10 @@
 # the newest run under the submissions folder; when there is none, one is made first with
 # `pipelines.run.run_pipeline` (GBDT + GNN, or GBDT + the single-feature reference when the GNN is
 # not registered). Each seed's predictions are blended at every weight, so the curve carries a
-# spread over folds x seeds; the weight the run chose (fitted on the seed-averaged predictions) is
-# marked, and the ensemble stage's own `curve.parquet` is shown next to it.
+# spread over folds x seeds; the weight the run chose is marked, and the ensemble stage's own
+# `curve.parquet` (fitted on the seed-averaged predictions) is shown next to it. The chosen weight is
+# the curve's optimum, or the best single model alone where the optimum's OOF gain over that model is
+# within `ensemble.min_gain_se` standard errors (table below).
 
 # %%
 import numpy as np
@@ -44,6 +46,18 @@ if run_id is None:
                           submissions_dir=settings.submissions_dir).run_id
 run = analysis.run_outputs(settings.submissions_dir, run_id)
 print(f"run {run_id}: models {run.manifest['models']}, weights {run.manifest['ensemble_weights']}")
+
+# %% [markdown]
+# ## The blend rule: the fitted optimum, its OOF gain over the best single model, the weights used
+
+# %%
+rule = pl.DataFrame([
+    {"collection": name, "fitted": str(stage.metrics.get("fitted_weights", stage.metrics["weights"])),
+     "best single": stage.metrics["best_single_model"], "OOF gain": stage.metrics.get("oof_gain"),
+     "standard error": stage.metrics.get("oof_gain_se"), "min_gain_se": stage.manifest["config"].get("min_gain_se", 0.0),
+     "used": str(stage.metrics["weights"])}
+    for name, stage in run.ensemble.items()])
+print(analysis.format_table(rule))
 
 # %% [markdown]
 # ## Score along the blend weight (mean +- std over folds x seeds)
@@ -89,7 +103,7 @@ analysis.save_figure(fig, figures / "05-ensemble-weights.png", close=False)
 # A world written by `synth` keeps its test labels in a sidecar, so there the test score of every
 # blend weight can be measured from the run's saved test predictions: each run seed's fold models
 # averaged (mean +- std over seeds), and every seed and fold model averaged, which is what the
-# submission blends (black line). The dashed line is the weight fitted out of fold. The gap between
+# submission blends (black line). The dashed line is the weight the run used. The gap between
 # the two curves' best weights is what the OOF fit gets wrong: test predictions average more models
 # than OOF ones, and the test graphs are few. The real data has no test labels: skipped there.
 
@@ -115,9 +129,9 @@ else:
                                 .join(averaged, on=["collection", "weight"])))
     best_test = (averaged.sort(["all models", "weight"], descending=[True, False])  # ties: the smallest weight
                  .group_by("collection", maintain_order=True).first())
-    print("best test weight per collection (all models averaged), next to the weight fitted out of fold:")
+    print("best test weight per collection (all models averaged), next to the weight the run used:")
     print(analysis.format_table(best_test.with_columns(
-        pl.col("collection").replace_strict(fitted, return_dtype=pl.Float64).alias("OOF-fitted weight"))))
+        pl.col("collection").replace_strict(fitted, return_dtype=pl.Float64).alias("weight used"))))
     fig = analysis.errorbar_plot(per_seed, x="weight", spread="std_seeds", ylabel="test score",
                                  title="Test score vs. blend weight (hidden labels)", xlabel="blend weight")
     for ax, name in zip(fig.axes, per_seed["collection"].unique(maintain_order=True).to_list()):

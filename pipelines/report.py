@@ -371,12 +371,13 @@ def build_report(run: RunOutputs) -> list[Section]:
         folded.append(Section("Feature importance table", [], [("gain importances", table)], collapsed=True))
 
     weights = manifest.get("ensemble_weights") or {}
-    weight_rows = [{"collection": c, **{f"w:{m}": w for m, w in weights[c].items()}}
+    weight_rows = [{"collection": c, **{f"w:{m}": w for m, w in weights[c].items()}, **_blend_rule(run, c)}
                    for c in _in_order(list(weights), order)]
     ensemble = Section("Ensemble weights",
-                       ["Weights fitted on the out-of-fold predictions (seed-averaged, normalised per graph); the "
-                        "curve is every weight the ensemble stage tried (two models: the first model's weight; "
-                        "dashed: the chosen one)."],
+                       ["Weights fitted on the out-of-fold predictions (seed-averaged, normalised per graph): the "
+                        "grid optimum ('fitted'), or the best single model alone where the optimum's OOF gain over "
+                        "it is within ensemble.min_gain_se standard errors; the curve is every weight the "
+                        "ensemble stage tried (two models: the first model's weight; dashed: the one used)."],
                        [("weights per collection", pl.DataFrame(weight_rows))] if weight_rows else [])
     curves = {}
     for collection in _in_order(list(run.ensemble), order):
@@ -390,6 +391,18 @@ def build_report(run: RunOutputs) -> list[Section]:
         ensemble.figures.append(("OOF score vs. blend weight", _curve_figure(curves)))
     sections += [ensemble, worst, *folded]
     return sections
+
+
+def _blend_rule(run: Any, collection: str) -> dict[str, Any]:
+    """The ensemble stage's grid optimum and its OOF gain over the best single model (stages written before
+    ``ensemble.min_gain_se`` used the optimum and recorded no gain)."""
+    stage = run.ensemble.get(collection)
+    metrics = stage.metrics if stage is not None else {}
+    if "fitted_weights" not in metrics:
+        return {}
+    return {"fitted": ", ".join(f"{m} {w:.2f}" for m, w in metrics["fitted_weights"].items()),
+            "OOF gain": metrics["oof_gain"], "standard error": metrics["oof_gain_se"],
+            "min_gain_se": stage.manifest["config"].get("min_gain_se")}
 
 
 def write_report(run_id: str, *, submissions_dir: Path | str = paths.SUBMISSIONS_DIR, out: Path | str | None = None,
