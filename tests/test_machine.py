@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from pipelines import machine
 from pipelines.machine import (available_cores, available_memory, cgroup_cpu_limit, cgroup_memory_available,
                                meminfo_bytes)
 
@@ -90,10 +91,12 @@ def test_available_cores_is_the_affinity_mask_capped_by_the_quota():
     assert available_cores(lambda: 0.25) == 1
 
 
-def test_available_memory_is_the_smaller_of_meminfo_and_the_cgroup():
+def test_available_memory_is_the_smaller_of_meminfo_and_the_cgroup(monkeypatch):
     free = meminfo_bytes("MemAvailable")
     if free is None:
         pytest.skip("no /proc/meminfo")
+    # MemAvailable moves between two reads (other processes allocate): read it once, here.
+    monkeypatch.setattr(machine, "meminfo_bytes", lambda key: free if key == "MemAvailable" else None)
     assert available_memory(lambda: None) == free
     assert available_memory(lambda: 1234) == 1234
     assert available_memory(lambda: free * 2) == free
