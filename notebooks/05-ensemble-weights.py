@@ -28,7 +28,7 @@ import numpy as np
 import polars as pl
 
 from pipelines import analysis
-from pipelines.ensemble import ENSEMBLE_CURVE
+from pipelines.ensemble import ENSEMBLE_CURVE, blend_rule
 from pipelines.train import load_predictions
 
 settings = analysis.notebook_settings()
@@ -51,12 +51,7 @@ print(f"run {run_id}: models {run.manifest['models']}, weights {run.manifest['en
 # ## The blend rule: the fitted optimum, its OOF gain over the best single model, the weights used
 
 # %%
-rule = pl.DataFrame([
-    {"collection": name, "fitted": str(stage.metrics.get("fitted_weights", stage.metrics["weights"])),
-     "best single": stage.metrics["best_single_model"], "OOF gain": stage.metrics.get("oof_gain"),
-     "standard error": stage.metrics.get("oof_gain_se"), "min_gain_se": stage.manifest["config"].get("min_gain_se", 0.0),
-     "used": str(stage.metrics["weights"])}
-    for name, stage in run.ensemble.items()])
+rule = pl.DataFrame([{"collection": name, **blend_rule(stage)} for name, stage in run.ensemble.items()])
 print(analysis.format_table(rule))
 
 # %% [markdown]

@@ -41,7 +41,7 @@ import polars as pl
 from pipelines.collections import Collection, parse_collection
 from pipelines.engine import Code, StageOutput, run_stage
 from pipelines.errors import ConfigError, FormatError, PipelineError
-from pipelines.metric import layout_kendall_tau, order_from_scores, tile_score, tile_top_k
+from pipelines.metric import best_scoring, layout_kendall_tau, order_from_scores, tile_score, tile_top_k
 from pipelines.predictions import validate_predictions
 
 NormaliseMethod = Literal["minmax", "rank"]
@@ -228,11 +228,6 @@ def paired_gain(values: np.ndarray, baseline: np.ndarray) -> tuple[float, float]
     return float(diff.mean()), float(diff.std(ddof=1) / math.sqrt(diff.size))
 
 
-def best_single_model(single_scores: Mapping[str, float]) -> str:
-    """The model with the highest score alone (NaN counts as lowest; ties: the first)."""
-    return max(single_scores, key=lambda m: -math.inf if math.isnan(single_scores[m]) else single_scores[m])
-
-
 def _objective(stacks: Sequence[_GraphStack], weights: np.ndarray, metric: GraphMetric) -> float:
     """Mean per-graph metric of the blend; graphs where the metric is undefined (NaN) are left out."""
     values = _graph_values(stacks, weights, metric)
@@ -330,7 +325,7 @@ def fit_blend_weights(
         schema={**{f"w:{m}": pl.Float64 for m in models}, "score": pl.Float64},
     )
     single_scores = {m: tried[v] for m, v in zip(models, vertices)}
-    best_single = best_single_model(single_scores)
+    best_single = best_scoring(single_scores)
     alone = vertices[models.index(best_single)]
     gain, gain_se = paired_gain(_graph_values(stacks, np.asarray(chosen, dtype=np.float64) / units, metric),
                                 _graph_values(stacks, np.asarray(alone, dtype=np.float64) / units, metric))
@@ -393,10 +388,16 @@ def blend(frame: pl.DataFrame, weights: Mapping[str, float]) -> pl.DataFrame:
 class EnsembleResult(NamedTuple):
     blended_oof: pl.DataFrame
     blended_test: pl.DataFrame
-    weights: dict[str, float]
-    curve: pl.DataFrame
     scores: dict[str, float]  # OOF metric of each model alone and of ``"ensemble"``
     fit: BlendFit
+
+    @property
+    def weights(self) -> dict[str, float]:
+        return self.fit.weights
+
+    @property
+    def curve(self) -> pl.DataFrame:
+        return self.fit.curve
 
 
 def prepare_model_scores(frame: pl.DataFrame, method: NormaliseMethod | str = "minmax") -> pl.DataFrame:
@@ -440,7 +441,7 @@ def ensemble_collection(
     fit = fit_blend_weights({m: oof.filter(pl.col("model") == m) for m in models}, truths, collection,
                             metric=metric, grid=grid, min_gain_se=min_gain_se)
     scores = {**fit.single_scores, ENSEMBLE_MODEL: fit.score}
-    return EnsembleResult(blend(oof, fit.weights), blend(test, fit.weights), fit.weights, fit.curve, scores, fit)
+    return EnsembleResult(blend(oof, fit.weights), blend(test, fit.weights), scores, fit)
 
 
 def common_oof(frame: pl.DataFrame, models: Sequence[str]) -> pl.DataFrame:
@@ -506,10 +507,9 @@ def ensemble_stage(collection: Collection, prune: StageOutput, trained: Mapping[
         result.curve.write_parquet(folder / ENSEMBLE_CURVE)
         fit, best = result.fit, result.fit.best_single
         note = "" if fit.weights == fit.fitted_weights else (
-            f"; the fitted blend ({', '.join(f'{n} {w:.2f}' for n, w in fit.fitted_weights.items())}) gains "
+            f"; the fitted blend ({weights_text(fit.fitted_weights)}) gains "
             f"{fit.gain:+.4f} +- {fit.gain_se:.4f} over it, not above {min_gain_se:g} standard errors")
-        logger.info(f"[{collection.name}] ensemble weights "
-                    + ", ".join(f"{n} {w:.2f}" for n, w in result.weights.items())
+        logger.info(f"[{collection.name}] ensemble weights {weights_text(result.weights)}"
                     + f": OOF {result.scores['ensemble']:.4f} (best single: {best} {result.scores[best]:.4f}{note})")
         return {"collection": collection.name, "method": method, "weights": result.weights,
                 "fitted_weights": fit.fitted_weights, "oof_gain": fit.gain, "oof_gain_se": fit.gain_se,
@@ -518,6 +518,24 @@ def ensemble_stage(collection: Collection, prune: StageOutput, trained: Mapping[
 
     return run_stage(work_dir=Path(work_dir), stage=ENSEMBLE_STAGE, code=ENSEMBLE_CODE, config=config,
                      inputs=inputs, compute=compute, force=force)
+
+
+def weights_text(weights: Mapping[str, float]) -> str:
+    """``gbdt 0.05, gnn 0.95``: blend weights for a log line or a table cell."""
+    return ", ".join(f"{m} {w:.2f}" for m, w in weights.items())
+
+
+def blend_rule(output: StageOutput) -> dict[str, Any]:
+    """What the ensemble stage ``output`` chose and why, one table row: the grid optimum ("fitted"), the
+    best single model, the optimum's OOF gain over it with its standard error, the ``min_gain_se``
+    threshold and the weights used. Stages written before the threshold existed always used the optimum
+    (threshold 0) and recorded no gain (None)."""
+    metrics = output.metrics
+    return {"fitted": weights_text(metrics.get("fitted_weights", metrics["weights"])),
+            "best single": metrics["best_single_model"], "OOF gain": metrics.get("oof_gain"),
+            "standard error": metrics.get("oof_gain_se"),
+            "min_gain_se": float(output.manifest["config"].get("min_gain_se", 0.0)),
+            "used": weights_text(metrics["weights"])}
 
 
 def load_blended_test(output: StageOutput) -> pl.DataFrame:

@@ -40,7 +40,7 @@ import polars as pl
 
 from pipelines.collections import ALL_COLLECTIONS, Collection
 from pipelines.errors import FormatError, PipelineError
-from pipelines.metric import GraphScore, ScoreReport, score_submission_row, summarize
+from pipelines.metric import GraphScore, ScoreReport, best_scoring, score_submission_row, summarize
 from pipelines.tpugraphs import Graph, list_graphs, load_ref
 
 if TYPE_CHECKING:
@@ -233,7 +233,7 @@ def evaluate_rows(data_root: Path | str, rows: Mapping[str, Mapping[str, Sequenc
     for collection in collections:
         applicable = list(heuristic_sets(collection))
         means = {h: reports[HEURISTIC + h].collection_score(collection.name) for h in applicable}
-        best = max(applicable, key=lambda h: -math.inf if math.isnan(means[h]) else means[h])
+        best = best_scoring(means)
         floor_by_collection[collection.name] = best
         floor_scores += [g for g in scored[HEURISTIC + best] if g.collection == collection.name]
     reports[FLOOR] = summarize(floor_scores)
@@ -346,7 +346,7 @@ def seed_checks(evaluation: Evaluation, seeds: Evaluation) -> list[SeedCheck]:
     checks = []
     for collection, ensemble in evaluation.collection_scores(SUBMISSION).items():
         scores = {m: evaluation.collection_scores(m).get(collection, math.nan) for m in evaluation.model_names}
-        best = max(scores, key=lambda m: -math.inf if math.isnan(scores[m]) else scores[m])
+        best = best_scoring(scores)
         best_seeds = sorted((int(seed), entry) for entry in seeds.model_names
                             for model, _, seed in [entry.rpartition(_SEED)] if model == best and seed.isdigit())
         checks.append(SeedCheck(collection, best, scores[best],

@@ -320,6 +320,11 @@ class ScoreReport:
         return "\n".join(lines)
 
 
+def best_scoring(scores: Mapping[str, float]) -> str:
+    """The name with the highest score (NaN, an undefined score, counts as lowest; ties: the first)."""
+    return max(scores, key=lambda name: -math.inf if math.isnan(scores[name]) else scores[name])
+
+
 def summarize(graph_scores: Sequence[GraphScore]) -> ScoreReport:
     """Collection means (over graphs with a defined score) and the combined score of per-graph scores."""
     per_graph = pl.DataFrame(

@@ -393,16 +393,17 @@ def build_report(run: RunOutputs) -> list[Section]:
     return sections
 
 
-def _blend_rule(run: Any, collection: str) -> dict[str, Any]:
-    """The ensemble stage's grid optimum and its OOF gain over the best single model (stages written before
-    ``ensemble.min_gain_se`` used the optimum and recorded no gain)."""
+def _blend_rule(run: RunOutputs, collection: str) -> dict[str, Any]:
+    """``ensemble.blend_rule`` of the collection's ensemble stage, less the weights used (the w: columns);
+    nothing for stages written before ``ensemble.min_gain_se`` (their weights are the optimum)."""
+    from pipelines.ensemble import blend_rule
+
     stage = run.ensemble.get(collection)
-    metrics = stage.metrics if stage is not None else {}
-    if "fitted_weights" not in metrics:
+    if stage is None or "fitted_weights" not in stage.metrics:
         return {}
-    return {"fitted": ", ".join(f"{m} {w:.2f}" for m, w in metrics["fitted_weights"].items()),
-            "OOF gain": metrics["oof_gain"], "standard error": metrics["oof_gain_se"],
-            "min_gain_se": stage.manifest["config"].get("min_gain_se")}
+    rule = blend_rule(stage)
+    del rule["used"]
+    return rule
 
 
 def write_report(run_id: str, *, submissions_dir: Path | str = paths.SUBMISSIONS_DIR, out: Path | str | None = None,
