@@ -2,7 +2,7 @@
 
 Usage: python -m benchmarks.gnn_throughput [--work DIR] [--copies 1,2] [--steps N] [--eval-configs N]
                                            [--device cpu,cuda] [--precision fp32,bf16] [--set gnn.KEY=VALUE ...]
-                                           [--threads N]
+                                           [--threads N] [--modes train,predict]
 
 On a GPU workstation: ``python -m benchmarks.gnn_throughput --device cpu,cuda --precision fp32,bf16``
 (or ``make bench-gpu``) compares the same machine's CPU with its GPU.
@@ -16,7 +16,7 @@ Each figure comes from a fresh process, so its peak RSS is its own:
 * train: ``trainer.train_step`` with K configs (the base config's ``configs_per_graph``), after
   one warm-up step; configs/s = K x steps / seconds. Peak RSS includes the graph's arrays.
 * predict: every one of ``--eval-configs`` configs scored the way ``GNNRanker.predict`` does
-  (encode once, chunks sized by ``eval_chunk`` / ``eval_chunk_mb``).
+  (encode once, chunks sized by ``eval_chunk`` / ``eval_chunk_mb``, ``eval_chunk_mb_cuda`` on a GPU).
 ``cpu s`` is the process's CPU time over the timed span. On a shared machine, compare code versions with
 ``--threads 1`` and ``cpu s``: with two threads a busy neighbour makes each OpenMP team wait (and spin)
 for its descheduled partner, which inflates wall *and* CPU time erratically.
@@ -111,14 +111,14 @@ if {mode!r} == "train":
                   h2d_kb=tensor_bytes(sample) / 1024, graph_h2d_kb=tensor_bytes(collate([prepared])) / 1024)
 else:
     idx = np.arange({eval_configs}) % graph.num_configs
-    score_graph(model, prepared, cfg, idx[:configs_per_chunk(cfg, prepared)])  # warm-up: one chunk (CUDA kernels, allocator)
+    score_graph(model, prepared, cfg, idx[:configs_per_chunk(cfg, prepared, device.type)])  # warm-up: one chunk (CUDA kernels, allocator)
     sync()
     started, cpu_started = time.perf_counter(), time.process_time()
     score_graph(model, prepared, cfg, idx)
     sync()
     seconds, cpu_seconds = time.perf_counter() - started, time.process_time() - cpu_started
     result.update(seconds=seconds, cpu_seconds=cpu_seconds, configs_per_s={eval_configs} / seconds,
-                  chunk=configs_per_chunk(cfg, prepared))
+                  chunk=configs_per_chunk(cfg, prepared, device.type))
 result["peak_device_mb"] = torch.cuda.max_memory_allocated(device) / 2**20 if cuda else 0.0
 """
 
@@ -149,8 +149,8 @@ def measured_code(path: Path, collection: str, mode: str, *, copies: int = 1, st
 
 def measure_throughput(work: Path, *, copies: Sequence[int] = (1, 2), steps: int = 5, eval_configs: int = 1000,
                        devices: Sequence[str] = ("cpu",), precisions: Sequence[str] = ("fp32",), nice: int = 0,
-                       overrides: Sequence[str] = (), threads: int = 2, log=print,
-                       on_row: Callable[[list[list]], None] | None = None) -> list[list]:
+                       overrides: Sequence[str] = (), threads: int = 2, modes: Sequence[str] = ("train", "predict"),
+                       log=print, on_row: Callable[[list[list]], None] | None = None) -> list[list]:
     """One row per (device, precision, copies, mode), each from a fresh process; ``on_row`` gets the
     rows so far after each (a caller that writes them keeps what a stopped run measured)."""
     path, collection = largest_layout_graph(work)
@@ -159,7 +159,7 @@ def measure_throughput(work: Path, *, copies: Sequence[int] = (1, 2), steps: int
     for device in devices:
         for precision in precisions:
             for count in copies:
-                for mode in ("train", "predict"):
+                for mode in modes:
                     r = measure(measured_code(path, collection, mode, copies=count, steps=steps,
                                               eval_configs=eval_configs, device=device, precision=precision,
                                               overrides=overrides, threads=threads), nice=nice)
@@ -196,11 +196,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="K=V",
                         help="config override, e.g. gnn.config_pairs=false (repeatable)")
     parser.add_argument("--threads", type=int, default=2, help="torch threads of the measured process")
+    parser.add_argument("--modes", default="train,predict", help="comma-separated: train, predict")
     args = parser.parse_args(argv)
     rows = measure_throughput(args.work, copies=[int(c) for c in args.copies.split(",")], steps=args.steps,
                               eval_configs=args.eval_configs, devices=args.device.split(","),
                               precisions=args.precision.split(","), nice=args.nice, overrides=args.overrides,
-                              threads=args.threads)
+                              threads=args.threads, modes=args.modes.split(","))
     print("\n".join(table(rows)))
 
 

@@ -330,6 +330,10 @@ def test_chunk_size_follows_the_memory_budget():
     assert configs_per_chunk(cfg, small) == 512
     rows = big.levels[-1].rows.shape[0]
     assert configs_per_chunk(cfg, big) == max(1, 2**20 // (rows * 64 * 4)) < 512
+    # on a CUDA device the larger budget sizes the passes (a pure function: no GPU needed)
+    cuda = GNNConfig(hidden=64, eval_chunk=512, eval_chunk_mb=1, eval_chunk_mb_cuda=3)
+    assert configs_per_chunk(cuda, big, "cuda") == max(1, 3 * 2**20 // (rows * 64 * 4)) > configs_per_chunk(cuda, big)
+    assert [len(p) for p in scoring_passes(cuda, big, 100, "cuda")][0] == configs_per_chunk(cuda, big, "cuda")
 
 
 def test_batched_configs_and_graphs_score_like_one_at_a_time():

@@ -73,6 +73,7 @@ class GNNConfig:
     # --- evaluation
     eval_chunk: int = bounded(512, 1)  # at most this many configs scored per forward pass when predicting
     eval_chunk_mb: int = bounded(8, 1)  # ... and few enough that one per-config state tensor fits in this (MiB)
+    eval_chunk_mb_cuda: int = bounded(128, 1)  # the same budget when the GNN runs on a CUDA device
     eval_max_configs: int = bounded(256, 2)  # configs per validation graph used for early stopping (fixed sample)
     # --- unsupervised pre-training of the node encoder (graph autoencoder)
     pretrain: bool = False

@@ -55,9 +55,10 @@ def pass_order(rng: np.random.Generator, own: int, extra: int, extra_per_pass: i
     return rng.permutation(visited)
 
 
-def configs_per_chunk(cfg: GNNConfig, graph: PreparedGraph) -> int:
+def configs_per_chunk(cfg: GNNConfig, graph: PreparedGraph, device_type: str = "cpu") -> int:
     """Configs scored per forward pass: at most ``eval_chunk``, and few enough that one per-config state
-    tensor (config-dependent rows x chunk x hidden floats) fits in ``eval_chunk_mb``.
+    tensor (config-dependent rows x chunk x hidden floats) fits in ``eval_chunk_mb`` (``eval_chunk_mb_cuda``
+    on a CUDA device, where small passes leave the GPU waiting on kernel launches).
 
     Small chunks are also faster on CPU: tensors under glibc's 32 MiB mmap ceiling are reused from
     the heap instead of being mapped and page-faulted afresh on every pass. On an 11k-node graph,
@@ -65,10 +66,11 @@ def configs_per_chunk(cfg: GNNConfig, graph: PreparedGraph) -> int:
     """
     rows = graph.levels[-1].rows.shape[0] if graph.levels else 1
     per_config = max(rows, 1) * cfg.hidden * 4
-    return int(min(cfg.eval_chunk, max(1, cfg.eval_chunk_mb * 2**20 // per_config)))
+    budget_mb = cfg.eval_chunk_mb_cuda if device_type == "cuda" else cfg.eval_chunk_mb
+    return int(min(cfg.eval_chunk, max(1, budget_mb * 2**20 // per_config)))
 
 
-def scoring_passes(cfg: GNNConfig, graph: PreparedGraph, count: int) -> list[np.ndarray]:
+def scoring_passes(cfg: GNNConfig, graph: PreparedGraph, count: int, device_type: str = "cpu") -> list[np.ndarray]:
     """Positions ``0..count-1`` of the configs to score, grouped into forward passes (a partition).
 
     Without cross-config attention a config's score depends on that config alone: consecutive chunks
@@ -79,7 +81,7 @@ def scoring_passes(cfg: GNNConfig, graph: PreparedGraph, count: int) -> list[np.
     was scored beside one other config, on a small graph in passes of up to 512).
     """
     if not cfg.cross_config_attention:
-        chunk = configs_per_chunk(cfg, graph)
+        chunk = configs_per_chunk(cfg, graph, device_type)
         return [np.arange(start, min(start + chunk, count)) for start in range(0, count, chunk)]
     if count == 0:
         return []
@@ -126,7 +128,7 @@ def score_graph(model: GNNModel, graph: PreparedGraph, cfg: GNNConfig, indices: 
     was_training = model.training
     model.eval()
     idx = np.arange(graph.num_configs) if indices is None else indices
-    passes = scoring_passes(cfg, graph, idx.shape[0])
+    passes = scoring_passes(cfg, graph, idx.shape[0], device.type)
     try:
         with autocast(device, cfg.precision):
             ctx = model.encode(batch if batch is not None else collate([graph]).to(device))
