@@ -15,6 +15,10 @@ Rules (``w`` = weights, ``best`` = the model with the best OOF score alone):
 * ``sig2``: ``oof-fit`` only if the blend's OOF gain over ``best`` exceeds 2 standard errors of the
   per-graph gain (paired over the OOF graphs), else ``best``: a gain the OOF cannot tell from noise
   is not taken (the ensemble stage with ``ensemble.min_gain_se = 2``, the base config since then);
+* ``sig3``: the same at 3 standard errors: a candidate named after v4-v6 were seen (it would take the
+  GNN alone where v4 xla:default and v6 nlp:default kept blends at 2.8-3.0 standard errors and fell
+  below it), so only worlds from v7 on can speak for it
+  (``benchmarks/results/2026-11-26-evaluation-worlds-medium-v7.md``);
 * ``half-shrink``: halfway between ``oof-fit`` and ``best``.
 
 Issue 17 asks that the ensemble never fall below the best single model by more than the seed spread;
@@ -36,7 +40,7 @@ import polars as pl
 from benchmarks.common import markdown_table
 from pipelines.atomic import write_text_atomic
 
-RULES = ("oof-fit", "best", "sig2", "half-shrink")
+RULES = ("oof-fit", "best", "sig2", "sig3", "half-shrink")
 
 
 @dataclass(frozen=True)
@@ -54,8 +58,8 @@ class Cell:
 def rule_weights(fitted: dict[str, float], best: str, gain: float, sem: float) -> dict[str, dict[str, float]]:
     """Each rule's weights from the OOF-fitted ones, the best single model and the OOF gain (pure)."""
     alone = {m: float(m == best) for m in fitted}
-    significant = gain > 2 * sem
-    return {"oof-fit": dict(fitted), "best": alone, "sig2": dict(fitted) if significant else alone,
+    beyond = {k: dict(fitted) if gain > k * sem else alone for k in (2, 3)}  # NaN sem: never beyond
+    return {"oof-fit": dict(fitted), "best": alone, "sig2": beyond[2], "sig3": beyond[3],
             "half-shrink": {m: (fitted[m] + alone[m]) / 2 for m in fitted}}
 
 

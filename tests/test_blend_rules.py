@@ -10,7 +10,10 @@ def test_rules_keep_the_fit_only_where_its_gain_is_beyond_two_standard_errors():
     fitted = {"gbdt": 0.2, "gnn": 0.8}
     noisy = rule_weights(fitted, "gnn", gain=0.002, sem=0.003)
     assert noisy["oof-fit"] == fitted and noisy["best"] == {"gbdt": 0.0, "gnn": 1.0}
-    assert noisy["sig2"] == noisy["best"]
+    assert noisy["sig2"] == noisy["sig3"] == noisy["best"]
     assert noisy["half-shrink"] == pytest.approx({"gbdt": 0.1, "gnn": 0.9})
     assert rule_weights(fitted, "gnn", gain=0.02, sem=0.003)["sig2"] == fitted
+    between = rule_weights(fitted, "gnn", gain=0.0084, sem=0.003)  # 2.8 standard errors
+    assert between["sig2"] == fitted and between["sig3"] == {"gbdt": 0.0, "gnn": 1.0}
+    assert rule_weights(fitted, "gnn", gain=0.02, sem=0.003)["sig3"] == fitted
     assert rule_weights(fitted, "gnn", gain=0.02, sem=math.nan)["sig2"] == {"gbdt": 0.0, "gnn": 1.0}
