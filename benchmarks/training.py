@@ -1,6 +1,7 @@
 """Training (one fold, one seed) and prediction of every test graph, per model and collection.
 
 Usage: python -m benchmarks.training --root DATA_ROOT [--collections ...] [--models gbdt,gnn] [--work DIR]
+                                    [--config NAME] [--set K=V ...]
 
 Each (model, collection) runs in a fresh process on 2 threads: the data stages (cached, not timed),
 then one model is fitted on the train graphs with early stopping on the valid graphs (timed: loading
@@ -14,7 +15,9 @@ scale with different graph counts: per epoch, the training steps scale with the 
 real fold model (4/5 of train+valid) and the validation with its held-out graphs (1/5), and the
 epoch count with what early stopping runs; loading and preparing the graphs scale with all of them,
 and the rest of the fit (building the model, starting a GPU: seconds, most of a fit on a sample
-this small) is paid once. ``--gnn-epochs 0`` runs the base config as it is
+this small) is paid once. The graphs of ``gnn.extra_train_collections`` (xla:random also trains on
+nlp:random's) join the training set as in a run, loaded before the clock starts; a pass visits at
+most as many of them as own graphs, so their steps scale with the own graphs. ``--gnn-epochs 0`` runs the base config as it is
 (early stopping included: the sample's own stopping epoch); ``--gnn-epochs N`` trains N epochs
 without early stopping and scales to ``--gnn-expected-epochs`` (default: the base config's epochs,
 an upper bound; pass the epochs early stopping ran on a larger world, e.g. the ``small`` world's
@@ -43,27 +46,35 @@ from pipelines.collections import parse_collection
 from pipelines.config import load_config
 from pipelines.models.registry import get_adapter
 from pipelines.train import PREDICT_BATCH_GRAPHS, _predict_graphs
-config = load_config(None, {overrides!r})
-collection = parse_collection({collection!r})
+config = load_config({config!r}, {overrides!r})
 root, work = {root!r}, Path({work!r})
-refs = p.collection_refs(root, collection)
-key = p.raw_data_key(root, refs)
-prune = run_prune(config, collection, work, refs, key, False)
-stages = {{"prune": prune}}
-if {model!r} == "gnn":
-    stages["node_arrays"] = run_node_arrays(collection, work, read_graph_table(prune), prune, False)
-else:
-    stages["features"] = run_features(config, collection, work, refs, key, prune, False)
-prepared = p.Prepared(collection, stages)  # no folds stage: the sample is split train / valid / test
+def prepare_collection(collection):
+    refs = p.collection_refs(root, collection)
+    key = p.raw_data_key(root, refs)
+    prune = run_prune(config, collection, work, refs, key, False)
+    stages = {{"prune": prune}}
+    if {model!r} == "gnn":
+        stages["node_arrays"] = run_node_arrays(collection, work, read_graph_table(prune), prune, False)
+    else:
+        stages["features"] = run_features(config, collection, work, refs, key, prune, False)
+    return p.Prepared(collection, stages)  # no folds stage: the sample is split train / valid / test
+collection = parse_collection({collection!r})
+prepared = prepare_collection(collection)
 adapter = get_adapter({model!r})
 settings = adapter.settings(config, collection)
 train_graphs, held_out, test_graphs = prepared.graphs("train"), prepared.graphs("valid"), prepared.graphs("test")
+# graphs of other collections that join the training set (gnn.extra_train_collections), loaded before the
+# clock starts: a pass visits at most as many of them as own graphs, so their steps scale with the own ones
+companions = []
+for name in settings.get("extra_train_collections") or []:
+    other = prepare_collection(parse_collection(name))
+    companions += adapter.load(other, other.graphs("train") + other.graphs("valid"), settings=settings, fit=True, seed=0)
 t0, c0 = time.perf_counter(), time.process_time()
 ranker = adapter.make(settings, collection, num_threads={threads})
 train = adapter.load(prepared, train_graphs, settings=settings, fit=True, seed=0)
 valid = adapter.load(prepared, held_out, settings=settings, fit=True, seed=0)
 load_s = time.perf_counter() - t0
-ranker = ranker.fit(train, valid, seed=0)
+ranker = ranker.fit(train + companions, valid, seed=0)
 fit_s, fit_cpu_s = time.perf_counter() - t0, time.process_time() - c0
 history = getattr(ranker, "history_", None) or []
 epochs_s = sum(h["seconds"] for h in history)
@@ -75,7 +86,8 @@ if history:  # the GNN prepares each graph inside fit: timed again here, outside
     for g in train + valid:
         prepare_graph(g, settings["config_layers"])
     prepare_s = time.perf_counter() - t1
-del train, valid
+companion_graphs = len(companions)
+del train, valid, companions
 t0, c0 = time.perf_counter(), time.process_time()
 predicted = _predict_graphs(adapter, ranker, prepared, test_graphs, settings=settings,
                             batch=PREDICT_BATCH_GRAPHS[collection.kind], seed=0)
@@ -85,7 +97,8 @@ nodes = table.filter(table["graph"].is_in(train_graphs))["nodes_after"]
 result = {{"fit_s": fit_s, "fit_cpu_s": fit_cpu_s, "predict_s": predict_s, "predict_cpu_s": predict_cpu_s, "train_graphs": len(train_graphs),
            "test_graphs": len(test_graphs), "test_configs": int(sum(len(c) for _, _, c in predicted)),
            "train_mean_nodes": float(nodes.mean()), "valid_graphs": len(held_out), "epochs_run": len(history),
-           "epochs_s": epochs_s, "valid_s": valid_s, "load_s": load_s, "prepare_s": prepare_s}}
+           "epochs_s": epochs_s, "valid_s": valid_s, "load_s": load_s, "prepare_s": prepare_s,
+           "companion_graphs": companion_graphs}}
 """
 
 
@@ -109,6 +122,7 @@ class FitRow:
     valid_s: float = 0.0  # GNN: ... of which early-stopping validation
     load_s: float = 0.0  # loading the train and valid graphs (part of fit_s)
     prepare_s: float = 0.0  # GNN: preparing those graphs for the model (inside fit, timed again outside)
+    companion_graphs: int = 0  # GNN: graphs of gnn.extra_train_collections in the training set
 
     def real_train_graphs(self) -> int:
         return REAL_FILES[self.collection][0]
@@ -137,8 +151,8 @@ class FitRow:
         return self.predict_s / max(self.test_graphs, 1) * REAL_FILES[self.collection][2]
 
 
-def measure_fold(root: Path, collection: str, model: str, work: Path, *, overrides: Sequence[str] = (),
-                 gnn_epochs: int | None = None, gnn_expected_epochs: float | None = None, device: str = "cpu",
+def measure_fold(root: Path, collection: str, model: str, work: Path, *, config: str | None = None,
+                 overrides: Sequence[str] = (), gnn_epochs: int | None = None, gnn_expected_epochs: float | None = None, device: str = "cpu",
                  threads: int = 2, nice: int = 0, log=print) -> FitRow:
     from pipelines.config import load_config
 
@@ -146,16 +160,17 @@ def measure_fold(root: Path, collection: str, model: str, work: Path, *, overrid
     if model == "gnn":
         overrides += [f'gnn.device="{device}"']
     if model == "gnn" and gnn_epochs:
-        expected = gnn_expected_epochs or load_config(None, overrides).gnn.epochs
+        expected = gnn_expected_epochs or load_config(config, overrides).gnn.epochs
         overrides += [f"gnn.epochs={gnn_epochs}", "gnn.patience=0"]
         scale = expected / gnn_epochs
     body = _FOLD.format(root=str(root), collection=collection, model=model, work=str(work), threads=threads,
-                        overrides=overrides)
+                        config=config, overrides=overrides)
     r = measure(body, nice=nice)
     row = FitRow(model, collection, int(r["train_graphs"]), float(r["train_mean_nodes"]), float(r["fit_s"]),
                  float(r["fit_cpu_s"]), scale, int(r["test_graphs"]), int(r["test_configs"]), float(r["predict_s"]),
                  float(r["predict_cpu_s"]), float(r["peak_rss_mb"]), int(r["valid_graphs"]), int(r["epochs_run"]),
-                 float(r["epochs_s"]), float(r["valid_s"]), float(r["load_s"]), float(r["prepare_s"]))
+                 float(r["epochs_s"]), float(r["valid_s"]), float(r["load_s"]), float(r["prepare_s"]),
+                 int(r["companion_graphs"]))
     log(f"  {model:<5} {collection:<22} fit {row.fit_s:8.1f}s on {row.train_graphs} graphs, predict "
         f"{row.predict_s:6.1f}s for {row.test_graphs} test graphs, peak {row.peak_rss_mb:6.0f} MB")
     return row
@@ -163,11 +178,11 @@ def measure_fold(root: Path, collection: str, model: str, work: Path, *, overrid
 
 def table(rows: list[FitRow]) -> list[str]:
     header = ["model", "collection", "train graphs", "valid graphs", "mean nodes", "fit s", "fit cpu s",
-              "epochs run", "of which validation s", "once per fit s", "epochs scale", "graphs/s (fit)", "real train graphs",
+              "companion graphs", "epochs run", "of which validation s", "once per fit s", "epochs scale", "graphs/s (fit)", "real train graphs",
               "fit extrapolated s", "test graphs", "predict s", "predict cpu s", "configs/s (predict)",
               "predict extrapolated s", "peak RSS MB"]
     out = [[r.model, r.collection, r.train_graphs, r.valid_graphs, r.train_mean_nodes, r.fit_s, r.fit_cpu_s,
-            r.epochs_run or "-", r.valid_s if r.epochs_run else "-", r.fixed_s() if r.epochs_run else "-", r.fit_scale,
+            r.companion_graphs, r.epochs_run or "-", r.valid_s if r.epochs_run else "-", r.fixed_s() if r.epochs_run else "-", r.fit_scale,
             r.train_graphs / r.fit_s, r.real_train_graphs(), r.fit_extrapolated_s(), r.test_graphs, r.predict_s,
             r.predict_cpu_s, r.test_configs / r.predict_s if r.predict_s > 0 else "-", r.predict_extrapolated_s(),
             r.peak_rss_mb]
@@ -199,8 +214,12 @@ def main(argv: Sequence[str] | None = None) -> None:
                         help="epochs --gnn-epochs is scaled to (default: the base config's epochs, an upper bound)")
     parser.add_argument("--device", default="cpu", help="gnn.device: cpu, cuda or auto")
     parser.add_argument("--nice", type=int, default=0)
+    parser.add_argument("--config", default=None, help="run config measured (default: base), e.g. cpu")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="K=V",
+                        help="config override, e.g. gnn.passes_per_epoch=1 (repeatable)")
     args = parser.parse_args(argv)
-    rows = [measure_fold(args.root, c, m, args.work, gnn_epochs=args.gnn_epochs,
+    rows = [measure_fold(args.root, c, m, args.work, config=args.config, overrides=args.overrides,
+                         gnn_epochs=args.gnn_epochs,
                          gnn_expected_epochs=args.gnn_expected_epochs, device=args.device, nice=args.nice)
             for m in args.models.split(",") for c in args.collections.split(",")]
     print("\n".join(table(rows) + [""] + targets(rows)))

@@ -35,4 +35,15 @@ def test_a_measured_gnn_fit_reports_its_epochs(tiny_world, tmp_path):
                      overrides=["gnn.hidden=8", "gnn.passes_per_epoch=1", "gnn.eval_max_configs=8"], threads=1)
     assert r.epochs_run == 2 and r.fit_scale == 20 / 2
     assert 0 < r.valid_s < r.epochs_s < r.fit_s
-    assert r.load_s > 0 and r.prepare_s > 0 and r.fixed_s() >= 0
+    assert r.load_s > 0 and r.prepare_s > 0 and r.fixed_s() >= 0 and r.companion_graphs == 0
+
+
+def test_graphs_of_the_extra_training_collections_join_the_measured_fit(tiny_world, tmp_path):
+    # base.toml trains xla:random on nlp:random's graphs too: the benchmark fits with them, as a run does
+    fast = ["gnn.hidden=8", "gnn.eval_max_configs=8"]
+    r = measure_fold(tiny_world, "layout:xla:random", "gnn", tmp_path / "work", gnn_epochs=1, overrides=fast,
+                     threads=1)
+    assert r.companion_graphs > 0 and r.epochs_run == 1
+    alone = measure_fold(tiny_world, "layout:xla:random", "gnn", tmp_path / "work", gnn_epochs=1, config="cpu",
+                         overrides=fast, threads=1)
+    assert alone.companion_graphs == 0  # configs/cpu.toml turns them off
