@@ -16,12 +16,15 @@ real fold model (4/5 of train+valid) and the validation with its held-out graphs
 epoch count with what early stopping runs; loading and preparing the graphs scale with all of them,
 and the rest of the fit (building the model, starting a GPU: seconds, most of a fit on a sample
 this small) is paid once. The graphs of ``gnn.extra_train_collections`` (xla:random also trains on
-nlp:random's) join the training set as in a run, loaded before the clock starts; a pass visits at
-most as many of them as own graphs, so their steps scale with the own graphs. ``--gnn-epochs 0`` runs the base config as it is
-(early stopping included: the sample's own stopping epoch); ``--gnn-epochs N`` trains N epochs
-without early stopping and scales to ``--gnn-expected-epochs`` (default: the base config's epochs,
-an upper bound; pass the epochs early stopping ran on a larger world, e.g. the ``small`` world's
-mean ``epochs_run``, for an estimate). ``--device cuda`` trains the GNN on the GPU.
+nlp:random's) join the training set as in a run, loaded before the clock starts (their preparation
+inside the fit counts as paid once); a pass visits at most as many of them as own graphs, so their
+steps scale with the own graphs.
+
+``--gnn-epochs 0`` runs the config (``--config``, default base) as it is, early stopping included:
+the sample's own stopping epoch. ``--gnn-epochs N`` trains N epochs without early stopping and scales
+to ``--gnn-expected-epochs`` (default: the config's epochs, an upper bound; pass the epochs early
+stopping ran on a larger world, e.g. the ``small`` world's mean ``epochs_run``, for an estimate).
+``--device cuda`` trains the GNN on the GPU.
 """
 
 from __future__ import annotations
@@ -152,8 +155,9 @@ class FitRow:
 
 
 def measure_fold(root: Path, collection: str, model: str, work: Path, *, config: str | None = None,
-                 overrides: Sequence[str] = (), gnn_epochs: int | None = None, gnn_expected_epochs: float | None = None, device: str = "cpu",
-                 threads: int = 2, nice: int = 0, log=print) -> FitRow:
+                 overrides: Sequence[str] = (), gnn_epochs: int | None = None,
+                 gnn_expected_epochs: float | None = None, device: str = "cpu", threads: int = 2, nice: int = 0,
+                 log=print) -> FitRow:
     from pipelines.config import load_config
 
     overrides, scale = list(overrides), 1.0
@@ -178,11 +182,12 @@ def measure_fold(root: Path, collection: str, model: str, work: Path, *, config:
 
 def table(rows: list[FitRow]) -> list[str]:
     header = ["model", "collection", "train graphs", "valid graphs", "mean nodes", "fit s", "fit cpu s",
-              "companion graphs", "epochs run", "of which validation s", "once per fit s", "epochs scale", "graphs/s (fit)", "real train graphs",
-              "fit extrapolated s", "test graphs", "predict s", "predict cpu s", "configs/s (predict)",
+              "companion graphs", "epochs run", "of which validation s", "once per fit s", "epochs scale",
+              "graphs/s (fit)", "real train graphs", "fit extrapolated s", "test graphs", "predict s", "predict cpu s", "configs/s (predict)",
               "predict extrapolated s", "peak RSS MB"]
     out = [[r.model, r.collection, r.train_graphs, r.valid_graphs, r.train_mean_nodes, r.fit_s, r.fit_cpu_s,
-            r.companion_graphs, r.epochs_run or "-", r.valid_s if r.epochs_run else "-", r.fixed_s() if r.epochs_run else "-", r.fit_scale,
+            r.companion_graphs, r.epochs_run or "-", *([r.valid_s, r.fixed_s()] if r.epochs_run else ["-", "-"]),
+            r.fit_scale,
             r.train_graphs / r.fit_s, r.real_train_graphs(), r.fit_extrapolated_s(), r.test_graphs, r.predict_s,
             r.predict_cpu_s, r.test_configs / r.predict_s if r.predict_s > 0 else "-", r.predict_extrapolated_s(),
             r.peak_rss_mb]
@@ -211,7 +216,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--gnn-epochs", type=int, default=None,
                         help="train the GNN this many epochs without early stopping, then scale (0/unset: base config)")
     parser.add_argument("--gnn-expected-epochs", type=float, default=None,
-                        help="epochs --gnn-epochs is scaled to (default: the base config's epochs, an upper bound)")
+                        help="epochs --gnn-epochs is scaled to (default: the config's epochs, an upper bound)")
     parser.add_argument("--device", default="cpu", help="gnn.device: cpu, cuda or auto")
     parser.add_argument("--nice", type=int, default=0)
     parser.add_argument("--config", default=None, help="run config measured (default: base), e.g. cpu")
