@@ -411,6 +411,22 @@ def test_deterministic_for_a_seed():
     assert not np.allclose(a[0], c[0])
 
 
+def test_a_fit_on_two_threads_repeats_to_the_bit():
+    """Gathers whose backward adds with atomics on 2+ threads (``tensor[index]``) would make every
+    multi-threaded CPU fit differ in its last bits; the graph is large enough for torch to split them."""
+    rng = np.random.default_rng(5)
+    weights = 0.01 * rng.normal(size=18)  # small: runtimes stay positive over 2,000 configurable nodes
+    graphs = [layout_graph(rng, n=4000, nc=2000, c=32, stem=f"big{i}", weights=weights) for i in range(2)]
+    for g in graphs:  # few distinct layouts: many nodes gather (and add gradients into) the same row
+        g.config_feat = np.minimum(g.config_feat, 0)
+
+    def fitted() -> bytes:
+        ranker = gnn(epochs=1, num_threads=2, configs_per_graph=32, hidden=64).fit(graphs[:1], graphs[1:], seed=0)
+        return ranker.predict(graphs).tobytes() + np.array([h["loss"] for h in ranker.history_]).tobytes()
+
+    assert fitted() == fitted()
+
+
 def test_each_pass_of_an_epoch_visits_every_training_graph_once(monkeypatch):
     from pipelines.models.gnn import trainer
 
@@ -614,6 +630,8 @@ def test_stage_adapter_flattens_predictions_in_index_order(monkeypatch):
     small = adapter.job_memory(FakePrepared(), ["layout0"], settings)
     large = adapter.job_memory(FakePrepared(), ["layout0", "layout2"], settings)
     assert 0 < small < large
+    kept = adapter.job_memory(FakePrepared(), ["layout0"], {**settings, "cpu_heap_reuse": True})
+    assert kept > small  # freed step tensors stay in the heap
 
 
 # ----------------------------------------------------------------------------- devices and precision

@@ -16,6 +16,7 @@ from pipelines.node_arrays import NODE_FEATURE_DIM, GraphArrays
 # job_memory: configurable nodes per layout graph assumed, tensors alive in a step, torch's own footprint
 AVG_CONFIG_NODES = 64
 STEP_COPIES = 12
+STEP_COPIES_HEAP_REUSE = 21  # gnn.cpu_heap_reuse keeps freed blocks of other sizes: +0.8 GB on an 11k-node graph
 TORCH_BYTES = 512 * 2**20
 
 
@@ -64,13 +65,15 @@ class GNNAdapter:
         """Rough peak bytes of a fit: every graph's arrays plus one training step on the largest graph.
 
         The graph table has no count of configurable nodes, so configs are costed at
-        ``AVG_CONFIG_NODES`` nodes each; a step keeps ~``STEP_COPIES`` (nodes, K, hidden) float tensors.
+        ``AVG_CONFIG_NODES`` nodes each; a step keeps ~``STEP_COPIES`` (nodes, K, hidden) float tensors
+        (``STEP_COPIES_HEAP_REUSE`` when freed ones stay in the heap).
         """
         table = prepared.graph_table.filter(pl.col("graph").is_in(graphs))
         nodes = table["nodes_after"].to_numpy()
         configs = np.minimum(table["configs_after"].to_numpy(), settings["load_max_configs"])
         arrays = nodes * 4 * NODE_FEATURE_DIM + configs * AVG_CONFIG_NODES * 18  # float32 features, int8 configs
-        step = int(nodes.max(initial=0)) * settings["configs_per_graph"] * settings["hidden"] * 4 * STEP_COPIES
+        copies = STEP_COPIES_HEAP_REUSE if settings.get("cpu_heap_reuse") else STEP_COPIES
+        step = int(nodes.max(initial=0)) * settings["configs_per_graph"] * settings["hidden"] * 4 * copies
         return int(arrays.sum()) + step + TORCH_BYTES
 
     def describe(self, fitted: GNNRanker) -> tuple[dict[str, Any], pl.DataFrame | None]:

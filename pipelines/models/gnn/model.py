@@ -300,7 +300,10 @@ class GNNModel(nn.Module):
     def embed_layout_configs(self, configs: ConfigBatch, batch: GraphBatch) -> torch.Tensor:
         """(R0, K, H) embedding of each configurable node's block; each distinct block is embedded once."""
         e = self.value_embed(configs.values.long()) + self.slot_embed
-        embedded = self.config_proj(e.flatten(-2))[configs.inverse]
+        projected = self.config_proj(e.flatten(-2))  # (T, H), one row per distinct block
+        # index_select, not [index]: [index]'s backward (index_put with accumulation) adds with atomics
+        # when torch runs 2+ threads, so CPU fits would not repeat to the bit; index_add adds in order
+        embedded = projected.index_select(0, configs.inverse.flatten()).view(*configs.inverse.shape, -1)
         if self.physics_proj is not None:
             physics = layout_physics(configs.values, configs.inverse, batch.config_shapes, batch.config_layouts)
             embedded = embedded + self.physics_proj(physics)
@@ -383,9 +386,11 @@ class GNNModel(nn.Module):
         prev_rows = batch.config_rows
         for layer, level, x_shared, pre_shared in zip(self.config_layers, batch.levels, ctx.shared_in,
                                                       ctx.shared_pre):
-            delta = x - x_shared[prev_rows].unsqueeze(1)
-            pre = layer.add_delta_pre(pre_shared[level.rows].unsqueeze(1).repeat(1, k, 1), delta, level)
-            x = (layer.post(pre) + x_shared[level.rows].unsqueeze(1)).index_add_(0, level.root, delta)
+            # index_select, not [rows]: see embed_layout_configs
+            delta = x - x_shared.index_select(0, prev_rows).unsqueeze(1)
+            shared_pre = pre_shared.index_select(0, level.rows).unsqueeze(1).repeat(1, k, 1)
+            pre = layer.add_delta_pre(shared_pre, delta, level)
+            x = (layer.post(pre) + x_shared.index_select(0, level.rows).unsqueeze(1)).index_add_(0, level.root, delta)
             prev_rows = level.rows
         total = segment_sum(x, batch.final_graph, b) + ctx.outside_sum.unsqueeze(1)
         maximum = torch.maximum(segment_max_sorted(x, batch.final_graph, b, batch.final_counts),

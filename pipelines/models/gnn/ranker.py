@@ -16,7 +16,7 @@ from pipelines.collections import Collection, parse_collection
 from pipelines.config import config_from_dict, config_to_dict, resolve_for_collection
 from pipelines.errors import ConfigError, FormatError
 from pipelines.models.gnn.batch import PreparedGraph, graph_kind, prepare_graph
-from pipelines.models.gnn.device import deterministic, resolve_device, rng_devices
+from pipelines.models.gnn.device import deterministic, keep_freed_memory, resolve_device, rng_devices
 from pipelines.models.gnn.model import GNNModel
 from pipelines.models.gnn.pretrain import pretrain_encoder
 from pipelines.models.gnn.trainer import atomic_torch_save, score_graph, train_model
@@ -117,7 +117,7 @@ class GNNRanker:
         checkpoint_path = None if checkpoint_dir is None else Path(checkpoint_dir) / f"gnn_seed{seed}.pt"
 
         with _torch_threads(cfg.num_threads), torch.random.fork_rng(devices=rng_devices(device)), \
-                deterministic(cfg.deterministic):
+                deterministic(cfg.deterministic), keep_freed_memory(cfg.cpu_heap_reuse and device.type == "cpu"):
             torch.manual_seed(seed)
             model = GNNModel(cfg, feat_dim, kind).to(device)
 
