@@ -55,7 +55,7 @@ def test_freed_memory_is_reused_inside_the_block_and_mapped_afresh_after_it():
 
 
 SAME_RESULTS = """
-import ctypes, hashlib, json
+import hashlib, json
 import numpy as np
 import torch
 from pipelines.models.gnn.device import M_MMAP_THRESHOLD, _glibc

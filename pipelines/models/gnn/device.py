@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import ctypes.util
+import functools
 import os
 import platform
 import threading
@@ -80,6 +81,7 @@ _heap_lock = threading.Lock()
 _heap_depth = 0
 
 
+@functools.cache  # per process: it reads the interpreter's binary and asks ldconfig
 def _glibc() -> ctypes.CDLL | None:
     """The C library when it is glibc (mallopt and malloc_trim are glibc's), else None."""
     if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
