@@ -39,19 +39,21 @@ def faults(times=4, mib=64):
 outside = faults()
 with keep_freed_memory(True) as active:
     faults(1)  # the first block grows the heap
-    inside = faults()
+    inside = faults(times=8)
 after = faults()
-print(json.dumps(dict(active=active, outside=outside, inside=inside, after=after, pages=4 * 64 * 2**20 // 4096)))
+print(json.dumps(dict(active=active, outside=outside, inside=inside, after=after, block=64 * 2**20 // 4096)))
 """
 
 
 def test_freed_memory_is_reused_inside_the_block_and_mapped_afresh_after_it():
     got = run_python(FAULTS)
     assert got["active"]
-    if got["outside"] < got["pages"] // 2:
+    if got["outside"] < 2 * got["block"]:
         pytest.skip(f"the kernel backs these blocks with huge pages ({got})")
-    assert got["inside"] < got["pages"] // 20, got  # each block reuses the last one's pages
-    assert got["after"] > got["pages"] // 2, got  # glibc's mapping of large blocks is back
+    # 8 blocks inside fault at most ~1 block's pages: the heap grows once more when a small allocation
+    # lands in the freed block and splits it (seen on CI), then every block reuses freed pages
+    assert got["inside"] < 2 * got["block"], got
+    assert got["after"] > 2 * got["block"], got  # 4 blocks: glibc's mapping of large blocks is back
 
 
 SAME_RESULTS = """
