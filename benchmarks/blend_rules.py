@@ -14,11 +14,14 @@ Rules (``w`` = weights, ``best`` = the model with the best OOF score alone):
 * ``best``: the best single model alone;
 * ``sig2``: ``oof-fit`` only if the blend's OOF gain over ``best`` exceeds 2 standard errors of the
   per-graph gain (paired over the OOF graphs), else ``best``: a gain the OOF cannot tell from noise
-  is not taken (the ensemble stage with ``ensemble.min_gain_se = 2``, the base config since then);
+  is not taken (the ensemble stage with ``ensemble.min_gain_se = 2``, the base config from then
+  until the v8 plan);
 * ``sig3``: the same at 3 standard errors: a candidate named after v4-v6 were seen (it would take the
   GNN alone where v4 xla:default and v6 nlp:default kept blends at 2.8-3.0 standard errors and fell
   below it), so only worlds from v7 on can speak for it
-  (``benchmarks/results/2026-11-26-evaluation-worlds-medium-v7.md``);
+  (``benchmarks/results/2026-11-26-evaluation-worlds-medium-v7.md``); the base config
+  (``ensemble.min_gain_se = 3``) since the v8 plan, which v8 and v9 judge
+  (``2026-11-26-evaluation-worlds-medium-v8.md``);
 * ``half-shrink``: halfway between ``oof-fit`` and ``best``.
 
 Issue 17 asks that the ensemble never fall below the best single model by more than the seed spread;

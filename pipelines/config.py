@@ -103,7 +103,7 @@ class EnsembleConfig:
     method: str = field(default="minmax", metadata={"choices": ("minmax", "rank")})
     # Keep the OOF-fitted blend only if its OOF gain over the best single model exceeds this many
     # standard errors of the per-graph gain, else use that model alone; 0: always the fitted blend.
-    min_gain_se: float = field(default=2.0, metadata={"min": 0})
+    min_gain_se: float = field(default=3.0, metadata={"min": 0})
     models: list[str] = field(
         default_factory=lambda: list(MODEL_NAMES),
         metadata={"choices": MODEL_NAMES, "min_items": 1, "unique": True},
