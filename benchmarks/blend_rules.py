@@ -22,6 +22,14 @@ Rules (``w`` = weights, ``best`` = the model with the best OOF score alone):
   (``benchmarks/results/2026-11-26-evaluation-worlds-medium-v7.md``); the base config
   (``ensemble.min_gain_se = 3``) since the v8 plan, which v8 and v9 judge
   (``2026-11-26-evaluation-worlds-medium-v8.md``);
+* ``sig3-avg``: ``sig3`` on the OOF gain expected at the test's number of averaged runs. OOF rows
+  average one fold model per seed, test rows every fold model of every seed; where part of the
+  blend's gain is variance reduction, the test-time average already gives it (v8 xla:default). The
+  gain is modelled as ``a + b / n`` in the runs ``n`` averaged per graph, through the mean gain with
+  one seed's predictions alone (``n = 1``) and the gain with all ``S`` seeds (``n = S``), and taken at
+  ``n = folds x S``; the blend only if that exceeds 3 standard errors of the all-seeds gain (one seed:
+  ``sig3``). A candidate fixed before v8's other ensemble stages existed
+  (``2026-11-26-evaluation-worlds-medium-v8.md``);
 * ``half-shrink``: halfway between ``oof-fit`` and ``best``.
 
 Issue 17 asks that the ensemble never fall below the best single model by more than the seed spread;
@@ -43,7 +51,7 @@ import polars as pl
 from benchmarks.common import markdown_table
 from pipelines.atomic import write_text_atomic
 
-RULES = ("oof-fit", "best", "sig2", "sig3", "half-shrink")
+RULES = ("oof-fit", "best", "sig2", "sig3", "sig3-avg", "half-shrink")
 
 
 @dataclass(frozen=True)
@@ -55,14 +63,32 @@ class Cell:
     weights: dict[str, dict[str, float]]  # rule -> model -> weight
     oof_gain: float  # mean per-graph OOF gain of oof-fit over the best single model
     oof_gain_sem: float  # its standard error (paired over graphs)
+    runs_gain: float  # that gain expected at the test's runs per graph (``gain_at_runs``)
     test: dict[str, float]  # each model alone, each rule, "ceiling"
 
 
-def rule_weights(fitted: dict[str, float], best: str, gain: float, sem: float) -> dict[str, dict[str, float]]:
-    """Each rule's weights from the OOF-fitted ones, the best single model and the OOF gain (pure)."""
+def gain_at_runs(seed_gains: Sequence[float], gain: float, runs: int) -> float:
+    """The blend's gain expected with ``runs`` predictions averaged per graph (pure).
+
+    ``seed_gains``: the gain with each seed's predictions alone (one run per graph); ``gain``: with all
+    of them averaged. Fits ``a + b / n`` through ``(1, mean(seed_gains))`` and ``(len(seed_gains), gain)``;
+    with one seed there is no slope and ``gain`` is returned."""
+    seeds = len(seed_gains)
+    if seeds < 2:
+        return gain
+    slope = (float(np.mean(seed_gains)) - gain) / (1 - 1 / seeds)
+    return gain - slope / seeds + slope / runs
+
+
+def rule_weights(fitted: dict[str, float], best: str, gain: float, sem: float,
+                 runs_gain: float | None = None) -> dict[str, dict[str, float]]:
+    """Each rule's weights from the OOF-fitted ones, the best single model, the OOF gain and that gain
+    at the test's runs per graph (``gain_at_runs``; None: ``gain``) (pure)."""
     alone = {m: float(m == best) for m in fitted}
     beyond = {k: dict(fitted) if gain > k * sem else alone for k in (2, 3)}  # NaN sem: never beyond
+    at_runs = gain if runs_gain is None else runs_gain
     return {"oof-fit": dict(fitted), "best": alone, "sig2": beyond[2], "sig3": beyond[3],
+            "sig3-avg": dict(fitted) if at_runs > 3 * sem else alone,
             "half-shrink": {m: (fitted[m] + alone[m]) / 2 for m in fitted}}
 
 
@@ -76,7 +102,14 @@ def world_of(root: Path) -> Path:
 def cells_of(root: Path) -> list[Cell]:
     from pipelines.collections import parse_collection
     from pipelines.engine import load_stage
-    from pipelines.ensemble import blend, fit_blend_weights, load_blend_inputs, prepare_model_scores
+    from pipelines.ensemble import (
+        blend,
+        blend_graph_scores,
+        fit_blend_weights,
+        load_blend_inputs,
+        paired_gain,
+        prepare_model_scores,
+    )
     from pipelines.evaluate import CEILING, evaluate_rows
     from pipelines.run import submission_rows
 
@@ -96,8 +129,8 @@ def cells_of(root: Path) -> list[Cell]:
         collection = parse_collection(name)
         models = list(config["models"])
         trained = {m: load_stage(work, stage, inputs[f"model:{m}"]) for m, stage in config["models"].items()}
-        table, oof, _, truths = load_blend_inputs(collection, load_stage(work, "prune", inputs["prune"]), trained)
-        oof = prepare_model_scores(oof, method)
+        table, raw_oof, _, truths = load_blend_inputs(collection, load_stage(work, "prune", inputs["prune"]), trained)
+        oof = prepare_model_scores(raw_oof, method)
         test = prepare_model_scores(table.filter(pl.col("split") == "test"), method)
         frames = {m: oof.filter(pl.col("model") == m) for m in models}
         fit = fit_blend_weights(frames, truths, name, grid=grid)  # the grid optimum, whatever its margin
@@ -106,21 +139,32 @@ def cells_of(root: Path) -> list[Cell]:
             raise SystemExit(f"{path}: recomputed weights {fit.weights} (best single {fit.best_single}) differ "
                              f"from the stage's {stage_fit} ({metrics['best_single_model']}) (other code?)")
         gain, sem = fit.gain, fit.gain_se
-        weights = rule_weights(fit.weights, fit.best_single, gain, sem)
+        alone = {m: float(m == fit.best_single) for m in models}
+        seed_gains = []
+        for seed in sorted(raw_oof["seed"].unique().to_list()):
+            scored = prepare_model_scores(raw_oof.filter(pl.col("seed") == seed), method)
+            by_model = {m: scored.filter(pl.col("model") == m) for m in models}
+            seed_gains.append(paired_gain(blend_graph_scores(by_model, truths, name, fit.weights),
+                                          blend_graph_scores(by_model, truths, name, alone))[0])
+        test_rows = table.filter((pl.col("split") == "test") & (pl.col("model") == fit.best_single))
+        runs = test_rows.select("fold", "seed").unique().height  # fold models x seeds averaged on test
+        runs_gain = gain_at_runs(seed_gains, gain, runs)
+        weights = rule_weights(fit.weights, fit.best_single, gain, sem, runs_gain)
         rows = {m: submission_rows(test.filter(pl.col("model") == m)) for m in models}
         rows.update({rule: submission_rows(blend(test, w)) for rule, w in weights.items()})
         evaluation = evaluate_rows(world, rows, collections=[collection])
         scores = {e: evaluation.reports[e].collection_score(name) for e in [*rows, CEILING]}
-        cells.append(Cell(world.name, name, weights, gain, sem, scores))
+        cells.append(Cell(world.name, name, weights, gain, sem, runs_gain, scores))
     return cells
 
 
 def report(cells: Sequence[Cell]) -> list[str]:
     models = sorted({m for c in cells for m in c.weights["oof-fit"]})
-    header = ["world", "collection", *[f"w({m}) oof-fit" for m in models], "OOF gain (sem)", *models, *RULES,
+    header = ["world", "collection", *[f"w({m}) oof-fit" for m in models], "OOF gain (sem)", "at test runs",
+              *models, *RULES,
               "ceiling"]
     rows = [[c.world, c.collection, *[f"{c.weights['oof-fit'][m]:.2f}" for m in models],
-             f"{c.oof_gain:+.4f} ({c.oof_gain_sem:.4f})", *[f"{c.test[e]:.4f}" for e in (*models, *RULES, "ceiling")]]
+             f"{c.oof_gain:+.4f} ({c.oof_gain_sem:.4f})", f"{c.runs_gain:+.4f}", *[f"{c.test[e]:.4f}" for e in (*models, *RULES, "ceiling")]]
             for c in cells]
     ratio = {e: np.mean([c.test[e] / c.test["ceiling"] for c in cells]) for e in (*models, *RULES)}
     return [*markdown_table(header, rows), "",
