@@ -161,10 +161,10 @@ def cells_of(root: Path) -> list[Cell]:
 def report(cells: Sequence[Cell]) -> list[str]:
     models = sorted({m for c in cells for m in c.weights["oof-fit"]})
     header = ["world", "collection", *[f"w({m}) oof-fit" for m in models], "OOF gain (sem)", "at test runs",
-              *models, *RULES,
-              "ceiling"]
+              *models, *RULES, "ceiling"]
     rows = [[c.world, c.collection, *[f"{c.weights['oof-fit'][m]:.2f}" for m in models],
-             f"{c.oof_gain:+.4f} ({c.oof_gain_sem:.4f})", f"{c.runs_gain:+.4f}", *[f"{c.test[e]:.4f}" for e in (*models, *RULES, "ceiling")]]
+             f"{c.oof_gain:+.4f} ({c.oof_gain_sem:.4f})", f"{c.runs_gain:+.4f}",
+             *[f"{c.test[e]:.4f}" for e in (*models, *RULES, "ceiling")]]
             for c in cells]
     ratio = {e: np.mean([c.test[e] / c.test["ceiling"] for c in cells]) for e in (*models, *RULES)}
     return [*markdown_table(header, rows), "",
