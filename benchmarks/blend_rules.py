@@ -63,27 +63,14 @@ class Cell:
     weights: dict[str, dict[str, float]]  # rule -> model -> weight
     oof_gain: float  # mean per-graph OOF gain of oof-fit over the best single model
     oof_gain_sem: float  # its standard error (paired over graphs)
-    runs_gain: float  # that gain expected at the test's runs per graph (``gain_at_runs``)
+    runs_gain: float  # that gain expected at the test's runs per graph (``pipelines.ensemble.gain_at_runs``)
     test: dict[str, float]  # each model alone, each rule, "ceiling"
-
-
-def gain_at_runs(seed_gains: Sequence[float], gain: float, runs: int) -> float:
-    """The blend's gain expected with ``runs`` predictions averaged per graph (pure).
-
-    ``seed_gains``: the gain with each seed's predictions alone (one run per graph); ``gain``: with all
-    of them averaged. Fits ``a + b / n`` through ``(1, mean(seed_gains))`` and ``(len(seed_gains), gain)``;
-    with one seed there is no slope and ``gain`` is returned."""
-    seeds = len(seed_gains)
-    if seeds < 2:
-        return gain
-    slope = (float(np.mean(seed_gains)) - gain) / (1 - 1 / seeds)
-    return gain - slope / seeds + slope / runs
 
 
 def rule_weights(fitted: dict[str, float], best: str, gain: float, sem: float,
                  runs_gain: float | None = None) -> dict[str, dict[str, float]]:
     """Each rule's weights from the OOF-fitted ones, the best single model, the OOF gain and that gain
-    at the test's runs per graph (``gain_at_runs``; None: ``gain``) (pure)."""
+    at the test's runs per graph (``pipelines.ensemble.gain_at_runs``; None: ``gain``) (pure)."""
     alone = {m: float(m == best) for m in fitted}
     beyond = {k: dict(fitted) if gain > k * sem else alone for k in (2, 3)}  # NaN sem: never beyond
     at_runs = gain if runs_gain is None else runs_gain
@@ -104,11 +91,12 @@ def cells_of(root: Path) -> list[Cell]:
     from pipelines.engine import load_stage
     from pipelines.ensemble import (
         blend,
-        blend_graph_scores,
         fit_blend_weights,
+        gain_at_runs,
         load_blend_inputs,
-        paired_gain,
         prepare_model_scores,
+        runs_per_test_graph,
+        seed_gains,
     )
     from pipelines.evaluate import CEILING, evaluate_rows
     from pipelines.run import submission_rows
@@ -139,16 +127,8 @@ def cells_of(root: Path) -> list[Cell]:
             raise SystemExit(f"{path}: recomputed weights {fit.weights} (best single {fit.best_single}) differ "
                              f"from the stage's {stage_fit} ({metrics['best_single_model']}) (other code?)")
         gain, sem = fit.gain, fit.gain_se
-        alone = {m: float(m == fit.best_single) for m in models}
-        seed_gains = []
-        for seed in sorted(raw_oof["seed"].unique().to_list()):
-            scored = prepare_model_scores(raw_oof.filter(pl.col("seed") == seed), method)
-            by_model = {m: scored.filter(pl.col("model") == m) for m in models}
-            seed_gains.append(paired_gain(blend_graph_scores(by_model, truths, name, fit.weights),
-                                          blend_graph_scores(by_model, truths, name, alone))[0])
-        test_rows = table.filter((pl.col("split") == "test") & (pl.col("model") == fit.best_single))
-        runs = test_rows.select("fold", "seed").unique().height  # fold models x seeds averaged on test
-        runs_gain = gain_at_runs(seed_gains, gain, runs)
+        runs = runs_per_test_graph(table.filter(pl.col("split") == "test"), fit.best_single)
+        runs_gain = gain_at_runs(seed_gains(raw_oof, truths, name, fit, method), gain, runs)
         weights = rule_weights(fit.weights, fit.best_single, gain, sem, runs_gain)
         rows = {m: submission_rows(test.filter(pl.col("model") == m)) for m in models}
         rows.update({rule: submission_rows(blend(test, w)) for rule, w in weights.items()})

@@ -376,6 +376,9 @@ def _add_ensemble(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--min-gain-se", type=float, default=None,
                    help="keep the fitted blend only if its OOF gain over the best single model exceeds this "
                         "many standard errors, else that model alone (default: the first run's; 0: always)")
+    p.add_argument("--gain-at", choices=("oof", "test-runs"), default=None,
+                   help="test the blend's gain as measured on OOF, or as expected at the test's averaged runs "
+                        "(default: the first run's)")
     p.add_argument("--models", default=None,
                    help="comma-separated models to keep (gbdt keeps gbdt@<run-id> of every run)")
     p.add_argument("--work-dir", type=Path, default=None, help="where the runs' stages are (default: as recorded)")
@@ -389,6 +392,7 @@ def _run_ensemble(args: argparse.Namespace) -> int:
 
     result = ensemble_runs(args.runs, submissions_dir=args.submissions_dir, work_dir=args.work_dir,
                            data_root=args.data_root, method=args.method, min_gain_se=args.min_gain_se,
+                           gain_at=args.gain_at,
                            models=parse_models(args.models))
     print(result.describe())
     print(result.submission)

@@ -12,7 +12,11 @@ Every frame follows ``pipelines.predictions`` (score LOWER = predicted FASTER). 
    closest to equal (the robust choice when the OOF metric cannot tell candidates apart). With
    ``min_gain_se`` > 0 (``ensemble.min_gain_se``) the fitted blend is kept only if its OOF gain over
    the best single model exceeds that many standard errors of the per-graph gain; otherwise the best
-   single model alone is used (a gain the OOF graphs cannot tell from noise is not taken);
+   single model alone is used (a gain the OOF graphs cannot tell from noise is not taken). With
+   ``gain_at="test-runs"`` (``ensemble.gain_at``) the gain tested is the one expected where the blend
+   is applied (:func:`gain_at_runs`): test rows average every fold model of every seed, OOF rows one
+   fold model per seed, and the part of a blend's gain that is variance reduction the test-time
+   average already gives;
 4. :func:`blend` applies the weights, giving a frame in the same schema with ``model="ensemble"``.
 
 :func:`ensemble_collection` chains them for one collection and any number of models.
@@ -28,6 +32,7 @@ standard error). With one model the blend is the identity (weight 1.0).
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
 import math
@@ -52,6 +57,9 @@ GraphMetric = Callable[[np.ndarray, np.ndarray], float]
 ENSEMBLE_MODEL = "ensemble"
 AVERAGED = -1  # fold/seed value of rows that average several folds or seeds
 DEFAULT_GRID_STEP = 0.05
+# Where the blend's OOF gain is tested (``ensemble.gain_at``): as measured on the OOF rows, or
+# extrapolated to the test's number of averaged runs per graph (:func:`gain_at_runs`).
+GAIN_AT_CHOICES: tuple[str, ...] = ("oof", "test-runs")
 # Above this many models the full simplex grid grows too fast (5 models at 0.05: 10,626 points);
 # coordinate ascent is used instead.
 MAX_MODELS_FULL_GRID = 3
@@ -157,9 +165,21 @@ class BlendFit:
     single_scores: dict[str, float]
     curve: pl.DataFrame
     fitted_weights: dict[str, float]
+    fitted_score: float
     best_single: str
     gain: float
     gain_se: float
+    tested_gain: float  # what the min_gain_se test compared: ``gain``, or it at the test's runs
+
+    def requiring(self, min_gain_se: float, tested_gain: float) -> BlendFit:
+        """This fit with the fitted blend kept only if ``tested_gain`` exceeds ``min_gain_se``
+        standard errors of the OOF gain (0: always kept), else the best single model alone (pure)."""
+        if not math.isfinite(min_gain_se) or min_gain_se < 0:
+            raise ConfigError(f"min_gain_se must be a finite number >= 0, got {min_gain_se}")
+        keep = min_gain_se == 0 or tested_gain > min_gain_se * self.gain_se  # NaN: not passed
+        weights = dict(self.fitted_weights) if keep else {m: float(m == self.best_single) for m in self.fitted_weights}
+        score = self.fitted_score if keep else self.single_scores[self.best_single]
+        return dataclasses.replace(self, weights=weights, score=score, tested_gain=tested_gain)
 
 
 @dataclass(frozen=True)
@@ -284,8 +304,6 @@ def fit_blend_weights(
     models = list(oof_frames_by_model)
     if not models:
         raise ConfigError("fit_blend_weights needs at least one model")
-    if not math.isfinite(min_gain_se) or min_gain_se < 0:
-        raise ConfigError(f"min_gain_se must be a finite number >= 0, got {min_gain_se}")
     parse_collection(collection)
     metric = metric or competition_metric(collection)
     units = _grid_units(grid)
@@ -329,17 +347,47 @@ def fit_blend_weights(
     alone = vertices[models.index(best_single)]
     gain, gain_se = paired_gain(_graph_values(stacks, np.asarray(chosen, dtype=np.float64) / units, metric),
                                 _graph_values(stacks, np.asarray(alone, dtype=np.float64) / units, metric))
-    applied = chosen if min_gain_se == 0 or gain > min_gain_se * gain_se else alone  # NaN: not passed
-    return BlendFit(
-        weights={m: applied[i] / units for i, m in enumerate(models)},
-        score=tried[applied],
-        single_scores=single_scores,
-        curve=curve,
-        fitted_weights={m: chosen[i] / units for i, m in enumerate(models)},
-        best_single=best_single,
-        gain=gain,
-        gain_se=gain_se,
-    )
+    fitted = {m: chosen[i] / units for i, m in enumerate(models)}
+    fit = BlendFit(weights=fitted, score=tried[chosen], single_scores=single_scores, curve=curve,
+                   fitted_weights=fitted, fitted_score=tried[chosen], best_single=best_single, gain=gain,
+                   gain_se=gain_se, tested_gain=gain)
+    return fit.requiring(min_gain_se, gain)
+
+
+def gain_at_runs(seed_gains: Sequence[float], gain: float, runs: int) -> float:
+    """The blend's gain expected with ``runs`` predictions averaged per graph (pure).
+
+    ``seed_gains``: the gain with each seed's predictions alone (one run per graph); ``gain``: with all
+    of them averaged. Fits ``a + b / n`` through ``(1, mean(seed_gains))`` and ``(len(seed_gains), gain)``
+    (the variance part of a gain falls as ``1 / n``); with one seed there is no slope and ``gain`` is
+    returned."""
+    seeds = len(seed_gains)
+    if seeds < 2:
+        return gain
+    slope = (float(np.mean(seed_gains)) - gain) / (1 - 1 / seeds)
+    return gain - slope / seeds + slope / runs
+
+
+def seed_gains(oof: pl.DataFrame, truths: Mapping[tuple[str, str], np.ndarray], collection: str,
+               fit: BlendFit, method: NormaliseMethod | str = "minmax",
+               metric: GraphMetric | None = None) -> list[float]:
+    """The OOF gain of ``fit``'s fitted blend over its best single model with each seed's predictions
+    alone, one value per seed every model has (``oof``: OOF rows before normalising and averaging)."""
+    models = list(fit.fitted_weights)
+    alone = {m: float(m == fit.best_single) for m in models}
+    seeds = set.intersection(*(set(oof.filter(pl.col("model") == m)["seed"].unique().to_list()) for m in models))
+    gains = []
+    for seed in sorted(seeds):
+        scored = prepare_model_scores(oof.filter(pl.col("seed") == seed), method)
+        by_model = {m: scored.filter(pl.col("model") == m) for m in models}
+        gains.append(paired_gain(blend_graph_scores(by_model, truths, collection, fit.fitted_weights, metric),
+                                 blend_graph_scores(by_model, truths, collection, alone, metric))[0])
+    return gains
+
+
+def runs_per_test_graph(test: pl.DataFrame, model: str) -> int:
+    """How many runs (fold models x seeds) the test rows of ``model`` average per graph."""
+    return test.filter(pl.col("model") == model).select("fold", "seed").unique().height
 
 
 def blend_graph_scores(oof_frames_by_model: Mapping[str, pl.DataFrame], truths: Mapping[tuple[str, str], np.ndarray],
@@ -414,17 +462,21 @@ def ensemble_collection(
     grid: float = DEFAULT_GRID_STEP,
     metric: GraphMetric | None = None,
     min_gain_se: float = 0.0,
+    gain_at: str = "oof",
 ) -> EnsembleResult:
     """Blend ``models`` for the one collection that ``oof`` and ``test`` hold.
 
     Weights are fitted on ``oof`` (out-of-fold rows) only (:func:`fit_blend_weights`, with
-    ``min_gain_se``) and applied to both frames; ``scores`` gives the OOF metric of every model alone
-    and of the ensemble, on the same normalised and averaged predictions (so ``scores["ensemble"] >=
-    max`` of the single models).
+    ``min_gain_se``; ``gain_at="test-runs"`` tests the gain expected at the test's averaged runs,
+    :func:`gain_at_runs`, from each seed's OOF gain, :func:`seed_gains`) and applied to both frames;
+    ``scores`` gives the OOF metric of every model alone and of the ensemble, on the same normalised
+    and averaged predictions (so ``scores["ensemble"] >= max`` of the single models).
     """
     models = list(dict.fromkeys(models))
     if not models:
         raise ConfigError("ensemble_collection needs at least one model")
+    if gain_at not in GAIN_AT_CHOICES:
+        raise ConfigError(f"unknown gain_at {gain_at!r}; expected one of: {', '.join(GAIN_AT_CHOICES)}")
     oof, test = validate_predictions(oof, "<oof predictions>"), validate_predictions(test, "<test predictions>")
     collections = set(oof["collection"].unique().to_list()) | set(test["collection"].unique().to_list())
     if len(collections) != 1:
@@ -436,10 +488,14 @@ def ensemble_collection(
         missing = [m for m in models if m not in set(frame["model"].unique().to_list())]
         if missing:
             raise FormatError(f"<{name} predictions>", f"no {name} rows for model(s) {', '.join(missing)}")
-    oof = prepare_model_scores(oof.filter(pl.col("model").is_in(models)), method)
-    test = prepare_model_scores(test.filter(pl.col("model").is_in(models)), method)
+    raw_oof, raw_test = oof.filter(pl.col("model").is_in(models)), test.filter(pl.col("model").is_in(models))
+    oof, test = prepare_model_scores(raw_oof, method), prepare_model_scores(raw_test, method)
     fit = fit_blend_weights({m: oof.filter(pl.col("model") == m) for m in models}, truths, collection,
                             metric=metric, grid=grid, min_gain_se=min_gain_se)
+    if gain_at == "test-runs" and min_gain_se > 0 and fit.fitted_weights[fit.best_single] < 1:
+        runs = runs_per_test_graph(raw_test, fit.best_single)
+        expected = gain_at_runs(seed_gains(raw_oof, truths, collection, fit, method, metric), fit.gain, runs)
+        fit = fit.requiring(min_gain_se, expected)
     scores = {**fit.single_scores, ENSEMBLE_MODEL: fit.score}
     return EnsembleResult(blend(oof, fit.weights), blend(test, fit.weights), scores, fit)
 
@@ -485,15 +541,15 @@ def load_blend_inputs(collection: Collection, prune: StageOutput, trained: Mappi
 
 
 def ensemble_stage(collection: Collection, prune: StageOutput, trained: Mapping[str, StageOutput], *,
-                   method: str, grid: float | None = None, min_gain_se: float = 0.0, work_dir: Path,
-                   force: bool = False) -> StageOutput:
+                   method: str, grid: float | None = None, min_gain_se: float = 0.0, gain_at: str = "oof",
+                   work_dir: Path, force: bool = False) -> StageOutput:
     """Run (or reuse) the blend of ``trained`` (model name -> training output) for one collection."""
     grid = DEFAULT_GRID_STEP if grid is None else grid
     names = list(trained)
     if not names:
         raise ConfigError(f"{collection.name}: nothing to ensemble (no model)")
     config = {"collection": collection.name, "method": method, "grid": grid, "min_gain_se": float(min_gain_se),
-              "models": {name: trained[name].stage for name in names}}
+              "gain_at": gain_at, "models": {name: trained[name].stage for name in names}}
     inputs = {"prune": prune.key, **{f"model:{name}": trained[name].key for name in names}}
 
     def compute(folder: Path) -> dict[str, Any]:
@@ -502,17 +558,19 @@ def ensemble_stage(collection: Collection, prune: StageOutput, trained: Mapping[
             logger.info(f"[{collection.name}] ensemble: weights fitted on the "
                         f"{oof.select('graph', 'config_index').n_unique()} OOF configs every model predicted")
         result = ensemble_collection(oof, table.filter(pl.col("split") == "test"), truths, names, method, grid,
-                                     min_gain_se=min_gain_se)
+                                     min_gain_se=min_gain_se, gain_at=gain_at)
         pl.concat([result.blended_oof, result.blended_test]).write_parquet(folder / ENSEMBLE_PREDICTIONS)
         result.curve.write_parquet(folder / ENSEMBLE_CURVE)
         fit, best = result.fit, result.fit.best_single
+        at_runs = "" if fit.tested_gain == fit.gain else f" ({fit.tested_gain:+.4f} expected at the test's runs)"
         note = "" if fit.weights == fit.fitted_weights else (
             f"; the fitted blend ({weights_text(fit.fitted_weights)}) gains "
-            f"{fit.gain:+.4f} +- {fit.gain_se:.4f} over it, not above {min_gain_se:g} standard errors")
+            f"{fit.gain:+.4f} +- {fit.gain_se:.4f} over it{at_runs}, not above {min_gain_se:g} standard errors")
         logger.info(f"[{collection.name}] ensemble weights {weights_text(result.weights)}"
                     + f": OOF {result.scores['ensemble']:.4f} (best single: {best} {result.scores[best]:.4f}{note})")
         return {"collection": collection.name, "method": method, "weights": result.weights,
                 "fitted_weights": fit.fitted_weights, "oof_gain": fit.gain, "oof_gain_se": fit.gain_se,
+                "tested_gain": fit.tested_gain,
                 "oof_scores": result.scores, "best_single_model": best, "oof_rows_used": oof.height,
                 "oof_rows_dropped": dropped}
 
@@ -527,14 +585,16 @@ def weights_text(weights: Mapping[str, float]) -> str:
 
 def blend_rule(output: StageOutput) -> dict[str, Any]:
     """What the ensemble stage ``output`` chose and why, one table row: the grid optimum ("fitted"), the
-    best single model, the optimum's OOF gain over it with its standard error, the ``min_gain_se``
-    threshold and the weights used. Stages written before the threshold existed always used the optimum
-    (threshold 0) and recorded no gain (None)."""
-    metrics = output.metrics
+    best single model, the optimum's OOF gain over it with its standard error, the gain tested (it, or
+    it expected at the test's runs: ``gain_at``), the ``min_gain_se`` threshold and the weights used.
+    Stages written before the threshold existed always used the optimum (threshold 0) and recorded no
+    gain (None); stages before ``gain_at`` tested the OOF gain."""
+    metrics, config = output.metrics, output.manifest["config"]
     return {"fitted": weights_text(metrics.get("fitted_weights", metrics["weights"])),
             "best single": metrics["best_single_model"], "OOF gain": metrics.get("oof_gain"),
-            "standard error": metrics.get("oof_gain_se"),
-            "min_gain_se": float(output.manifest["config"].get("min_gain_se", 0.0)),
+            "standard error": metrics.get("oof_gain_se"), "gain_at": config.get("gain_at", "oof"),
+            "gain tested": metrics.get("tested_gain", metrics.get("oof_gain")),
+            "min_gain_se": float(config.get("min_gain_se", 0.0)),
             "used": weights_text(metrics["weights"])}
 
 

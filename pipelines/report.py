@@ -375,8 +375,9 @@ def build_report(run: RunOutputs) -> list[Section]:
                    for c in _in_order(list(weights), order)]
     ensemble = Section("Ensemble weights",
                        ["Weights fitted on the out-of-fold predictions (seed-averaged, normalised per graph): the "
-                        "grid optimum ('fitted'), or the best single model alone where the optimum's OOF gain over "
-                        "it is within ensemble.min_gain_se standard errors; the curve is every weight the "
+                        "grid optimum ('fitted'), or the best single model alone where the optimum's gain over it "
+                        "(as measured on OOF, or expected at the test's averaged runs: ensemble.gain_at) is within "
+                        "ensemble.min_gain_se standard errors of the OOF gain; the curve is every weight the "
                         "ensemble stage tried (two models: the first model's weight; dashed: the one used)."],
                        [("weights per collection", pl.DataFrame(weight_rows))] if weight_rows else [])
     curves = {}

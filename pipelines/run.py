@@ -483,6 +483,7 @@ def train_and_blend(config: PipelineConfig, data_root: Path | str, *, work_dir: 
         for cname, item in prepared.items():
             output = track(ensemble_stage(item.collection, item.stages["prune"], trained[cname],
                                           method=config.ensemble.method, min_gain_se=config.ensemble.min_gain_se,
+                                          gain_at=config.ensemble.gain_at,
                                           work_dir=work_dir, force=force))
             runs.append(CollectionRun(item.collection, item.stage_keys, trained[cname], output,
                                       {name: c.stage_keys for name, c in item.companions.items()}))
@@ -528,17 +529,18 @@ def _model_matches(name: str, wanted: Sequence[str]) -> bool:
 
 def ensemble_runs(run_ids: Sequence[str], *, submissions_dir: Path | str = paths.SUBMISSIONS_DIR,
                   work_dir: Path | str | None = None, data_root: Path | str | None = None,
-                  method: str | None = None, min_gain_se: float | None = None,
+                  method: str | None = None, min_gain_se: float | None = None, gain_at: str | None = None,
                   models: Sequence[str] | None = None, force: bool = False, command: str | None = None) -> RunResult:
     """Blend the saved training outputs of earlier runs into a new submission, training nothing.
 
     Training outputs are found in the work dir recorded by each run (or ``work_dir``); with several
     runs, a model is named ``<model>@<run-id>``. The runs must share the prune and folds stages of
     every collection, so their out-of-fold predictions are comparable. ``models`` keeps models by
-    name or by the part before ``@``; ``method`` and ``min_gain_se`` default to the first run's
-    (``min_gain_se`` 0, the fitted blend always, for runs made before the setting existed).
+    name or by the part before ``@``; ``method``, ``min_gain_se`` and ``gain_at`` default to the first
+    run's (``min_gain_se`` 0, the fitted blend always, and ``gain_at`` "oof" for runs made before
+    these settings existed).
     """
-    from pipelines.ensemble import NORMALISE_METHODS
+    from pipelines.ensemble import GAIN_AT_CHOICES, NORMALISE_METHODS
 
     started = time.perf_counter()
     run_ids = list(dict.fromkeys(run_ids))
@@ -552,6 +554,9 @@ def ensemble_runs(run_ids: Sequence[str], *, submissions_dir: Path | str = paths
         raise ConfigError(f"unknown ensemble method {method!r}; expected one of {', '.join(NORMALISE_METHODS)}")
     if min_gain_se is None:
         min_gain_se = float(first.get("config", {}).get("ensemble", {}).get("min_gain_se", 0.0))
+    gain_at = gain_at or first.get("config", {}).get("ensemble", {}).get("gain_at", "oof")
+    if gain_at not in GAIN_AT_CHOICES:
+        raise ConfigError(f"unknown gain_at {gain_at!r}; expected one of {', '.join(GAIN_AT_CHOICES)}")
     data_root = Path(data_root if data_root is not None else first["data_root"])
     out_dir = Path(work_dir if work_dir is not None else first["work_dir"])
     collections = list(first.get("collections") or first["stages"])  # "stages" is key-sorted JSON
@@ -586,11 +591,11 @@ def ensemble_runs(run_ids: Sequence[str], *, submissions_dir: Path | str = paths
         prune = _load_saved(out_dir if work_dir is not None else Path(first["work_dir"]), "prune",
                             prepare_keys["prune"], run_ids[0], "prune", cname)
         output = ensemble_stage(parse_collection(cname), prune, trained, method=method, min_gain_se=min_gain_se,
-                                work_dir=out_dir, force=force)
+                                gain_at=gain_at, work_dir=out_dir, force=force)
         runs.append(CollectionRun(parse_collection(cname), dict(prepare_keys), trained, output,
                                   dict(first["stages"][cname].get("companions", {}))))
     computed = [f"{r.ensemble.stage}/{r.ensemble.key}" for r in runs if not r.ensemble.cached]
-    config = {"ensemble": {"method": method, "min_gain_se": min_gain_se,
+    config = {"ensemble": {"method": method, "min_gain_se": min_gain_se, "gain_at": gain_at,
                            "models": list(models) if models is not None else None},
               "source_runs": {r: manifests[r].get("config") for r in run_ids}}
     return _finish(runs, kind="ensemble", config=config, data_root=data_root, work_dir=out_dir,

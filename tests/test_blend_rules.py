@@ -3,7 +3,7 @@ import math
 
 import pytest
 
-from benchmarks.blend_rules import gain_at_runs, rule_weights
+from benchmarks.blend_rules import rule_weights
 
 
 def test_rules_keep_the_fit_only_where_its_gain_is_beyond_two_standard_errors():
@@ -27,13 +27,3 @@ def test_sig3_avg_judges_the_gain_expected_at_the_test_runs():
     shrinking = rule_weights(fitted, "gnn", gain=0.0037, sem=0.0009, runs_gain=0.0015)
     assert shrinking["sig3"] == fitted and shrinking["sig3-avg"] == {"gbdt": 0.0, "gnn": 1.0}
     assert rule_weights(fitted, "gnn", gain=0.0037, sem=0.0009, runs_gain=0.0030)["sig3-avg"] == fitted
-
-
-def test_gain_at_runs_extrapolates_a_plus_b_over_n():
-    # gain = a + b / n with a = 0.001, b = 0.006: n = 1 -> 0.007, n = 2 -> 0.004, n = 10 -> 0.0016
-    assert gain_at_runs([0.008, 0.006], 0.004, runs=10) == pytest.approx(0.0016)
-    assert gain_at_runs([0.008, 0.006], 0.004, runs=2) == pytest.approx(0.004)  # the all-seeds gain itself
-    # three seeds: through (1, 0.007) and (3, 0.003): b = 0.006, a = 0.001
-    assert gain_at_runs([0.006, 0.007, 0.008], 0.003, runs=15) == pytest.approx(0.0014)
-    assert gain_at_runs([0.004, 0.004], 0.004, runs=10) == pytest.approx(0.004)  # no shrinkage: unchanged
-    assert gain_at_runs([0.005], 0.005, runs=5) == 0.005  # one seed: no slope to fit

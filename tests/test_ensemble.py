@@ -7,7 +7,7 @@ import pytest
 from pipelines.ensemble import (
     common_oof,
     AVERAGED, average_over_seeds_and_folds, blend, blend_graph_scores, ensemble_collection, fit_blend_weights,
-    normalise_scores, paired_gain, prepare_model_scores,
+    gain_at_runs, normalise_scores, paired_gain, prepare_model_scores, runs_per_test_graph, seed_gains,
 )
 from pipelines.collections import parse_collection
 from pipelines.errors import ConfigError, FormatError
@@ -290,6 +290,75 @@ def test_ensemble_collection_end_to_end():
     assert result.curve.height == 21
     with pytest.raises(FormatError, match="no test rows for model"):
         ensemble_collection(oof, test.filter(pl.col("model") == "A"), truths, ["A", "B"])
+
+
+def test_gain_at_runs_extrapolates_a_plus_b_over_n():
+    # gain(n) = a + b / n through (1, 0.007) and (2, 0.004): b = 0.006, a = 0.001
+    assert gain_at_runs([0.008, 0.006], 0.004, runs=10) == pytest.approx(0.0016)
+    assert gain_at_runs([0.008, 0.006], 0.004, runs=2) == pytest.approx(0.004)  # the all-seeds gain itself
+    # three seeds: through (1, 0.007) and (3, 0.003): b = 0.006, a = 0.001
+    assert gain_at_runs([0.006, 0.007, 0.008], 0.003, runs=15) == pytest.approx(0.0014)
+    assert gain_at_runs([0.004, 0.004], 0.004, runs=10) == pytest.approx(0.004)  # no shrinkage: unchanged
+    assert gain_at_runs([0.005], 0.005, runs=5) == 0.005  # one seed: no slope to fit
+
+
+def test_requiring_keeps_the_fitted_blend_only_above_the_threshold():
+    truths = make_world(LAYOUT, graphs=30, configs=40, seed=3)
+    frames = {m: prepare_model_scores(oof_frame(truths, m, noise=1.5, seed=s)) for m, s in (("A", 4), ("B", 5))}
+    fit = fit_blend_weights(frames, truths, LAYOUT)
+    alone = {m: float(m == fit.best_single) for m in frames}
+    assert fit.fitted_weights != alone and fit.tested_gain == fit.gain
+    kept = fit.requiring(2.0, 2.01 * fit.gain_se)
+    assert kept.weights == fit.fitted_weights and kept.score == fit.fitted_score
+    assert kept.tested_gain == 2.01 * fit.gain_se
+    dropped = fit.requiring(2.0, 1.99 * fit.gain_se)
+    assert dropped.weights == alone and dropped.score == fit.single_scores[fit.best_single]
+    assert dropped.requiring(0.0, -1.0).weights == fit.fitted_weights  # 0: always the fitted blend
+    assert fit.requiring(2.0, math.nan).weights == alone
+    with pytest.raises(ConfigError, match="min_gain_se"):
+        fit.requiring(-1.0, fit.gain)
+
+
+def _two_seed_test_rows(graphs: int = 3, folds: int = 3, seeds: int = 2) -> pl.DataFrame:
+    rng = np.random.default_rng(9)
+    return frame_of([dict(collection=LAYOUT, graph=f"t{g}", split="test", fold=f, seed=s, model=m,
+                          scores=rng.standard_normal(7))
+                     for g in range(graphs) for f in range(folds) for s in range(seeds) for m in ("A", "B")])
+
+
+def test_gain_at_test_runs_drops_a_blend_whose_gain_is_seed_noise():
+    # Two seeds of two equally good models, with independent noise per seed: averaging the seeds already
+    # removes part of the noise the blend removes, so the blend's OOF gain shrinks with the runs averaged.
+    truths = make_world(LAYOUT, graphs=40, configs=40, seed=3)
+    oof = pl.concat([oof_frame(truths, m, noise=1.5, seed=s, seeds=2) for m, s in (("A", 4), ("B", 5))])
+    test = _two_seed_test_rows()
+    assert runs_per_test_graph(test, "A") == 6  # 3 fold models x 2 seeds
+    plain = ensemble_collection(oof, test, truths, ["A", "B"]).fit
+    per_seed = seed_gains(oof, truths, LAYOUT, plain)
+    assert len(per_seed) == 2 and np.mean(per_seed) > plain.gain > 0  # the gain shrinks with averaging
+    expected = gain_at_runs(per_seed, plain.gain, 6)
+    assert expected < plain.gain
+    threshold = (expected + plain.gain) / 2 / plain.gain_se  # the measured OOF gain passes it, the expected not
+    on_oof = ensemble_collection(oof, test, truths, ["A", "B"], min_gain_se=threshold).fit
+    assert on_oof.weights == plain.fitted_weights and on_oof.tested_gain == plain.gain
+    at_runs = ensemble_collection(oof, test, truths, ["A", "B"], min_gain_se=threshold, gain_at="test-runs").fit
+    assert at_runs.tested_gain == pytest.approx(expected)
+    assert at_runs.weights == {m: float(m == plain.best_single) for m in ("A", "B")}
+    with pytest.raises(ConfigError, match="gain_at"):
+        ensemble_collection(oof, test, truths, ["A", "B"], gain_at="test")
+
+
+def test_gain_at_test_runs_changes_nothing_when_seeds_agree():
+    # Identical seeds: each seed's gain is the all-seeds gain, so the gain expected at any runs is that gain.
+    truths = make_world(LAYOUT, graphs=40, configs=40, seed=3)
+    one = pl.concat([oof_frame(truths, "A", noise=1.5, seed=4), oof_frame(truths, "B", noise=1.5, seed=5)])
+    oof = pl.concat([one, one.with_columns(pl.lit(1).cast(one.schema["seed"]).alias("seed"))])
+    test = _two_seed_test_rows()
+    plain = ensemble_collection(oof, test, truths, ["A", "B"]).fit
+    threshold = 0.99 * plain.gain / plain.gain_se
+    at_runs = ensemble_collection(oof, test, truths, ["A", "B"], min_gain_se=threshold, gain_at="test-runs").fit
+    assert seed_gains(oof, truths, LAYOUT, plain) == pytest.approx([plain.gain, plain.gain])
+    assert at_runs.tested_gain == pytest.approx(plain.gain) and at_runs.weights == plain.fitted_weights
 
 
 def test_common_oof_keeps_the_configs_every_model_predicted():

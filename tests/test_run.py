@@ -219,6 +219,7 @@ def test_ensemble_command_reblends_saved_runs_without_training(runs, monkeypatch
     assert manifest["kind"] == "ensemble" and manifest["source_runs"] == [first, other.run_id]
     assert manifest["config"]["ensemble"]["method"] == "rank"
     assert manifest["config"]["ensemble"]["min_gain_se"] == runs["a"].manifest["config"]["ensemble"]["min_gain_se"]
+    assert manifest["config"]["ensemble"]["gain_at"] == runs["a"].manifest["config"]["ensemble"]["gain_at"]
     for weights in manifest["ensemble_weights"].values():
         assert set(weights) == {f"gbdt@{first}", f"random@{first}", f"feature@{other.run_id}"}
     tile = manifest["stages"]["tile:xla"]["train"]
@@ -226,11 +227,14 @@ def test_ensemble_command_reblends_saved_runs_without_training(runs, monkeypatch
 
     # --models keeps models by base name
     code = main(["ensemble", "--runs", first, other.run_id, "--submissions-dir", str(subs), "--models", "gbdt",
-                 "--min-gain-se", "0"])
+                 "--min-gain-se", "0", "--gain-at", "test-runs"])
     path = Path(capsys.readouterr().out.strip().splitlines()[-1])
     manifest = json.loads((path.parent / "manifest.json").read_text())
     assert code == 0 and all(w == {f"gbdt@{first}": 1.0} for w in manifest["ensemble_weights"].values())
     assert manifest["config"]["ensemble"]["min_gain_se"] == 0.0
+    assert manifest["config"]["ensemble"]["gain_at"] == "test-runs"
+    with pytest.raises(ConfigError, match="gain_at"):
+        ensemble_runs([first], submissions_dir=subs, gain_at="test")
 
 
 def test_ensemble_names_the_missing_stage_folder_when_the_cache_is_gone(runs, tmp_path):
