@@ -26,4 +26,7 @@ def test_sig3_avg_judges_the_gain_expected_at_the_test_runs():
     # 4.1 standard errors with both seeds, but shrinking with averaging: the GNN alone
     shrinking = rule_weights(fitted, "gnn", gain=0.0037, sem=0.0009, runs_gain=0.0015)
     assert shrinking["sig3"] == fitted and shrinking["sig3-avg"] == {"gbdt": 0.0, "gnn": 1.0}
+    assert shrinking["sig2-avg"] == {"gbdt": 0.0, "gnn": 1.0}  # 1.7 standard errors expected
+    between = rule_weights(fitted, "gnn", gain=0.0037, sem=0.0009, runs_gain=0.0020)  # 2.2 expected
+    assert between["sig2-avg"] == fitted and between["sig3-avg"] == {"gbdt": 0.0, "gnn": 1.0}
     assert rule_weights(fitted, "gnn", gain=0.0037, sem=0.0009, runs_gain=0.0030)["sig3-avg"] == fitted
