@@ -101,12 +101,12 @@ class EnsembleConfig:
 
     # minmax: per-graph min-max scaled scores, averaged; rank: per-graph ranks, averaged.
     method: str = field(default="minmax", metadata={"choices": ("minmax", "rank")})
-    # Keep the OOF-fitted blend only if its OOF gain over the best single model exceeds this many
-    # standard errors of the per-graph gain, else use that model alone; 0: always the fitted blend.
-    min_gain_se: float = field(default=3.0, metadata={"min": 0})
+    # Keep the OOF-fitted blend only if its gain over the best single model exceeds this many
+    # standard errors of the per-graph OOF gain, else use that model alone; 0: always the fitted blend.
+    min_gain_se: float = field(default=2.0, metadata={"min": 0})
     # oof: test the blend's gain as measured on the OOF rows (one fold model per seed); test-runs: the
     # gain expected at the test's average over every fold model and seed (``ensemble.gain_at_runs``).
-    gain_at: str = field(default="oof", metadata={"choices": ("oof", "test-runs")})
+    gain_at: str = field(default="test-runs", metadata={"choices": ("oof", "test-runs")})
     models: list[str] = field(
         default_factory=lambda: list(MODEL_NAMES),
         metadata={"choices": MODEL_NAMES, "min_items": 1, "unique": True},
