@@ -20,8 +20,8 @@ Rules (``w`` = weights, ``best`` = the model with the best OOF score alone):
   GNN alone where v4 xla:default and v6 nlp:default kept blends at 2.8-3.0 standard errors and fell
   below it), so only worlds from v7 on can speak for it
   (``benchmarks/results/2026-11-26-evaluation-worlds-medium-v7.md``); the base config
-  (``ensemble.min_gain_se = 3``) since the v8 plan, which v8 and v9 judge
-  (``2026-11-26-evaluation-worlds-medium-v8.md``);
+  (``ensemble.min_gain_se = 3``) from the v8 plan until v9
+  (``2026-11-26-evaluation-worlds-medium-v8.md``, ``-v9.md``);
 * ``sig3-avg``: ``sig3`` on the OOF gain expected at the test's number of averaged runs. OOF rows
   average one fold model per seed, test rows every fold model of every seed; where part of the
   blend's gain is variance reduction, the test-time average already gives it (v8 xla:default). The
@@ -31,8 +31,8 @@ Rules (``w`` = weights, ``best`` = the model with the best OOF score alone):
   ``sig3``). A candidate fixed before v8's other ensemble stages existed
   (``2026-11-26-evaluation-worlds-medium-v8.md``); ``ensemble.gain_at = "test-runs"`` in the pipeline;
 * ``sig2-avg``: the same at 2 standard errors, the blend rule of ``min_gain_se = 2`` with
-  ``gain_at = "test-runs"``; added after v9's first two cells were read, to report the combination of
-  the v9 plan's two decisions, so only worlds after v9 can speak for it;
+  ``gain_at = "test-runs"``, the base config since v9; added after v9's first two cells were read, to
+  report the combination of the v9 plan's two decisions, so only worlds after v9 can speak for it;
 * ``half-shrink``: halfway between ``oof-fit`` and ``best``.
 
 Issue 17 asks that the ensemble never fall below the best single model by more than the seed spread;

@@ -20,8 +20,9 @@
 # not registered). Each seed's predictions are blended at every weight, so the curve carries a
 # spread over folds x seeds; the weight the run chose is marked, and the ensemble stage's own
 # `curve.parquet` (fitted on the seed-averaged predictions) is shown next to it. The chosen weight is
-# the curve's optimum, or the best single model alone where the optimum's OOF gain over that model is
-# within `ensemble.min_gain_se` standard errors (table below).
+# the curve's optimum, or the best single model alone where the optimum's gain over that model (as
+# measured on OOF, or as expected at the test's averaged runs: `ensemble.gain_at`) is within
+# `ensemble.min_gain_se` standard errors of the OOF gain (table below).
 
 # %%
 import numpy as np
