@@ -171,13 +171,18 @@ class BlendFit:
     gain_se: float
     tested_gain: float  # what the min_gain_se test compared: ``gain``, or it at the test's runs
 
+    @property
+    def best_alone(self) -> dict[str, float]:
+        """The weights of the best single model alone."""
+        return {m: float(m == self.best_single) for m in self.fitted_weights}
+
     def requiring(self, min_gain_se: float, tested_gain: float) -> BlendFit:
         """This fit with the fitted blend kept only if ``tested_gain`` exceeds ``min_gain_se``
         standard errors of the OOF gain (0: always kept), else the best single model alone (pure)."""
         if not math.isfinite(min_gain_se) or min_gain_se < 0:
             raise ConfigError(f"min_gain_se must be a finite number >= 0, got {min_gain_se}")
         keep = min_gain_se == 0 or tested_gain > min_gain_se * self.gain_se  # NaN: not passed
-        weights = dict(self.fitted_weights) if keep else {m: float(m == self.best_single) for m in self.fitted_weights}
+        weights = dict(self.fitted_weights) if keep else self.best_alone
         score = self.fitted_score if keep else self.single_scores[self.best_single]
         return dataclasses.replace(self, weights=weights, score=score, tested_gain=tested_gain)
 
@@ -374,14 +379,14 @@ def seed_gains(oof: pl.DataFrame, truths: Mapping[tuple[str, str], np.ndarray], 
     """The OOF gain of ``fit``'s fitted blend over its best single model with each seed's predictions
     alone, one value per seed every model has (``oof``: OOF rows before normalising and averaging)."""
     models = list(fit.fitted_weights)
-    alone = {m: float(m == fit.best_single) for m in models}
+    metric = metric or competition_metric(collection)
+    fitted, alone = (np.array([w[m] for m in models], dtype=np.float64) for w in (fit.fitted_weights, fit.best_alone))
     seeds = set.intersection(*(set(oof.filter(pl.col("model") == m)["seed"].unique().to_list()) for m in models))
     gains = []
     for seed in sorted(seeds):
         scored = prepare_model_scores(oof.filter(pl.col("seed") == seed), method)
-        by_model = {m: scored.filter(pl.col("model") == m) for m in models}
-        gains.append(paired_gain(blend_graph_scores(by_model, truths, collection, fit.fitted_weights, metric),
-                                 blend_graph_scores(by_model, truths, collection, alone, metric))[0])
+        stacks = _stack_models({m: scored.filter(pl.col("model") == m) for m in models}, truths, collection)
+        gains.append(paired_gain(_graph_values(stacks, fitted, metric), _graph_values(stacks, alone, metric))[0])
     return gains
 
 
