@@ -35,6 +35,11 @@ Rules (``w`` = weights, ``best`` = the model with the best OOF score alone):
   report the combination of the v9 plan's two decisions, so only worlds after v9 can speak for it;
 * ``half-shrink``: halfway between ``oof-fit`` and ``best``.
 
+Beside the rules, each cell reports the single model best on test, its gap over the OOF's best and
+that gap's standard error paired over the test graphs: where OOF and test disagree about the best
+model, this tells whether the test's own graph sample can tell the two apart (a rule that reads only
+OOF cannot be asked to follow a gap within that noise).
+
 Issue 17 asks that the ensemble never fall below the best single model by more than the seed spread;
 these are the candidate rules for that clause (``benchmarks/results/2026-11-23-ensemble-weights-small-variants.md``
 compared them on three ``small`` worlds, ``2026-11-26-evaluation-worlds-medium-v6.md`` on v6 and chose ``sig2``).
@@ -53,6 +58,7 @@ import polars as pl
 
 from benchmarks.common import markdown_table
 from pipelines.atomic import write_text_atomic
+from pipelines.ensemble import paired_gain
 
 RULES = ("oof-fit", "best", "sig2", "sig3", "sig2-avg", "sig3-avg", "half-shrink")
 
@@ -68,6 +74,10 @@ class Cell:
     oof_gain_sem: float  # its standard error (paired over graphs)
     runs_gain: float  # that gain expected at the test's runs per graph (``pipelines.ensemble.gain_at_runs``)
     test: dict[str, float]  # each model alone, each rule, "ceiling"
+    test_best: str  # the single model best on test
+    test_gap: float  # its test score minus the OOF-best model's (0 where they agree)
+    test_gap_se: float  # the gap's standard error, paired over the test graphs
+    test_graphs: int
 
 
 def rule_weights(fitted: dict[str, float], best: str, gain: float, sem: float,
@@ -80,6 +90,18 @@ def rule_weights(fitted: dict[str, float], best: str, gain: float, sem: float,
     return {"oof-fit": dict(fitted), "best": alone, "sig2": beyond[2], "sig3": beyond[3],
             **{f"sig{k}-avg": dict(fitted) if at_runs > k * sem else alone for k in (2, 3)},
             "half-shrink": {m: (fitted[m] + alone[m]) / 2 for m in fitted}}
+
+
+def test_gap(per_graph: dict[str, pl.DataFrame], oof_best: str) -> tuple[str, float, float]:
+    """The model best on test (mean of ``score`` over its per-graph frame), its mean per-graph gain over
+    ``oof_best`` and that gain's standard error, paired over the graphs both score (undefined scores,
+    NaN, left out as the collection mean leaves them) (pure)."""
+    means = {m: float(frame["score"].fill_nan(None).mean()) for m, frame in per_graph.items()}
+    test_best = max(sorted(means), key=lambda m: means[m])
+    joined = per_graph[test_best].select("graph", "score").join(
+        per_graph[oof_best].select("graph", pl.col("score").alias("baseline")), on="graph", how="inner")
+    gap, se = paired_gain(joined["score"].to_numpy(), joined["baseline"].to_numpy())
+    return test_best, gap, se
 
 
 def world_of(root: Path) -> Path:
@@ -137,7 +159,10 @@ def cells_of(root: Path) -> list[Cell]:
         rows.update({rule: submission_rows(blend(test, w)) for rule, w in weights.items()})
         evaluation = evaluate_rows(world, rows, collections=[collection])
         scores = {e: evaluation.reports[e].collection_score(name) for e in [*rows, CEILING]}
-        cells.append(Cell(world.name, name, weights, gain, sem, runs_gain, scores))
+        per_graph = {m: evaluation.reports[m].per_graph.filter(pl.col("collection") == name) for m in models}
+        test_best, gap, gap_se = test_gap(per_graph, fit.best_single)
+        cells.append(Cell(world.name, name, weights, gain, sem, runs_gain, scores, test_best, gap, gap_se,
+                          per_graph[fit.best_single].height))
     return cells
 
 
@@ -150,7 +175,14 @@ def report(cells: Sequence[Cell]) -> list[str]:
              *[f"{c.test[e]:.4f}" for e in (*models, *RULES, "ceiling")]]
             for c in cells]
     ratio = {e: np.mean([c.test[e] / c.test["ceiling"] for c in cells]) for e in (*models, *RULES)}
+    gaps = [[c.world, c.collection, str(c.test_graphs), max(c.weights["best"], key=c.weights["best"].get),
+             c.test_best, f"{c.test_gap:+.4f}", f"{c.test_gap_se:.4f}",
+             f"{c.test_gap / c.test_gap_se:.1f}" if c.test_gap_se > 0 else "-"]
+            for c in cells]
     return [*markdown_table(header, rows), "",
+            "Best single model by OOF and on test; the test gap paired over the test graphs:", "",
+            *markdown_table(["world", "collection", "test graphs", "OOF best", "test best", "test gap",
+                             "its se", "gap / se"], gaps), "",
             "mean test/ceiling over the cells: " + ", ".join(f"{e} {v:.4f}" for e, v in ratio.items()),
             "rule - oof-fit per cell: " + "; ".join(
                 f"{c.collection} " + " ".join(f"{r} {c.test[r] - c.test['oof-fit']:+.4f}" for r in RULES[1:])
