@@ -58,7 +58,6 @@ import polars as pl
 
 from benchmarks.common import markdown_table
 from pipelines.atomic import write_text_atomic
-from pipelines.ensemble import paired_gain
 
 RULES = ("oof-fit", "best", "sig2", "sig3", "sig2-avg", "sig3-avg", "half-shrink")
 
@@ -75,8 +74,8 @@ class Cell:
     runs_gain: float  # that gain expected at the test's runs per graph (``pipelines.ensemble.gain_at_runs``)
     test: dict[str, float]  # each model alone, each rule, "ceiling"
     test_best: str  # the single model best on test
-    test_gap: float  # its test score minus the OOF-best model's (0 where they agree)
-    test_gap_se: float  # the gap's standard error, paired over the test graphs
+    test_gap: float  # its mean per-graph gain over the OOF-best model (0 where they agree)
+    test_gap_se: float  # the gap's standard error, paired over the test graphs (``Evaluation.graph_gap``)
     test_graphs: int
 
 
@@ -90,18 +89,6 @@ def rule_weights(fitted: dict[str, float], best: str, gain: float, sem: float,
     return {"oof-fit": dict(fitted), "best": alone, "sig2": beyond[2], "sig3": beyond[3],
             **{f"sig{k}-avg": dict(fitted) if at_runs > k * sem else alone for k in (2, 3)},
             "half-shrink": {m: (fitted[m] + alone[m]) / 2 for m in fitted}}
-
-
-def test_gap(per_graph: dict[str, pl.DataFrame], oof_best: str) -> tuple[str, float, float]:
-    """The model best on test (mean of ``score`` over its per-graph frame), its mean per-graph gain over
-    ``oof_best`` and that gain's standard error, paired over the graphs both score (undefined scores,
-    NaN, left out as the collection mean leaves them) (pure)."""
-    means = {m: float(frame["score"].fill_nan(None).mean()) for m, frame in per_graph.items()}
-    test_best = max(sorted(means), key=lambda m: means[m])
-    joined = per_graph[test_best].select("graph", "score").join(
-        per_graph[oof_best].select("graph", pl.col("score").alias("baseline")), on="graph", how="inner")
-    gap, se = paired_gain(joined["score"].to_numpy(), joined["baseline"].to_numpy())
-    return test_best, gap, se
 
 
 def world_of(root: Path) -> Path:
@@ -124,6 +111,7 @@ def cells_of(root: Path) -> list[Cell]:
         seed_gains,
     )
     from pipelines.evaluate import CEILING, evaluate_rows
+    from pipelines.metric import best_scoring
     from pipelines.run import submission_rows
 
     world, work = world_of(root), root / "work"
@@ -159,10 +147,10 @@ def cells_of(root: Path) -> list[Cell]:
         rows.update({rule: submission_rows(blend(test, w)) for rule, w in weights.items()})
         evaluation = evaluate_rows(world, rows, collections=[collection])
         scores = {e: evaluation.reports[e].collection_score(name) for e in [*rows, CEILING]}
-        per_graph = {m: evaluation.reports[m].per_graph.filter(pl.col("collection") == name) for m in models}
-        test_best, gap, gap_se = test_gap(per_graph, fit.best_single)
-        cells.append(Cell(world.name, name, weights, gain, sem, runs_gain, scores, test_best, gap, gap_se,
-                          per_graph[fit.best_single].height))
+        test_best = best_scoring({m: scores[m] for m in models})
+        gap, gap_se = evaluation.graph_gap(test_best, fit.best_single, name)
+        graphs = evaluation.reports[CEILING].per_graph.filter(pl.col("collection") == name).height
+        cells.append(Cell(world.name, name, weights, gain, sem, runs_gain, scores, test_best, gap, gap_se, graphs))
     return cells
 
 

@@ -136,6 +136,13 @@ class Evaluation:
         frame = self.reports[entry].per_collection
         return dict(zip(frame["collection"].to_list(), frame["score"].to_list()))
 
+    def graph_gap(self, entry: str, baseline: str, collection: str) -> tuple[float, float]:
+        """:func:`paired_graph_gap` of two entries on one collection's test graphs."""
+        def graphs(name: str) -> pl.DataFrame:
+            frame = self.reports[name].per_graph
+            return frame.filter(frame["collection"] == collection)
+        return paired_graph_gap(graphs(entry), graphs(baseline))
+
     def to_dict(self) -> dict[str, Any]:
         ceiling = self.collection_scores(CEILING)
         rows: dict[str, dict[str, Any]] = {}
@@ -171,6 +178,17 @@ class Evaluation:
         heur = ", ".join(f"{h} {_num(self.reports[HEURISTIC + h].combined.value)}" for h in self.heuristic_names)
         lines.append(f"heuristics (combined, over the collections each applies to): {heur}")
         return "\n".join(lines)
+
+
+def paired_graph_gap(scores: pl.DataFrame, baseline: pl.DataFrame) -> tuple[float, float]:
+    """Mean per-graph ``score`` of one entry minus another's, and that gap's standard error, paired over
+    the graphs (``graph``) both score (undefined, NaN, left out): how far the test's own sample of graphs
+    can tell two entries apart (pure)."""
+    from pipelines.ensemble import paired_gain
+
+    joined = scores.select("graph", "score").join(
+        baseline.select("graph", pl.col("score").alias("baseline")), on="graph", how="inner")
+    return paired_gain(joined["score"].to_numpy(), joined["baseline"].to_numpy())
 
 
 def _ratio(score: float | None, ceiling: float | None) -> float | None:
@@ -323,6 +341,7 @@ class SeedCheck:
     best_score: float
     seed_scores: tuple[float, ...]  # the best model's run seeds alone, in seed order
     ensemble_score: float
+    gap_se: float = math.nan  # the standard error of ``gap`` paired over the test graphs (nan: not known)
 
     @property
     def spread(self) -> float:
@@ -349,8 +368,10 @@ def seed_checks(evaluation: Evaluation, seeds: Evaluation) -> list[SeedCheck]:
         best = best_scoring(scores)
         best_seeds = sorted((int(seed), entry) for entry in seeds.model_names
                             for model, _, seed in [entry.rpartition(_SEED)] if model == best and seed.isdigit())
+        _, gap_se = evaluation.graph_gap(SUBMISSION, best, collection)
         checks.append(SeedCheck(collection, best, scores[best],
-                                tuple(seeds.collection_scores(entry)[collection] for _, entry in best_seeds), ensemble))
+                                tuple(seeds.collection_scores(entry)[collection] for _, entry in best_seeds), ensemble,
+                                gap_se))
     return checks
 
 

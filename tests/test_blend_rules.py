@@ -31,21 +31,3 @@ def test_sig3_avg_judges_the_gain_expected_at_the_test_runs():
     assert between["sig2-avg"] == fitted and between["sig3-avg"] == {"gbdt": 0.0, "gnn": 1.0}
     assert rule_weights(fitted, "gnn", gain=0.0037, sem=0.0009, runs_gain=0.0030)["sig3-avg"] == fitted
 
-
-def test_test_gap_pairs_the_models_over_the_test_graphs():
-    import polars as pl
-
-    from benchmarks.blend_rules import test_gap
-
-    def frame(scores):
-        return pl.DataFrame({"graph": [f"g{i}" for i in range(len(scores))], "score": scores})
-
-    # the GBDT better on every graph by 0.1 +- 0.05: its gap over the OOF-best GNN, paired
-    per_graph = {"gbdt": frame([0.5, 0.4, 0.3, 0.2]), "gnn": frame([0.35, 0.35, 0.15, 0.15])}
-    best, gap, se = test_gap(per_graph, "gnn")
-    assert best == "gbdt" and gap == pytest.approx(0.1)
-    assert se == pytest.approx(0.1 / math.sqrt(3) / math.sqrt(4))  # std (ddof 1) of 0.15, 0.05, 0.15, 0.05 / sqrt(4)
-    assert test_gap(per_graph, "gbdt") == ("gbdt", 0.0, 0.0)  # OOF and test agree
-    # an undefined graph (NaN) is left out of that model's mean (as the collection score) and of the pairing
-    best, gap, _ = test_gap({"gbdt": frame([0.5, float("nan"), 0.3]), "gnn": frame([0.4, 0.0, 0.2])}, "gnn")
-    assert best == "gbdt" and gap == pytest.approx(0.1)

@@ -5,6 +5,7 @@ folder's evaluation file and its report section; the blend-weight curve on hidde
 from __future__ import annotations
 
 import json
+import math
 import shutil
 from pathlib import Path
 
@@ -147,6 +148,8 @@ def test_each_run_seed_is_scored_alone_and_the_ensemble_is_checked_against_their
                                       for s in (0, 1))
     assert check.ensemble_score == evaluation.collection_scores(SUBMISSION)[chosen[0]]
     assert check.within_spread == (check.gap >= -check.spread)
+    assert (check.gap_se, check.gap) == pytest.approx(
+        evaluation.graph_gap(SUBMISSION, check.best_model, chosen[0])[::-1], nan_ok=True)  # test 3 graphs: an se
     assert SeedCheck("c", "m", 0.5, (), 0.6).within_spread and not SeedCheck("c", "m", 0.5, (), 0.4).within_spread
     assert SeedCheck("c", "m", 0.5, (0.45, 0.5), 0.46).within_spread
     assert not SeedCheck("c", "m", 0.5, (0.45, 0.5), 0.44).within_spread
@@ -160,6 +163,22 @@ def test_each_run_seed_is_scored_alone_and_the_ensemble_is_checked_against_their
         one, tiny_world, method="minmax").collection_scores("gbdt")
     (single,) = seed_checks(evaluate_collection_runs(one, tiny_world, method="minmax"), alone)
     assert single.spread == 0 and single.within_spread == (single.gap >= 0)
+
+
+def test_the_gap_of_two_entries_is_paired_over_the_test_graphs_both_score() -> None:
+    from pipelines.evaluate import paired_graph_gap
+
+    def frame(scores):
+        return pl.DataFrame({"graph": [f"g{i}" for i in range(len(scores))], "score": scores})
+
+    # better on every graph by 0.1 +- 0.05
+    gap, se = paired_graph_gap(frame([0.5, 0.4, 0.3, 0.2]), frame([0.35, 0.35, 0.15, 0.15]))
+    assert gap == pytest.approx(0.1)
+    assert se == pytest.approx(0.1 / math.sqrt(3) / math.sqrt(4))  # std (ddof 1) of 0.15, 0.05, 0.15, 0.05 / sqrt(4)
+    # paired by graph name, not by row order; a graph one entry cannot score (NaN) or lacks is left out
+    gap, se = paired_graph_gap(frame([0.5, math.nan, 0.3, 0.9]).reverse(), frame([0.4, 0.0, 0.2]))
+    assert gap == pytest.approx(0.1) and se == pytest.approx(0.0)
+    assert math.isnan(paired_graph_gap(frame([0.5]), frame([0.4]))[1])  # one graph: no standard error
 
 
 def test_evaluate_never_overwrites_a_file_it_did_not_write(run, tiny_world: Path, tmp_path: Path) -> None:
