@@ -60,6 +60,7 @@ from benchmarks.common import markdown_table
 from pipelines.atomic import write_text_atomic
 
 RULES = ("oof-fit", "best", "sig2", "sig3", "sig2-avg", "sig3-avg", "half-shrink")
+LANDED = "sig2-avg"  # the base config's rule since v9 (ensemble.min_gain_se = 2, gain_at = "test-runs")
 
 
 @dataclass(frozen=True)
@@ -76,6 +77,8 @@ class Cell:
     test_best: str  # the single model best on test
     test_gap: float  # its mean per-graph gain over the OOF-best model (0 where they agree)
     test_gap_se: float  # the gap's standard error, paired over the test graphs (``Evaluation.graph_gap``)
+    landed_gap: float  # the landed rule's (LANDED) mean per-graph gain over the test's best single model
+    landed_gap_se: float  # its standard error, paired over the test graphs
     test_graphs: int
 
 
@@ -149,8 +152,10 @@ def cells_of(root: Path) -> list[Cell]:
         scores = {e: evaluation.reports[e].collection_score(name) for e in [*rows, CEILING]}
         test_best = best_scoring({m: scores[m] for m in models})
         gap, gap_se = evaluation.graph_gap(test_best, fit.best_single, name)
+        landed_gap, landed_gap_se = evaluation.graph_gap(LANDED, test_best, name)
         graphs = evaluation.reports[CEILING].per_graph.filter(pl.col("collection") == name).height
-        cells.append(Cell(world.name, name, weights, gain, sem, runs_gain, scores, test_best, gap, gap_se, graphs))
+        cells.append(Cell(world.name, name, weights, gain, sem, runs_gain, scores, test_best, gap, gap_se,
+                          landed_gap, landed_gap_se, graphs))
     return cells
 
 
@@ -165,12 +170,14 @@ def report(cells: Sequence[Cell]) -> list[str]:
     ratio = {e: np.mean([c.test[e] / c.test["ceiling"] for c in cells]) for e in (*models, *RULES)}
     gaps = [[c.world, c.collection, str(c.test_graphs), max(c.weights["best"], key=c.weights["best"].get),
              c.test_best, f"{c.test_gap:+.4f}", f"{c.test_gap_se:.4f}",
-             f"{c.test_gap / c.test_gap_se:.1f}" if c.test_gap_se > 0 else "-"]
+             f"{c.test_gap / c.test_gap_se:.1f}" if c.test_gap_se > 0 else "-",
+             f"{c.landed_gap:+.4f}", f"{c.landed_gap_se:.4f}"]
             for c in cells]
     return [*markdown_table(header, rows), "",
-            "Best single model by OOF and on test; the test gap paired over the test graphs:", "",
+            "Best single model by OOF and on test, the test gap, and the landed rule's distance to the test's "
+            "best; standard errors paired over the test graphs:", "",
             *markdown_table(["world", "collection", "test graphs", "OOF best", "test best", "test gap",
-                             "its se", "gap / se"], gaps), "",
+                             "its se", "gap / se", f"{LANDED} - test best", "its se"], gaps), "",
             "mean test/ceiling over the cells: " + ", ".join(f"{e} {v:.4f}" for e, v in ratio.items()),
             "rule - oof-fit per cell: " + "; ".join(
                 f"{c.collection} " + " ".join(f"{r} {c.test[r] - c.test['oof-fit']:+.4f}" for r in RULES[1:])
