@@ -16,6 +16,7 @@ import os
 import queue
 import signal
 import threading
+import warnings
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -28,6 +29,18 @@ T = TypeVar("T")
 
 LOCAL_SCHEDULER = "local"
 DASK_CONNECT_TIMEOUT = "10s"
+
+
+# loky replaces a worker whose memory grew by over 300 MB since its first job (it takes that for a leak)
+# and warns when jobs were already queued for it. Our workers grow by design: a GNN job on a larger
+# graph, and gnn.cpu_heap_reuse keeps freed memory in the heap; the replacement frees that memory, the
+# job runs in the new worker with the same result, so the warning ("... or by a memory leak") only alarms.
+_WORKER_REPLACED = "A worker stopped while some jobs were given to the executor"
+
+
+def quiet_worker_replacement() -> None:
+    """Silence loky's warning about a replaced worker (see ``_WORKER_REPLACED``) in this process."""
+    warnings.filterwarnings("ignore", message=_WORKER_REPLACED, category=UserWarning)
 
 
 @contextmanager
@@ -111,6 +124,7 @@ def map_in_order(function: Callable[..., T], arguments: Iterable[tuple[Any, ...]
         return (function(*args) for args in arguments)
     from joblib import Parallel, delayed
 
+    quiet_worker_replacement()
     if costs is None:
         order = list(range(len(arguments)))
     else:
@@ -163,6 +177,7 @@ class JobPool:
         from joblib.externals.loky import ProcessPoolExecutor
 
         self.workers, self.threads_per_job, self.memory_budget = workers, threads_per_job, memory_budget
+        quiet_worker_replacement()
         # what joblib's loky backend sets in its workers (unless the parent set them): same libraries, same threads
         env = {var: os.environ.get(var, str(threads_per_job)) for var in ParallelBackendBase.MAX_NUM_THREADS_VARS}
         self._executor = ProcessPoolExecutor(max_workers=workers, timeout=300, env=env)

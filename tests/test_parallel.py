@@ -18,6 +18,33 @@ def _record_start(log: str, label: str, seconds: float) -> str:
     return f"done {label}"
 
 
+def _grow(megabytes: int) -> int:
+    """Keep ``megabytes`` alive in the worker (on a module every job sees, as a heap kept by a GNN job
+    is) for a bit over loky's 1-s leak-check interval; return the worker's pid."""
+    import os
+    import sys
+
+    import numpy as np
+
+    sys.__dict__.setdefault("_test_parallel_kept", []).append(np.ones(megabytes * 2**20 // 8))
+    time.sleep(1.1)
+    return os.getpid()
+
+
+def test_a_worker_replaced_for_its_grown_memory_runs_on_without_the_leak_warning() -> None:
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("default")
+        pool = JobPool(2, threads_per_job=1)
+        try:
+            pids = list(pool.map_unordered(_grow, [(8,), (8,), (400,), (400,), (8,), (8,)]))
+        finally:
+            pool.close()
+    assert len(set(pids)) > 2  # loky replaced the grown workers: the case the warning is raised in
+    assert not [w for w in caught if "A worker stopped" in str(w.message)], [str(w.message) for w in caught]
+
+
 def test_costliest_jobs_start_first_and_results_come_back_in_input_order(tmp_path: Path) -> None:
     log = str(tmp_path / "starts.log")
     labels = ["a", "b", "c", "d", "e", "f"]
