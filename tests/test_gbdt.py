@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import polars as pl
 import pytest
@@ -153,7 +155,7 @@ def test_pair_accuracy_counts_cost_ties_half():
 
 
 @pytest.mark.parametrize("objective", OBJECTIVES)
-def test_contract_and_learns_an_easy_signal(objective, frames):
+def test_contract_and_learns_an_easy_signal(objective, frames, tmp_path):
     train, valid, test = frames
     model = gbdt(objective)
     with pytest.raises(RuntimeError, match="before"):
@@ -167,6 +169,18 @@ def test_contract_and_learns_an_easy_signal(objective, frames):
     other = gbdt(objective).fit(train, valid, seed=4).predict(test)
     assert not np.array_equal(costs, other)  # bagging and feature sampling follow the seed
     assert 1 <= model.best_iteration_ <= FAST["n_estimators"]
+    # the stopping metric per iteration, kept: its best is the iteration early stopping kept
+    curve = model.stopping_curve_
+    assert curve["metric"] == ("binary_logloss" if objective == "pairwise" else "opa")
+    values = np.asarray(curve["values"]) * (1 if curve["higher_better"] else -1)
+    assert len(values) <= FAST["n_estimators"] and int(np.argmax(values)) + 1 == model.best_iteration_
+    model.save(tmp_path, "m")
+    assert GBDTRanker.load(tmp_path, "m").stopping_curve_ == curve
+    sidecar = tmp_path / "m.txt.json"  # a model saved before the curve was kept loads without it
+    state = json.loads(sidecar.read_text())
+    del state["stopping_curve"]
+    sidecar.write_text(json.dumps(state))
+    assert GBDTRanker.load(tmp_path, "m").stopping_curve_ is None
 
 
 def test_predictions_do_not_depend_on_row_order_or_batching(frames):
@@ -199,6 +213,7 @@ def test_training_subsample_caps_configs_per_graph(frames):
     model = gbdt("lambdarank", max_configs_per_graph=10).fit(train, seed=0)
     assert model.n_train_rows_ == 16 * 10
     assert model.best_iteration_ == FAST["n_estimators"]  # no validation frame: no early stopping
+    assert model.stopping_curve_ is None
 
 
 def test_bad_hyperparameters_raise_config_errors():

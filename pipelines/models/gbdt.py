@@ -235,7 +235,10 @@ def pair_accuracy(cost: np.ndarray, y: np.ndarray, i: np.ndarray, j: np.ndarray)
 class GBDTRanker:
     """LightGBM ranker in the shape every model shares (:mod:`pipelines.models.contract`): built from its
     config section for one collection, data in :meth:`fit`, learned state in attributes ending in
-    ``_``, :meth:`save`/:meth:`load`. See the module docstring for the objectives.
+    ``_``, :meth:`save`/:meth:`load`. See the module docstring for the objectives. ``stopping_curve_``
+    keeps the early-stopping metric on the validation graphs per iteration (``None`` without them):
+    what ``benchmarks.early_stopping`` reads to measure how much stopping on the held-out fold
+    inflates the held-out score.
 
     The collection decides what the config leaves to it: ``graph_features="auto"`` keeps the g_*
     columns for tile only, and early stopping watches the tile metric (tile) or pair accuracy (layout).
@@ -351,15 +354,21 @@ class GBDTRanker:
         self.diff_columns_ = np.array([not c.startswith("g_") for c in self.feature_names_])
         x, y, offsets = self._grouped(train, seed, subsample=True)
         train_set = self._dataset(x, y, offsets, seed)
-        callbacks, valid_sets, feval = [], [], None
+        callbacks, valid_sets, feval, evaluated = [], [], None, {}
         if valid is not None and valid.height:
             vx, vy, voffsets = self._grouped(valid, seed, subsample=True)
             valid_sets = [self._dataset(vx, vy, voffsets, seed + 1, reference=train_set)]
             feval = None if self.config.objective == "pairwise" else self._stopping_eval(vy, voffsets, seed)
-            callbacks = [lgb.early_stopping(self.config.early_stopping_rounds, verbose=False)]
+            callbacks = [lgb.early_stopping(self.config.early_stopping_rounds, verbose=False),
+                         lgb.record_evaluation(evaluated)]
         booster = lgb.train(self._params(seed), train_set, num_boost_round=self.config.n_estimators,
                             valid_sets=valid_sets, feval=feval, callbacks=callbacks)
         self.best_iteration_ = int(booster.best_iteration or booster.current_iteration())
+        self.stopping_curve_ = None
+        if evaluated:  # {"valid_0": {metric: [value per iteration]}}; the one metric early stopping watched
+            ((metric, values),) = next(iter(evaluated.values())).items()
+            self.stopping_curve_ = {"metric": metric, "higher_better": metric != "binary_logloss",
+                                    "values": [float(v) for v in values]}
         self.booster_ = booster
         self.seed_ = int(seed)
         self.n_train_rows_ = int(len(y))
@@ -416,7 +425,7 @@ class GBDTRanker:
         state = {"format": MODEL_FORMAT, "config": config_to_dict(self.config), "collection": self.collection.name,
                  "num_threads": self.num_threads, "columns": self.columns_, "feature_names": self.feature_names_,
                  "diff_columns": self.diff_columns_.tolist(), "best_iteration": self.best_iteration_,
-                 "seed": self.seed_, "train_rows": self.n_train_rows_}
+                 "seed": self.seed_, "train_rows": self.n_train_rows_, "stopping_curve": self.stopping_curve_}
         write_text_atomic(path, self.booster_.model_to_string())
         write_text_atomic(sidecar, json.dumps(state, sort_keys=True, indent=1))
         return [path.name, sidecar.name]
@@ -443,6 +452,7 @@ class GBDTRanker:
         ranker.diff_columns_ = np.array(state["diff_columns"], dtype=bool)
         ranker.best_iteration_, ranker.seed_ = int(state["best_iteration"]), int(state["seed"])
         ranker.n_train_rows_ = int(state["train_rows"])
+        ranker.stopping_curve_ = state.get("stopping_curve")  # absent from models saved before it was kept
         ranker.booster_ = booster
         return ranker
 
