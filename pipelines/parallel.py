@@ -31,10 +31,11 @@ LOCAL_SCHEDULER = "local"
 DASK_CONNECT_TIMEOUT = "10s"
 
 
-# loky replaces a worker whose memory grew by over 300 MB since its first job (it takes that for a leak)
-# and warns when jobs were already queued for it. Our workers grow by design: a GNN job on a larger
-# graph, and gnn.cpu_heap_reuse keeps freed memory in the heap; the replacement frees that memory, the
-# job runs in the new worker with the same result, so the warning ("... or by a memory leak") only alarms.
+# loky replaces a worker whose memory grew by over 300 MB since its first job (it takes that for a leak),
+# or that sat idle past the pool's timeout, and warns when a job was already queued for it. Our workers
+# grow by design (a GNN job on a larger graph; gnn.cpu_heap_reuse keeps freed memory in the heap): the
+# replacement frees that memory and the job runs in the new worker with the same result, so the warning
+# ("... or by a memory leak") only alarms.
 _WORKER_REPLACED = "A worker stopped while some jobs were given to the executor"
 
 
