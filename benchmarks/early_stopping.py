@@ -54,7 +54,10 @@ def fold_inflations(curves: Mapping[tuple[int, int], Sequence[float]]) -> list[F
         own = np.asarray(curve, dtype=np.float64)
         if not others or epochs == 0:
             raise ValueError(f"fold {fold} seed {seed}: no other fold of its seed to choose an epoch")
-        chosen = int(np.nanargmax(np.nanmean(np.stack(others), axis=0)))
+        stacked = np.stack(others)
+        scored = (~np.isnan(stacked)).sum(axis=0)  # an epoch no other fold scored is never chosen
+        mean = np.where(scored > 0, np.nansum(stacked, axis=0) / np.maximum(scored, 1), -np.inf)
+        chosen = int(np.argmax(mean))
         out.append(FoldInflation(fold, seed, float(np.nanmax(own)), float(own[chosen]), float(own[epochs - 1])))
     return out
 
