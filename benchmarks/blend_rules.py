@@ -47,7 +47,6 @@ compared them on three ``small`` worlds, ``2026-11-26-evaluation-worlds-medium-v
 
 from __future__ import annotations
 
-import argparse
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -56,8 +55,7 @@ from typing import Sequence
 import numpy as np
 import polars as pl
 
-from benchmarks.common import markdown_table
-from pipelines.atomic import write_text_atomic
+from benchmarks.common import emit, markdown_table, parse_roots
 
 RULES = ("oof-fit", "best", "sig2", "sig3", "sig2-avg", "sig3-avg", "half-shrink")
 LANDED = "sig2-avg"  # the base config's rule since v9 (ensemble.min_gain_se = 2, gain_at = "test-runs")
@@ -185,17 +183,11 @@ def report(cells: Sequence[Cell]) -> list[str]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("roots", nargs="+", type=Path)
-    parser.add_argument("--out", type=Path, default=None, help="also write the table to this file")
-    args = parser.parse_args(argv)
+    args = parse_roots(__doc__, argv)
     cells = [cell for root in args.roots for cell in cells_of(root)]
     if not cells:
         raise SystemExit("no finished ensemble stage under " + ", ".join(str(r / "work" / "ensemble") for r in args.roots))
-    text = "\n".join(report(cells)) + "\n"
-    print(text, end="")
-    if args.out:
-        write_text_atomic(args.out, text)
+    emit(report(cells), args.out)
     return 0
 
 

@@ -7,6 +7,7 @@ once by the world builder, and every compared path reads the same files, so the 
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import platform
@@ -16,7 +17,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
@@ -195,3 +196,21 @@ def verdict(name: str, measured: float, target: float, unit: str) -> str:
         return f"- MET {name}: {measured:.3g} {unit} (target <= {target:g} {unit})"
     return (f"- MISSED {name}: {measured:.3g} {unit} vs target {target:g} {unit}: "
             f"{measured / target:.2f}x the target ({measured - target:.3g} {unit} over)")
+
+
+def parse_roots(doc: str, argv: Sequence[str] | None) -> argparse.Namespace:
+    """The arguments of a benchmark over finished runs: ``ROOT [ROOT ...] [--out FILE]``."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+    parser.add_argument("roots", nargs="+", type=Path)
+    parser.add_argument("--out", type=Path, default=None, help="also write the table to this file")
+    return parser.parse_args(argv)
+
+
+def emit(lines: Sequence[str], out: Path | None) -> None:
+    """Print a report and, with ``out``, write it there too (atomically)."""
+    from pipelines.atomic import write_text_atomic
+
+    text = "\n".join(lines) + "\n"
+    print(text, end="")
+    if out:
+        write_text_atomic(out, text)

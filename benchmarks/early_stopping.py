@@ -17,7 +17,6 @@ Kendall tau moves about twice as much).
 
 from __future__ import annotations
 
-import argparse
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,8 +24,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from benchmarks.common import markdown_table
-from pipelines.atomic import write_text_atomic
+from benchmarks.common import emit, markdown_table, parse_roots
 
 
 @dataclass(frozen=True)
@@ -86,10 +84,7 @@ def stage_curves(stage_dir: Path) -> tuple[str, dict[tuple[int, int], list[float
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("roots", nargs="+", type=Path)
-    parser.add_argument("--out", type=Path, default=None, help="also write the table to this file")
-    args = parser.parse_args(argv)
+    args = parse_roots(__doc__, argv)
     rows, skipped = [], []
     for root in args.roots:
         for path in sorted([*(root / "work").glob("train-gnn/*/manifest.json"),
@@ -116,10 +111,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                               "best - other folds' epoch", "its se", "best - last"], rows)]
     if skipped:
         lines += ["", f"{len(skipped)} GBDT stage(s) saved before their curves were kept: " + ", ".join(skipped)]
-    text = "\n".join(lines) + "\n"
-    print(text, end="")
-    if args.out:
-        write_text_atomic(args.out, text)
+    emit(lines, args.out)
     return 0
 
 
