@@ -58,7 +58,23 @@ import polars as pl
 from benchmarks.common import emit, markdown_table, parse_roots
 
 RULES = ("oof-fit", "best", "sig2", "sig3", "sig2-avg", "sig3-avg", "half-shrink")
-LANDED = "sig2-avg"  # the base config's rule since v9 (ensemble.min_gain_se = 2, gain_at = "test-runs")
+
+
+def rule_of(min_gain_se: float, gain_at: str) -> str:
+    """The rule of RULES that an ensemble config (``min_gain_se``, ``gain_at``) applies (pure)."""
+    name = "oof-fit" if min_gain_se == 0 else f"sig{min_gain_se:g}" + ("-avg" if gain_at == "test-runs" else "")
+    if name not in RULES:
+        raise SystemExit(f"no rule here for min_gain_se = {min_gain_se:g}, gain_at = {gain_at!r} "
+                         f"(rules: {', '.join(RULES)})")
+    return name
+
+
+def landed_rule() -> str:
+    """The rule the base config's ensemble applies (``sig2-avg`` since v9)."""
+    from pipelines.config import load_config
+
+    ensemble = load_config().ensemble
+    return rule_of(ensemble.min_gain_se, ensemble.gain_at)
 
 
 @dataclass(frozen=True)
@@ -75,7 +91,7 @@ class Cell:
     test_best: str  # the single model best on test
     test_gap: float  # its mean per-graph gain over the OOF-best model (0 where they agree)
     test_gap_se: float  # the gap's standard error, paired over the test graphs (``Evaluation.graph_gap``)
-    landed_gap: float  # the landed rule's (LANDED) mean per-graph gain over the test's best single model
+    landed_gap: float  # the landed rule's (``landed_rule``) mean per-graph gain over the test's best single model
     landed_gap_se: float  # its standard error, paired over the test graphs
     test_graphs: int
 
@@ -115,7 +131,7 @@ def cells_of(root: Path) -> list[Cell]:
     from pipelines.metric import best_scoring
     from pipelines.run import submission_rows
 
-    world, work = world_of(root), root / "work"
+    world, work, landed = world_of(root), root / "work", landed_rule()
     cells = []
     seen: set[str] = set()
     for path in sorted((work / "ensemble").glob("*/manifest.json")):
@@ -150,7 +166,7 @@ def cells_of(root: Path) -> list[Cell]:
         scores = {e: evaluation.reports[e].collection_score(name) for e in [*rows, CEILING]}
         test_best = best_scoring({m: scores[m] for m in models})
         gap, gap_se = evaluation.graph_gap(test_best, fit.best_single, name)
-        landed_gap, landed_gap_se = evaluation.graph_gap(LANDED, test_best, name)
+        landed_gap, landed_gap_se = evaluation.graph_gap(landed, test_best, name)
         graphs = evaluation.reports[CEILING].per_graph.filter(pl.col("collection") == name).height
         cells.append(Cell(world.name, name, weights, gain, sem, runs_gain, scores, test_best, gap, gap_se,
                           landed_gap, landed_gap_se, graphs))
@@ -175,7 +191,7 @@ def report(cells: Sequence[Cell]) -> list[str]:
             "Best single model by OOF and on test, the test gap, and the landed rule's distance to the test's "
             "best; standard errors paired over the test graphs:", "",
             *markdown_table(["world", "collection", "test graphs", "OOF best", "test best", "test gap",
-                             "its se", "gap / se", f"{LANDED} - test best", "its se"], gaps), "",
+                             "its se", "gap / se", f"{landed_rule()} - test best", "its se"], gaps), "",
             "mean test/ceiling over the cells: " + ", ".join(f"{e} {v:.4f}" for e, v in ratio.items()),
             "rule - oof-fit per cell: " + "; ".join(
                 f"{c.collection} " + " ".join(f"{r} {c.test[r] - c.test['oof-fit']:+.4f}" for r in RULES[1:])

@@ -3,7 +3,7 @@ import math
 
 import pytest
 
-from benchmarks.blend_rules import rule_weights
+from benchmarks.blend_rules import rule_of, rule_weights
 
 
 def test_rules_keep_the_fit_only_where_its_gain_is_beyond_two_standard_errors():
@@ -31,3 +31,10 @@ def test_sig3_avg_judges_the_gain_expected_at_the_test_runs():
     assert between["sig2-avg"] == fitted and between["sig3-avg"] == {"gbdt": 0.0, "gnn": 1.0}
     assert rule_weights(fitted, "gnn", gain=0.0037, sem=0.0009, runs_gain=0.0030)["sig3-avg"] == fitted
 
+
+
+def test_the_rule_an_ensemble_config_applies_is_named_as_its_column():
+    assert rule_of(2.0, "test-runs") == "sig2-avg" and rule_of(3, "oof") == "sig3"
+    assert rule_of(0.0, "test-runs") == rule_of(0.0, "oof") == "oof-fit"  # no test: the fit as it is
+    with pytest.raises(SystemExit, match="min_gain_se = 2.5"):
+        rule_of(2.5, "oof")
