@@ -4,15 +4,16 @@ Usage: python -m benchmarks.early_stopping ROOT [ROOT ...] [--out FILE]
 
 ROOT is an ``evaluation_worlds --root`` folder (or any folder with a stage cache ``work/``). Each fold
 model keeps the best epoch (GNN: ``valid`` in its history, the collection's metric on up to
-``eval_max_configs`` configs per graph) or boosting iteration (GBDT: ``stopping_curve_``, pair
-accuracy on layout, top-5 on tile) by its score on the held-out fold, the same graphs its OOF
+``eval_max_configs`` configs per graph) or boosting iteration (GBDT: ``stopping_curve_``, on layout
+pair accuracy or, with the pairwise objective, its binary log-loss; top-5 on tile) by its score on
+the held-out fold, the same graphs its OOF
 predictions are then scored on, so the OOF score is partly selected on itself. Here, per fold model,
 that best score is compared with the score at the epoch the other folds (same seed) would have
 chosen: the argmax of their mean held-out curve, a choice made without this fold's graphs. The
 difference estimates the inflation (it also holds where this fold's own curve truly peaks
 elsewhere, so it is an upper estimate); ``best - last`` is the same against training to the last
 epoch every fold model of the seed ran. Figures are in each curve's own metric (pair accuracy:
-Kendall tau moves about twice as much).
+Kendall tau moves about twice as much; log-loss has no tau equivalent).
 """
 
 from __future__ import annotations

@@ -32,7 +32,6 @@ def test_sig3_avg_judges_the_gain_expected_at_the_test_runs():
     assert rule_weights(fitted, "gnn", gain=0.0037, sem=0.0009, runs_gain=0.0030)["sig3-avg"] == fitted
 
 
-
 def test_the_rule_an_ensemble_config_applies_is_named_as_its_column():
     assert rule_of(2.0, "test-runs") == "sig2-avg" and rule_of(3, "oof") == "sig3"
     assert rule_of(0.0, "test-runs") == rule_of(0.0, "oof") == "oof-fit"  # no test: the fit as it is
