@@ -115,7 +115,7 @@ def world_of(root: Path) -> Path:
     return worlds[0]
 
 
-def cells_of(root: Path) -> list[Cell]:
+def cells_of(root: Path, landed: str) -> list[Cell]:
     from pipelines.collections import parse_collection
     from pipelines.engine import load_stage
     from pipelines.ensemble import (
@@ -131,7 +131,7 @@ def cells_of(root: Path) -> list[Cell]:
     from pipelines.metric import best_scoring
     from pipelines.run import submission_rows
 
-    world, work, landed = world_of(root), root / "work", landed_rule()
+    world, work = world_of(root), root / "work"
     cells = []
     seen: set[str] = set()
     for path in sorted((work / "ensemble").glob("*/manifest.json")):
@@ -173,7 +173,7 @@ def cells_of(root: Path) -> list[Cell]:
     return cells
 
 
-def report(cells: Sequence[Cell]) -> list[str]:
+def report(cells: Sequence[Cell], landed: str) -> list[str]:
     models = sorted({m for c in cells for m in c.weights["oof-fit"]})
     header = ["world", "collection", *[f"w({m}) oof-fit" for m in models], "OOF gain (sem)", "at test runs",
               *models, *RULES, "ceiling"]
@@ -191,7 +191,7 @@ def report(cells: Sequence[Cell]) -> list[str]:
             "Best single model by OOF and on test, the test gap, and the landed rule's distance to the test's "
             "best; standard errors paired over the test graphs:", "",
             *markdown_table(["world", "collection", "test graphs", "OOF best", "test best", "test gap",
-                             "its se", "gap / se", f"{landed_rule()} - test best", "its se"], gaps), "",
+                             "its se", "gap / se", f"{landed} - test best", "its se"], gaps), "",
             "mean test/ceiling over the cells: " + ", ".join(f"{e} {v:.4f}" for e, v in ratio.items()),
             "rule - oof-fit per cell: " + "; ".join(
                 f"{c.collection} " + " ".join(f"{r} {c.test[r] - c.test['oof-fit']:+.4f}" for r in RULES[1:])
@@ -200,10 +200,11 @@ def report(cells: Sequence[Cell]) -> list[str]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_roots(__doc__, argv)
-    cells = [cell for root in args.roots for cell in cells_of(root)]
+    landed = landed_rule()
+    cells = [cell for root in args.roots for cell in cells_of(root, landed)]
     if not cells:
         raise SystemExit("no finished ensemble stage under " + ", ".join(str(r / "work" / "ensemble") for r in args.roots))
-    emit(report(cells), args.out)
+    emit(report(cells, landed), args.out)
     return 0
 
 

@@ -47,8 +47,7 @@ def fold_inflations(curves: Mapping[tuple[int, int], Sequence[float]]) -> list[F
     epochs every fold model of the seed ran (pure)."""
     out = []
     for (fold, seed), curve in sorted(curves.items()):
-        same_seed = [np.asarray(c, dtype=np.float64) for (f, s), c in curves.items() if s == seed]
-        epochs = min(len(c) for c in same_seed)
+        epochs = min(len(c) for (f, s), c in curves.items() if s == seed)
         others = [np.asarray(c, dtype=np.float64)[:epochs] for (f, s), c in curves.items() if s == seed and f != fold]
         own = np.asarray(curve, dtype=np.float64)
         if not others or epochs == 0:
