@@ -38,7 +38,8 @@ Rules (``w`` = weights, ``best`` = the model with the best OOF score alone):
 Beside the rules, each cell reports the single model best on test, its gap over the OOF's best and
 that gap's standard error paired over the test graphs: where OOF and test disagree about the best
 model, this tells whether the test's own graph sample can tell the two apart (a rule that reads only
-OOF cannot be asked to follow a gap within that noise).
+OOF cannot be asked to follow a gap within that noise). A last table gives every other rule's gain over
+the landed one with the same standard error: the v11 plan judges ``sig3-avg`` against ``sig2-avg`` by it.
 
 Issue 17 asks that the ensemble never fall below the best single model by more than the seed spread;
 these are the candidate rules for that clause (``benchmarks/results/2026-11-23-ensemble-weights-small-variants.md``
@@ -93,6 +94,7 @@ class Cell:
     test_gap_se: float  # the gap's standard error, paired over the test graphs (``Evaluation.graph_gap``)
     landed_gap: float  # the landed rule's (``landed_rule``) mean per-graph gain over the test's best single model
     landed_gap_se: float  # its standard error, paired over the test graphs
+    rule_gaps: dict[str, tuple[float, float]]  # rule -> its mean per-graph gain over the landed rule, that gain's se
     test_graphs: int
 
 
@@ -167,9 +169,10 @@ def cells_of(root: Path, landed: str) -> list[Cell]:
         test_best = best_scoring({m: scores[m] for m in models})
         gap, gap_se = evaluation.graph_gap(test_best, fit.best_single, name)
         landed_gap, landed_gap_se = evaluation.graph_gap(landed, test_best, name)
+        rule_gaps = {rule: evaluation.graph_gap(rule, landed, name) for rule in RULES if rule != landed}
         graphs = evaluation.reports[CEILING].per_graph.filter(pl.col("collection") == name).height
         cells.append(Cell(world.name, name, weights, gain, sem, runs_gain, scores, test_best, gap, gap_se,
-                          landed_gap, landed_gap_se, graphs))
+                          landed_gap, landed_gap_se, rule_gaps, graphs))
     return cells
 
 
@@ -187,15 +190,24 @@ def report(cells: Sequence[Cell], landed: str) -> list[str]:
              f"{c.test_gap / c.test_gap_se:.1f}" if c.test_gap_se > 0 else "-",
              f"{c.landed_gap:+.4f}", f"{c.landed_gap_se:.4f}"]
             for c in cells]
+    others = [r for r in RULES if r != landed]
+    against_landed = [[c.world, c.collection, *[_gap_cell(*c.rule_gaps[r]) for r in others]] for c in cells]
     return [*markdown_table(header, rows), "",
             "Best single model by OOF and on test, the test gap, and the landed rule's distance to the test's "
             "best; standard errors paired over the test graphs:", "",
             *markdown_table(["world", "collection", "test graphs", "OOF best", "test best", "test gap",
                              "its se", "gap / se", f"{landed} - test best", "its se"], gaps), "",
+            f"Each rule minus the landed rule ({landed}) on test: mean per-graph gain (its se, paired over the "
+            "test graphs); 0 where both apply the same weights:", "",
+            *markdown_table(["world", "collection", *others], against_landed), "",
             "mean test/ceiling over the cells: " + ", ".join(f"{e} {v:.4f}" for e, v in ratio.items()),
             "rule - oof-fit per cell: " + "; ".join(
                 f"{c.collection} " + " ".join(f"{r} {c.test[r] - c.test['oof-fit']:+.4f}" for r in RULES[1:])
                 for c in cells)]
+
+
+def _gap_cell(gap: float, se: float) -> str:
+    return f"{gap:+.4f} ({se:.4f})" if gap != 0 or se != 0 else "0"
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -3,7 +3,7 @@ import math
 
 import pytest
 
-from benchmarks.blend_rules import rule_of, rule_weights
+from benchmarks.blend_rules import RULES, Cell, report, rule_of, rule_weights
 
 
 def test_rules_keep_the_fit_only_where_its_gain_is_beyond_two_standard_errors():
@@ -37,3 +37,16 @@ def test_the_rule_an_ensemble_config_applies_is_named_as_its_column():
     assert rule_of(0.0, "test-runs") == rule_of(0.0, "oof") == "oof-fit"  # no test: the fit as it is
     with pytest.raises(SystemExit, match="min_gain_se = 2.5"):
         rule_of(2.5, "oof")
+
+
+def test_the_report_puts_every_other_rule_against_the_landed_one_with_its_test_se():
+    weights = rule_weights({"gbdt": 0.25, "gnn": 0.75}, "gnn", gain=0.0032, sem=0.0009, runs_gain=0.0021)
+    test = {"gbdt": 0.22, "gnn": 0.28, **{r: 0.25 for r in RULES}, "best": 0.28, "sig3-avg": 0.28, "ceiling": 0.25}
+    gaps = {r: (0.03, 0.0233) if weights[r] == weights["best"] else (0.0, 0.0) for r in RULES if r != "sig2-avg"}
+    cell = Cell("w", "layout:nlp:default", weights, 0.0032, 0.0009, 0.0021, test, "gnn", 0.0, 0.0,
+                -0.03, 0.0233, gaps, 18)
+    lines = report([cell], "sig2-avg")
+    header = next(line for line in lines if line.startswith("| world | collection | oof-fit | best"))
+    assert header.split(" | ")[2:] == ["oof-fit", "best", "sig2", "sig3", "sig3-avg", "half-shrink |"]
+    row = lines[lines.index(header) + 2].split(" | ")
+    assert row[2:] == ["0", "+0.0300 (0.0233)", "0", "0", "+0.0300 (0.0233)", "0 |"]  # sig3: 3.6 se on OOF
