@@ -18,6 +18,7 @@ from pipelines.config import config_from_dict, resolve_for_collection
 from pipelines.errors import ConfigError, FormatError
 from pipelines.models.gnn import GNNRanker
 from pipelines.models.gnn.batch import collate, distinct_blocks, gather_configs, layout_physics, prepare_graph
+from pipelines.models.gnn.device import autocast
 from pipelines.models.gnn.losses import list_mle_loss, make_loss, pairwise_hinge_loss
 from pipelines.models.gnn.model import GNNModel
 import pipelines.models.gnn.trainer as trainer
@@ -212,16 +213,20 @@ def randomise_node_cost(model: GNNModel) -> None:
 
 
 @pytest.mark.parametrize("readout", ["pooled", "pooled+sum"])
-def test_fused_layout_equals_unfused_reference(readout):
-    cfg = GNNConfig(config_layers=3, free_layers=1, readout=readout, **FAST)
+@pytest.mark.parametrize("config_layers", [0, 3])
+def test_fused_layout_equals_unfused_reference(readout, config_layers):
+    cfg = GNNConfig(config_layers=config_layers, free_layers=1, readout=readout, **FAST)
     torch.manual_seed(1)
     model = GNNModel(cfg, FEAT, "layout").eval()
     if readout == "pooled+sum":
         randomise_node_cost(model)
     rng = np.random.default_rng(5)
     graphs = [prepare_graph(layout_graph(rng, n=40, nc=4, c=8, stem=f"g{i}"), cfg.config_layers) for i in range(2)]
-    # a graph bigger than 3 hops around its configurable nodes has nodes outside D_3
-    assert (~collate(graphs).outside_final).sum() < sum(g.num_nodes for g in graphs)
+    # a graph bigger than 3 hops around its configurable nodes has nodes outside D_3; without a config
+    # layer only the configurable nodes themselves are inside
+    varying = int((~collate(graphs).outside_final).sum())
+    assert varying < sum(g.num_nodes for g in graphs)
+    assert (varying == sum(g.config_nodes.shape[0] for g in graphs)) == (config_layers == 0)
     ctx = model.encode(collate(graphs))
     configs = gather_configs(graphs, [np.arange(8), np.arange(5)])
     with torch.no_grad():
@@ -698,6 +703,24 @@ def test_bf16_autocast_trains_and_ranks_like_fp32(kind):
         assert kendalltau(a, b)[0] > 0.6  # same model up to bf16 rounding
     assert not all(np.array_equal(a, b) for a, b in zip(fp32, bf16))  # autocast did run in bf16
     assert fits["bf16"].device_ == "cpu"
+
+
+@pytest.mark.parametrize("readout", ["pooled", "pooled+sum"])
+def test_bf16_costs_keep_float32_resolution(readout):
+    # costs of one graph's configs differ in their 3rd-4th digit: a bfloat16 head (8 significant bits)
+    # rounded 68% of them onto others on a small world's xla graphs, and ties lose Kendall tau
+    cfg = GNNConfig(free_layers=1, readout=readout, **FAST)
+    torch.manual_seed(3)
+    model = GNNModel(cfg, FEAT, "layout").eval()
+    if readout == "pooled+sum":
+        randomise_node_cost(model)
+    graphs = [prepare_graph(layout_graph(np.random.default_rng(8), n=40, nc=6, c=64), cfg.config_layers)]
+    configs = gather_configs(graphs, [np.arange(64)])
+    with torch.no_grad(), autocast(torch.device("cpu"), "bf16"):
+        costs = model.score(model.encode(collate(graphs)), configs)[0]
+    assert costs.dtype == torch.float32
+    assert not torch.equal(costs, costs.to(torch.bfloat16).float())  # not bf16 values in a float32 tensor
+    assert torch.unique(costs).numel() == 64  # 64 random configs, all distinct: no two tie
 
 
 def test_deterministic_mode_and_auto_device_change_nothing_on_cpu():

@@ -31,8 +31,9 @@ class GNNConfig:
     config_value_dim: int = bounded(8, 1)  # layout: embedding width of each of the 18 config values (-1..5)
     conv: str = choice("sage", CONVS)  # "sage" (bidirectional mean GraphSAGE, fused) or "gat" (GATv2, unfused)
     free_layers: int = bounded(2, 0)  # message-passing layers run once per graph, before configs are injected
-    # layers run per config after injection (tile: all layers are config-free); configs must reach the graph
-    config_layers: int = bounded(1, 1)
+    # layers run per config after injection (tile: all layers are config-free); 0: the configs stay at the
+    # configurable nodes and reach the nodes they meet only through the chain-end messages (config_pairs)
+    config_layers: int = bounded(1, 0)
     norm: str = choice("layer", NORMS)  # "layer" (LayerNorm per node) or "none"; graph-level norms break the fusion
     dropout: float = bounded(0.0, 0.0, below=1.0)
     gat_heads: int = bounded(2, 1)

@@ -316,19 +316,19 @@ def collate(graphs: list[PreparedGraph]) -> GraphBatch:
         ))
         prev_off = off
     node_graph = _cat(graph_ids, torch.long)
+    config_rows = _cat([g.config_nodes + node_off[i] for i, g in enumerate(graphs)], torch.long)
     if num_levels:
         final_rows = levels[-1].rows
-        final_graph = node_graph[final_rows]
         config_in_final = _cat([g.config_in_final + prev_off[i] for i, g in enumerate(graphs)], torch.long)
-    else:
-        final_rows = torch.zeros(0, dtype=torch.long)
-        final_graph = torch.zeros(0, dtype=torch.long)
-        config_in_final = torch.zeros(0, dtype=torch.long)
+    else:  # no config layer: only the configurable nodes differ between configs (none in a tile graph)
+        final_rows = config_rows
+        config_in_final = torch.arange(config_rows.shape[0])
+    final_graph = node_graph[final_rows]
     outside = torch.ones(int(node_off[-1]), dtype=torch.bool)
     outside[final_rows] = False
     node_counts = [g.num_nodes for g in graphs]
     chain_src, chain_dst = _chain_rows(graphs)
-    final_counts = [g.levels[-1].rows.shape[0] if num_levels else 0 for g in graphs]
+    final_counts = [g.levels[-1].rows.shape[0] if num_levels else g.config_nodes.shape[0] for g in graphs]
     return GraphBatch(
         num_graphs=b,
         node_opcode=_cat([g.node_opcode for g in graphs], torch.long),
@@ -339,7 +339,7 @@ def collate(graphs: list[PreparedGraph]) -> GraphBatch:
         inv_deg_out=_cat([g.inv_deg_out for g in graphs], torch.float32),
         node_graph=node_graph,
         num_nodes=torch.tensor([g.num_nodes for g in graphs], dtype=torch.float32),
-        config_rows=_cat([g.config_nodes + node_off[i] for i, g in enumerate(graphs)], torch.long),
+        config_rows=config_rows,
         config_graph=_cat([np.full(g.config_nodes.shape[0], i, np.int64) for i, g in enumerate(graphs)], torch.long),
         num_config_nodes=torch.tensor([g.config_nodes.shape[0] for g in graphs], dtype=torch.float32),
         levels=levels,

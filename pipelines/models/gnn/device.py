@@ -56,6 +56,18 @@ def autocast(device: torch.device, precision: str) -> contextlib.AbstractContext
     return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
 
 
+def full_precision(tensor: torch.Tensor) -> contextlib.AbstractContextManager:
+    """Autocast switched off for the ops inside, where one is on for ``tensor``'s device; else nothing.
+
+    For the last layers of a score: a bfloat16 output keeps 8 significant bits, and the costs of a
+    graph's configs, which differ in their 3rd-4th digit, would round onto each other (ties).
+    """
+    kind = tensor.device.type
+    if kind in ("cpu", "cuda") and torch.is_autocast_enabled(kind):
+        return torch.autocast(device_type=kind, enabled=False)
+    return contextlib.nullcontext()
+
+
 @contextlib.contextmanager
 def deterministic(enabled: bool) -> Iterator[None]:
     """Inside the block, ``torch.use_deterministic_algorithms(True)`` when ``enabled`` (restored after).

@@ -1,0 +1,148 @@
+"""Two arms of one model that differ in one setting, paired per (fold, seed) cell, on a world with hidden labels.
+
+Usage: python -m benchmarks.paired_arms --data-root WORLD --work-dir WORK --model gnn --key config_layers
+                                        --base 1 --candidate 0 [--collections ...] [--out FILE]
+
+Run each arm first with ``python -m pipelines train --model M --data-root WORLD --work-dir WORK
+--set run.seeds=[...] --set M.KEY=VALUE``. For each collection this reads the two training stages
+under WORK whose resolved settings give KEY the two values (TOML literals) and agree on every other
+setting (where several candidate stages match, the one with the most seeds, then the newest) and reports:
+
+* OOF per arm: the mean over its out-of-fold graphs per seed, mean +- std over the seeds;
+* the paired OOF gain: per (fold, seed) cell present in both arms, the candidate's mean held-out
+  score minus the base's (mean +- standard error over the cells, and how many cells went up);
+* test / ceiling per arm: the submission-style average of every fold model, scored on the world's
+  hidden test labels (``pipelines.evaluate``), over the ceiling;
+* the fit seconds of all fold models and their mean epochs (compare them only from an idle machine).
+
+Arms that differ in code but not in settings (a fix between them) are told apart only by recency:
+the stage keys are printed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+import polars as pl
+
+from benchmarks.common import emit, markdown_table
+from pipelines.ensemble import paired_gain
+
+LAYOUT = ("layout:xla:default", "layout:xla:random", "layout:nlp:default", "layout:nlp:random")
+
+
+@dataclass
+class Arm:
+    key: str  # the training stage's key
+    seeds: tuple[int, ...]
+    cells: pl.DataFrame  # fold, seed, score: mean held-out score per cell
+    per_seed: np.ndarray  # OOF score per seed
+    fit_seconds: float
+    epochs: float
+
+
+def toml_value(text: str) -> Any:
+    return tomllib.loads(f"v = {text}")["v"]
+
+
+def find_stage(work: Path, model: str, collection: str, wanted: dict[str, Any] | None, key: str,
+               value: Any) -> tuple[str, tuple[int, ...], dict[str, Any]] | None:
+    """The finished training stage of ``collection`` whose setting ``key`` is ``value`` and whose other
+    settings equal ``wanted``'s (any, with None); the one with the most seeds, then the newest."""
+    found = []
+    for path in (work / f"train-{model}").glob("*/manifest.json"):
+        manifest = json.loads(path.read_text())
+        config = manifest.get("config") or {}
+        if "metrics" not in manifest or config.get("collection") != collection:
+            continue
+        settings = config.get("settings") or {}
+        if settings.get(key) != value:
+            continue
+        if wanted is not None and {**settings, key: None} != {**wanted, key: None}:
+            continue
+        found.append((len(config["seeds"]), manifest["finished"], manifest["key"], tuple(config["seeds"]), settings))
+    if not found:
+        return None
+    *_, stage_key, seeds, settings = max(found, key=lambda row: row[:2])
+    return stage_key, seeds, settings
+
+
+def load_arm(work: Path, model: str, stage_key: str, seeds: tuple[int, ...]) -> Arm:
+    folder = work / f"train-{model}" / stage_key
+    manifest = json.loads((folder / "manifest.json").read_text())
+    scores = pl.read_parquet(folder / "scores.parquet").filter(pl.col("split") == "oof")
+    cells = scores.group_by(["fold", "seed"]).agg(pl.col("score").mean()).sort(["seed", "fold"])
+    per_seed = scores.group_by("seed").agg(pl.col("score").mean()).sort("seed")["score"].to_numpy()
+    fits = manifest["metrics"]["models"]
+    return Arm(stage_key, seeds, cells, per_seed, float(sum(m["train_seconds"] for m in fits)),
+               float(np.mean([m["epochs_run"] for m in fits])))
+
+
+def paired_cells(base: Arm, candidate: Arm) -> tuple[float, float, int, int]:
+    """Mean and standard error of ``candidate - base`` over the (fold, seed) cells both ran, the cells
+    where the candidate is higher, and the number of cells."""
+    paired = base.cells.join(candidate.cells, on=["fold", "seed"], suffix="_new")
+    gain, se = paired_gain(paired["score_new"].to_numpy(), paired["score"].to_numpy())
+    return gain, se, int((paired["score_new"] > paired["score"]).sum()), paired.height
+
+
+def test_ratio(data_root: Path, work: Path, model: str, collection: str, stage_key: str) -> tuple[float, float]:
+    """(test score, ceiling) of a training stage's fold models averaged, on the world's hidden labels."""
+    from pipelines.collections import parse_collection
+    from pipelines.engine import load_stage
+    from pipelines.evaluate import CEILING, _trained_rows, evaluate_rows
+
+    rows = _trained_rows([(model, load_stage(work, f"train-{model}", stage_key))], "minmax")
+    evaluation = evaluate_rows(data_root, rows, collections=[parse_collection(collection)])
+    return (evaluation.reports[model].collection_score(collection),
+            evaluation.reports[CEILING].collection_score(collection))
+
+
+def compare(data_root: Path, work: Path, model: str, key: str, base: Any, candidate: Any,
+            collections: Sequence[str]) -> list[str]:
+    rows = []
+    for collection in collections:
+        # the candidate arm first; the base arm is the stage with the same settings but KEY
+        candidate_stage = find_stage(work, model, collection, None, key, candidate)
+        base_stage = candidate_stage and find_stage(work, model, collection, candidate_stage[2], key, base)
+        if not base_stage:
+            continue
+        arms = [load_arm(work, model, *stage[:2]) for stage in (base_stage, candidate_stage)]
+        gain, se, up, cells = paired_cells(*arms)
+        ratios = []
+        for arm in arms:
+            score, ceiling = test_ratio(data_root, work, model, collection, arm.key)
+            ratios.append(score / ceiling)
+        rows.append([collection, *(f"{a.per_seed.mean():.4f} +- {a.per_seed.std():.4f}" for a in arms),
+                     f"{gain:+.4f} +- {se:.4f}", f"{up}/{cells}",
+                     f"{ratios[0]:.4f} -> {ratios[1]:.4f}", f"{arms[0].fit_seconds:.0f} -> {arms[1].fit_seconds:.0f}",
+                     f"{arms[0].epochs:.1f} -> {arms[1].epochs:.1f}", f"{arms[0].key} / {arms[1].key}"])
+    header = ["collection", f"OOF {key} = {base!r}", f"OOF {key} = {candidate!r}", "paired cells", "cells up",
+              "test/ceiling", "fit s", "epochs", "stages"]
+    return [f"# {model}: {key} = {candidate!r} against {base!r} ({data_root})", "",
+            *markdown_table(header, rows)]
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--data-root", type=Path, required=True, help="a synthetic world (with labels/)")
+    parser.add_argument("--work-dir", type=Path, required=True)
+    parser.add_argument("--model", default="gnn")
+    parser.add_argument("--key", required=True, help="the setting the arms differ in, e.g. config_layers")
+    parser.add_argument("--base", required=True, type=toml_value, help="its value in the base arm (TOML literal)")
+    parser.add_argument("--candidate", required=True, type=toml_value, help="its value in the other arm")
+    parser.add_argument("--collections", default=",".join(LAYOUT))
+    parser.add_argument("--out", type=Path, default=None, help="also write the table to this file")
+    args = parser.parse_args(argv)
+    emit(compare(args.data_root, args.work_dir, args.model, args.key, args.base, args.candidate,
+                 args.collections.split(",")), args.out)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,48 @@
+"""benchmarks/paired_arms.py: which training stages form the two arms, and their paired OOF gain."""
+import json
+
+import polars as pl
+import pytest
+
+from benchmarks.paired_arms import find_stage, load_arm, paired_cells, toml_value
+
+
+def write_stage(work, key, settings, seeds, finished, cell_scores):
+    """A finished train-gnn stage: manifest and the per-graph OOF scores (two graphs per (fold, seed) cell)."""
+    folder = work / "train-gnn" / key
+    folder.mkdir(parents=True)
+    models = [{"fold": f, "seed": s, "train_seconds": 10.0, "epochs_run": 20} for (f, s) in cell_scores]
+    manifest = {"key": key, "finished": finished, "metrics": {"models": models},
+                "config": {"collection": "layout:xla:default", "seeds": seeds, "settings": settings}}
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    rows = [{"fold": f, "seed": s, "split": "oof", "graph": f"g{f}{i}", "score": score + d}
+            for (f, s), score in cell_scores.items() for i, d in enumerate((-0.1, 0.1))]
+    pl.DataFrame(rows).with_columns(pl.col("fold").cast(pl.Int16), pl.col("seed").cast(pl.Int32)) \
+        .write_parquet(folder / "scores.parquet")
+
+
+def test_the_base_arm_differs_from_the_candidate_in_the_key_alone(tmp_path):
+    base = {"config_layers": 1, "precision": "fp32"}
+    write_stage(tmp_path, "base", base, [0, 1], "2026-01-02", {(0, 0): 0.5, (1, 0): 0.6, (0, 1): 0.5})
+    # the same key value but another setting: never the base of an fp32 candidate, even when newer
+    write_stage(tmp_path, "bf16", {**base, "precision": "bf16"}, [0, 1], "2026-01-05", {(0, 0): 0.9})
+    # two candidates: the one with more seeds wins over the newer one
+    write_stage(tmp_path, "cand", {**base, "config_layers": 0}, [0, 1], "2026-01-03",
+                {(0, 0): 0.4, (1, 0): 0.7, (0, 1): 0.3, (1, 1): 0.9})
+    write_stage(tmp_path, "cand-1seed", {**base, "config_layers": 0}, [0], "2026-01-04", {(0, 0): 0.0})
+    candidate = find_stage(tmp_path, "gnn", "layout:xla:default", None, "config_layers", 0)
+    assert candidate[:2] == ("cand", (0, 1))
+    found = find_stage(tmp_path, "gnn", "layout:xla:default", candidate[2], "config_layers", 1)
+    assert found[:2] == ("base", (0, 1))
+    assert find_stage(tmp_path, "gnn", "layout:xla:random", None, "config_layers", 0) is None
+
+    arms = [load_arm(tmp_path, "gnn", *stage[:2]) for stage in (found, candidate)]
+    assert arms[0].per_seed.tolist() == pytest.approx([0.55, 0.5])  # seed 0: cells 0.5 and 0.6
+    gain, se, up, cells = paired_cells(*arms)
+    # cells both ran: (0,0) -0.1, (1,0) +0.1, (0,1) -0.2; (1,1) ran in the candidate only
+    assert cells == 3 and up == 1
+    assert gain == pytest.approx(-0.2 / 3) and se == pytest.approx(0.152753 / 3 ** 0.5, rel=1e-4)
+
+
+def test_values_are_toml_literals():
+    assert toml_value("0") == 0 and toml_value('"bf16"') == "bf16" and toml_value("[0, 1]") == [0, 1]
