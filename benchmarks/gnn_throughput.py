@@ -91,10 +91,8 @@ torch.manual_seed(0)
 model = GNNModel(cfg, graph.node_feat.shape[1], "layout").to(device)
 batches = DeviceBatches(device)
 rng = np.random.default_rng(0)
-# the rows whose state differs between configs: D_1 with the config layer, the configurable nodes without
-rows = prepared.levels[-1].rows if prepared.levels else prepared.config_nodes
 result = {{"nodes": graph.num_nodes, "config_nodes": int(graph.config_nodes.shape[0]),
-           "rows": int(rows.shape[0]), "configs": graph.num_configs, "device": str(device)}}
+           "rows": int(prepared.varying_rows.shape[0]), "configs": graph.num_configs, "device": str(device)}}
 if {mode!r} == "train":
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
     loss_fn = make_loss(cfg.loss, cfg.margin)

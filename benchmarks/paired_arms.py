@@ -40,7 +40,6 @@ LAYOUT = ("layout:xla:default", "layout:xla:random", "layout:nlp:default", "layo
 @dataclass
 class Arm:
     key: str  # the training stage's key
-    seeds: tuple[int, ...]
     cells: pl.DataFrame  # fold, seed, score: mean held-out score per cell
     per_seed: np.ndarray  # OOF score per seed
     fit_seconds: float
@@ -52,9 +51,9 @@ def toml_value(text: str) -> Any:
 
 
 def find_stage(work: Path, model: str, collection: str, wanted: dict[str, Any] | None, key: str,
-               value: Any) -> tuple[str, tuple[int, ...], dict[str, Any]] | None:
-    """The finished training stage of ``collection`` whose setting ``key`` is ``value`` and whose other
-    settings equal ``wanted``'s (any, with None); the one with the most seeds, then the newest."""
+               value: Any) -> dict[str, Any] | None:
+    """The manifest of the finished training stage of ``collection`` whose setting ``key`` is ``value`` and
+    whose other settings equal ``wanted``'s (any, with None); the one with the most seeds, then the newest."""
     found = []
     for path in (work / f"train-{model}").glob("*/manifest.json"):
         manifest = json.loads(path.read_text())
@@ -66,21 +65,17 @@ def find_stage(work: Path, model: str, collection: str, wanted: dict[str, Any] |
             continue
         if wanted is not None and {**settings, key: None} != {**wanted, key: None}:
             continue
-        found.append((len(config["seeds"]), manifest["finished"], manifest["key"], tuple(config["seeds"]), settings))
-    if not found:
-        return None
-    *_, stage_key, seeds, settings = max(found, key=lambda row: row[:2])
-    return stage_key, seeds, settings
+        found.append(manifest)
+    return max(found, key=lambda m: (len(m["config"]["seeds"]), m["finished"]), default=None)
 
 
-def load_arm(work: Path, model: str, stage_key: str, seeds: tuple[int, ...]) -> Arm:
-    folder = work / f"train-{model}" / stage_key
-    manifest = json.loads((folder / "manifest.json").read_text())
-    scores = pl.read_parquet(folder / "scores.parquet").filter(pl.col("split") == "oof")
+def load_arm(work: Path, model: str, manifest: dict[str, Any]) -> Arm:
+    scores = pl.read_parquet(work / f"train-{model}" / manifest["key"] / "scores.parquet")
+    scores = scores.filter(pl.col("split") == "oof")
     cells = scores.group_by(["fold", "seed"]).agg(pl.col("score").mean()).sort(["seed", "fold"])
     per_seed = scores.group_by("seed").agg(pl.col("score").mean()).sort("seed")["score"].to_numpy()
     fits = manifest["metrics"]["models"]
-    return Arm(stage_key, seeds, cells, per_seed, float(sum(m["train_seconds"] for m in fits)),
+    return Arm(manifest["key"], cells, per_seed, float(sum(m["train_seconds"] for m in fits)),
                float(np.mean([m["epochs_run"] for m in fits])))
 
 
@@ -92,16 +87,19 @@ def paired_cells(base: Arm, candidate: Arm) -> tuple[float, float, int, int]:
     return gain, se, int((paired["score_new"] > paired["score"]).sum()), paired.height
 
 
-def test_ratio(data_root: Path, work: Path, model: str, collection: str, stage_key: str) -> tuple[float, float]:
-    """(test score, ceiling) of a training stage's fold models averaged, on the world's hidden labels."""
+def test_ratios(data_root: Path, work: Path, model: str, collection: str, arms: Sequence[Arm]) -> list[float]:
+    """Test score / ceiling of each arm's fold models averaged, on the world's hidden labels (one pass
+    over the test graphs for all arms)."""
     from pipelines.collections import parse_collection
     from pipelines.engine import load_stage
-    from pipelines.evaluate import CEILING, _trained_rows, evaluate_rows
+    from pipelines.evaluate import CEILING, evaluate_rows, trained_rows
 
-    rows = _trained_rows([(model, load_stage(work, f"train-{model}", stage_key))], "minmax")
+    entries = [f"arm {i}" for i in range(len(arms))]
+    rows = trained_rows([(entry, load_stage(work, f"train-{model}", arm.key)) for entry, arm in zip(entries, arms)],
+                        "minmax")
     evaluation = evaluate_rows(data_root, rows, collections=[parse_collection(collection)])
-    return (evaluation.reports[model].collection_score(collection),
-            evaluation.reports[CEILING].collection_score(collection))
+    ceiling = evaluation.reports[CEILING].collection_score(collection)
+    return [evaluation.reports[entry].collection_score(collection) / ceiling for entry in entries]
 
 
 def compare(data_root: Path, work: Path, model: str, key: str, base: Any, candidate: Any,
@@ -110,15 +108,13 @@ def compare(data_root: Path, work: Path, model: str, key: str, base: Any, candid
     for collection in collections:
         # the candidate arm first; the base arm is the stage with the same settings but KEY
         candidate_stage = find_stage(work, model, collection, None, key, candidate)
-        base_stage = candidate_stage and find_stage(work, model, collection, candidate_stage[2], key, base)
+        base_stage = candidate_stage and find_stage(work, model, collection, candidate_stage["config"]["settings"],
+                                                    key, base)
         if not base_stage:
             continue
-        arms = [load_arm(work, model, *stage[:2]) for stage in (base_stage, candidate_stage)]
+        arms = [load_arm(work, model, stage) for stage in (base_stage, candidate_stage)]
         gain, se, up, cells = paired_cells(*arms)
-        ratios = []
-        for arm in arms:
-            score, ceiling = test_ratio(data_root, work, model, collection, arm.key)
-            ratios.append(score / ceiling)
+        ratios = test_ratios(data_root, work, model, collection, arms)
         rows.append([collection, *(f"{a.per_seed.mean():.4f} +- {a.per_seed.std():.4f}" for a in arms),
                      f"{gain:+.4f} +- {se:.4f}", f"{up}/{cells}",
                      f"{ratios[0]:.4f} -> {ratios[1]:.4f}", f"{arms[0].fit_seconds:.0f} -> {arms[1].fit_seconds:.0f}",

@@ -278,10 +278,10 @@ def model_rows(manifest: Mapping[str, Any], work_dir: Path | None, *,
             except PipelineError:
                 raise PipelineError(f"the saved {model} training output of {collection} is gone: "
                                     f"{folder / where['stage'] / where['key']} (pass --work-dir, or re-run)") from None
-    return _trained_rows(outputs, method, per_seed=per_seed)
+    return trained_rows(outputs, method, per_seed=per_seed)
 
 
-def _trained_rows(outputs: Sequence[tuple[str, StageOutput]], method: str, *,
+def trained_rows(outputs: Sequence[tuple[str, StageOutput]], method: str, *,
                   per_seed: bool = False) -> dict[str, dict[str, list[int]]]:
     """Submission rows of each (model name, training output) alone, its test scores normalised as a blend would;
     with ``per_seed``, of each of its run seeds alone instead (entries :func:`seed_entry`)."""
@@ -316,7 +316,7 @@ def evaluate_collection_runs(runs: Sequence[CollectionRun], data_root: Path | st
     from pipelines.run import submission_rows
 
     rows: dict[str, Mapping[str, Sequence[int]]] = dict(
-        _trained_rows([(model, output) for run in runs for model, output in run.trained.items()], method))
+        trained_rows([(model, output) for run in runs for model, output in run.trained.items()], method))
     blended: dict[str, list[int]] = {}
     for run in runs:
         blended.update(submission_rows(load_blended_test(run.ensemble)))
@@ -327,7 +327,7 @@ def evaluate_collection_runs(runs: Sequence[CollectionRun], data_root: Path | st
 def evaluate_collection_seeds(runs: Sequence[CollectionRun], data_root: Path | str, *, method: str) -> Evaluation:
     """Each model of :func:`evaluate_collection_runs` scored once per run seed (entries :func:`seed_entry`):
     how far its seeds alone spread, which is what the ensemble's distance to the best model is judged by."""
-    rows = _trained_rows([(model, output) for run in runs for model, output in run.trained.items()], method,
+    rows = trained_rows([(model, output) for run in runs for model, output in run.trained.items()], method,
                          per_seed=True)
     return evaluate_rows(data_root, rows, collections=[run.collection for run in runs])
 

@@ -31,12 +31,12 @@ def test_the_base_arm_differs_from_the_candidate_in_the_key_alone(tmp_path):
                 {(0, 0): 0.4, (1, 0): 0.7, (0, 1): 0.3, (1, 1): 0.9})
     write_stage(tmp_path, "cand-1seed", {**base, "config_layers": 0}, [0], "2026-01-04", {(0, 0): 0.0})
     candidate = find_stage(tmp_path, "gnn", "layout:xla:default", None, "config_layers", 0)
-    assert candidate[:2] == ("cand", (0, 1))
-    found = find_stage(tmp_path, "gnn", "layout:xla:default", candidate[2], "config_layers", 1)
-    assert found[:2] == ("base", (0, 1))
+    assert candidate["key"] == "cand"
+    found = find_stage(tmp_path, "gnn", "layout:xla:default", candidate["config"]["settings"], "config_layers", 1)
+    assert found["key"] == "base"
     assert find_stage(tmp_path, "gnn", "layout:xla:random", None, "config_layers", 0) is None
 
-    arms = [load_arm(tmp_path, "gnn", *stage[:2]) for stage in (found, candidate)]
+    arms = [load_arm(tmp_path, "gnn", stage) for stage in (found, candidate)]
     assert arms[0].per_seed.tolist() == pytest.approx([0.55, 0.5])  # seed 0: cells 0.5 and 0.6
     gain, se, up, cells = paired_cells(*arms)
     # cells both ran: (0,0) -0.1, (1,0) +0.1, (0,1) -0.2; (1,1) ran in the candidate only

@@ -79,6 +79,12 @@ class PreparedGraph(GraphSize):
     chain_dims: np.ndarray
     chain_bytes: np.ndarray
 
+    @property
+    def varying_rows(self) -> np.ndarray:
+        """The nodes whose state differs between configs: D_L (the last level's rows), or without a config
+        layer the configurable nodes themselves (none in a tile graph)."""
+        return self.levels[-1].rows if self.levels else self.config_nodes
+
 
 def _check(graph: GraphArrays) -> None:
     """Raise FormatError naming the graph when its arrays disagree."""
@@ -328,7 +334,7 @@ def collate(graphs: list[PreparedGraph]) -> GraphBatch:
     outside[final_rows] = False
     node_counts = [g.num_nodes for g in graphs]
     chain_src, chain_dst = _chain_rows(graphs)
-    final_counts = [g.levels[-1].rows.shape[0] if num_levels else g.config_nodes.shape[0] for g in graphs]
+    final_counts = [g.varying_rows.shape[0] for g in graphs]
     return GraphBatch(
         num_graphs=b,
         node_opcode=_cat([g.node_opcode for g in graphs], torch.long),

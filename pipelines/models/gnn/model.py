@@ -265,6 +265,11 @@ class GNNModel(nn.Module):
         # built last so that the other modules draw the same initial weights with the option off
         self.node_cost = NodeCostHead(hidden) if kind == "layout" and cfg.readout == "pooled+sum" else None
 
+    @property
+    def fused_config_layers(self) -> bool:
+        """Whether the config layers run fused (every one is linear up to its norm; also with none)."""
+        return all(layer.fusable for layer in self.config_layers)
+
     # --- config-free part
 
     def encode_nodes(self, batch: GraphBatch, opcode: torch.Tensor | None = None) -> torch.Tensor:
@@ -283,7 +288,7 @@ class GNNModel(nn.Module):
             return Context(batch, pooled=torch.cat([mean, segment_max_sorted(h, batch.node_graph, b, batch.node_counts)], -1))
         x = h + self.no_config
         shared_in, shared_pre = [], []
-        if self.config_layers and all(layer.fusable for layer in self.config_layers):
+        if self.config_layers and self.fused_config_layers:
             for layer in self.config_layers:
                 pre = layer.pre(x, batch)
                 shared_in.append(x)
@@ -364,7 +369,7 @@ class GNNModel(nn.Module):
         if self.kind == "tile":
             c = self.config_proj(configs.values)
             feats = torch.cat([ctx.pooled.unsqueeze(1).expand(-1, c.shape[1], -1), c], dim=-1)
-        elif fused and all(layer.fusable for layer in self.config_layers):
+        elif fused and self.fused_config_layers:
             feats, node_cost = self._layout_fused(ctx, configs)
         else:
             feats, node_cost = self._layout_unfused(ctx, configs)

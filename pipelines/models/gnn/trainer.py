@@ -64,8 +64,7 @@ def configs_per_chunk(cfg: GNNConfig, graph: PreparedGraph, device_type: str = "
     the heap instead of being mapped and page-faulted afresh on every pass. On an 11k-node graph,
     8 MiB (2 configs per pass) scored ~190 configs/s, 48 MiB ~110 and 512 configs per pass ~26.
     """
-    rows = graph.levels[-1].rows.shape[0] if graph.levels else graph.config_nodes.shape[0]
-    per_config = max(rows, 1) * cfg.hidden * 4
+    per_config = max(graph.varying_rows.shape[0], 1) * cfg.hidden * 4
     budget_mb = cfg.eval_chunk_mb_cuda if device_type == "cuda" else cfg.eval_chunk_mb
     return int(min(cfg.eval_chunk, max(1, budget_mb * 2**20 // per_config)))
 
