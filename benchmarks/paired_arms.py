@@ -50,18 +50,28 @@ def toml_value(text: str) -> Any:
     return tomllib.loads(f"v = {text}")["v"]
 
 
+def default_setting(model: str, collection: str, key: str) -> Any:
+    """``key``'s value in the model's default settings for ``collection`` (None: no such setting)."""
+    from pipelines.collections import parse_collection
+    from pipelines.config import PipelineConfig
+    from pipelines.models.registry import get_adapter
+
+    return get_adapter(model).settings(PipelineConfig(), parse_collection(collection)).get(key)
+
+
 def find_stage(work: Path, model: str, collection: str, wanted: dict[str, Any] | None, key: str,
                value: Any) -> dict[str, Any] | None:
     """The manifest of the finished training stage of ``collection`` whose setting ``key`` is ``value`` and
-    whose other settings equal ``wanted``'s (any, with None); the one with the most seeds, then the newest."""
-    found = []
+    whose other settings equal ``wanted``'s (any, with None); the one with the most seeds, then the newest.
+    A stage written before ``key`` existed ran it at its default value."""
+    found, default = [], default_setting(model, collection, key)
     for path in (work / f"train-{model}").glob("*/manifest.json"):
         manifest = json.loads(path.read_text())
         config = manifest.get("config") or {}
         if "metrics" not in manifest or config.get("collection") != collection:
             continue
         settings = config.get("settings") or {}
-        if settings.get(key) != value:
+        if settings.get(key, default) != value:
             continue
         if wanted is not None and {**settings, key: None} != {**wanted, key: None}:
             continue

@@ -451,6 +451,43 @@ def test_each_pass_of_an_epoch_visits_every_training_graph_once(monkeypatch):
     assert [h["epoch"] for h in ranker.history_] == [1, 2]  # one validation record per epoch, not per pass
 
 
+def test_validation_every_n_epochs_counts_patience_in_epochs_and_validates_the_last(monkeypatch):
+    scores, validated = iter([0.5, 0.4, 0.3, 0.2]), []
+
+    def scripted(model, graphs, subsets, cfg, batches=None):
+        validated.append(len(validated))
+        return next(scores)
+
+    monkeypatch.setattr(trainer, "validation_score", scripted)
+    graphs = easy_world(8, "layout", 6)
+    # validations at epochs 2, 4, 6: the best at 2, then 4 epochs without a better one (patience 4) at 6;
+    # counted in validations the fit would have run on to epoch 10
+    stopped = gnn(epochs=10, validate_every=2, patience=4).fit(graphs[:4], graphs[4:], seed=0)
+    valid = [h["valid"] for h in stopped.history_]
+    assert len(valid) == 6 and len(validated) == 3
+    assert all(math.isnan(v) for v in valid[0::2]) and valid[1::2] == [0.5, 0.4, 0.3]
+    assert stopped.best_score_ == 0.5
+    scores, validated[:] = iter([0.1, 0.2, 0.3]), []
+    last = gnn(epochs=5, validate_every=2, patience=0).fit(graphs[:4], graphs[4:], seed=0)
+    assert [e for e, h in enumerate(last.history_, 1) if not math.isnan(h["valid"])] == [2, 4, 5]
+    assert last.best_score_ == 0.3  # the last epoch is always scored, so it can be kept
+
+
+@pytest.mark.parametrize("heap_reuse", [True, False])
+def test_prediction_keeps_freed_memory_as_the_fit_does(monkeypatch, heap_reuse):
+    """eval_chunk_mb's CPU budget assumes freed passes are reused from the heap, in a fit's validation
+    and in prediction alike (the malloc settings themselves are tested in test_gnn_heap)."""
+    import pipelines.models.gnn.ranker as ranker_module
+
+    asked, original = [], ranker_module.keep_freed_memory
+    monkeypatch.setattr(ranker_module, "keep_freed_memory", lambda enabled: asked.append(enabled) or original(False))
+    graphs = easy_world(9, "layout", 4)
+    ranker = gnn(epochs=1, cpu_heap_reuse=heap_reuse).fit(graphs[:3], graphs[3:], seed=0)
+    assert asked == [heap_reuse]
+    ranker.predict(graphs[3:])
+    assert asked == [heap_reuse, heap_reuse]
+
+
 def test_training_graphs_of_another_collection_only_when_the_config_names_it():
     graphs = easy_world(7, "layout", 6)
     other = [replace(g, collection="layout:nlp:random", stem=f"nlp{i}") for i, g in enumerate(graphs[:2])]

@@ -44,5 +44,16 @@ def test_the_base_arm_differs_from_the_candidate_in_the_key_alone(tmp_path):
     assert gain == pytest.approx(-0.2 / 3) and se == pytest.approx(0.152753 / 3 ** 0.5, rel=1e-4)
 
 
+def test_a_stage_written_before_the_setting_existed_ran_its_default(tmp_path):
+    base = {"config_layers": 1}  # no validate_every: the default, one validation per epoch
+    write_stage(tmp_path, "old", base, [0], "2026-01-02", {(0, 0): 0.5})
+    write_stage(tmp_path, "every2", {**base, "validate_every": 2}, [0], "2026-01-03", {(0, 0): 0.6})
+    candidate = find_stage(tmp_path, "gnn", "layout:xla:default", None, "validate_every", 2)
+    assert candidate["key"] == "every2"
+    assert find_stage(tmp_path, "gnn", "layout:xla:default", candidate["config"]["settings"],
+                      "validate_every", 1)["key"] == "old"
+    assert find_stage(tmp_path, "gnn", "layout:xla:default", None, "validate_every", 3) is None
+
+
 def test_values_are_toml_literals():
     assert toml_value("0") == 0 and toml_value('"bf16"') == "bf16" and toml_value("[0, 1]") == [0, 1]

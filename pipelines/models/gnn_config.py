@@ -71,9 +71,13 @@ class GNNConfig:
     warmup_fraction: float = bounded(0.05, 0.0, below=1.0)
     grad_clip: float = bounded(1.0, 1e-12)
     patience: int = bounded(5, 0)  # epochs without a better validation score before stopping; 0 = never stop
+    # epochs between validations (the last epoch is always validated): a validation scores
+    # eval_max_configs configs of every held-out graph, a seventh of a base xla fit at real scale and
+    # most of one with one pass per epoch (configs/cpu.toml takes 2)
+    validate_every: int = bounded(1, 1)
     # --- evaluation
     eval_chunk: int = bounded(512, 1)  # at most this many configs scored per forward pass when predicting
-    eval_chunk_mb: int = bounded(8, 1)  # ... and few enough that one per-config state tensor fits in this (MiB)
+    eval_chunk_mb: int = bounded(32, 1)  # ... and few enough that one per-config state tensor fits in this (MiB)
     eval_chunk_mb_cuda: int = bounded(128, 1)  # the same budget when the GNN runs on a CUDA device
     eval_max_configs: int = bounded(256, 2)  # configs per validation graph used for early stopping (fixed sample)
     # --- unsupervised pre-training of the node encoder (graph autoencoder)

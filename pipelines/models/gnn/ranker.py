@@ -151,8 +151,10 @@ class GNNRanker:
         out = []
         device = resolve_device(self.config.device)
         self.model_.to(device)
-        # deterministic scoring too: on CUDA the message passing sums with atomics otherwise
-        with _torch_threads(self.config.num_threads), deterministic(self.config.deterministic):
+        # deterministic scoring too: on CUDA the message passing sums with atomics otherwise; freed passes
+        # reused from the heap on the CPU, as in a fit (the chunk budget, eval_chunk_mb, assumes it)
+        with _torch_threads(self.config.num_threads), deterministic(self.config.deterministic), \
+                keep_freed_memory(self.config.cpu_heap_reuse and device.type == "cpu"):
             for g in graphs:
                 where = f"{g.collection}:{g.stem}"
                 if graph_kind(g) != self.kind_ or g.node_feat.shape[1] != self.node_feat_dim_:

@@ -60,9 +60,11 @@ def configs_per_chunk(cfg: GNNConfig, graph: PreparedGraph, device_type: str = "
     tensor (config-dependent rows x chunk x hidden floats) fits in ``eval_chunk_mb`` (``eval_chunk_mb_cuda``
     on a CUDA device, where small passes leave the GPU waiting on kernel launches).
 
-    Small chunks are also faster on CPU: tensors under glibc's 32 MiB mmap ceiling are reused from
-    the heap instead of being mapped and page-faulted afresh on every pass. On an 11k-node graph,
-    8 MiB (2 configs per pass) scored ~190 configs/s, 48 MiB ~110 and 512 configs per pass ~26.
+    On the CPU the budget assumes ``cpu_heap_reuse`` (fits and predictions run under it): freed
+    passes are reused from the heap, so larger passes pay off up to a point. On an 11k-node graph,
+    2 threads: 8 MiB (2 configs per pass) 78 configs/s, 32 MiB 137-148, 128 MiB 160-169 at 1.5 GB.
+    Without heap reuse each pass above glibc's 32 MiB mmap ceiling is mapped and zero-filled afresh
+    (8 MiB was the faster budget there).
     """
     per_config = max(graph.varying_rows.shape[0], 1) * cfg.hidden * 4
     budget_mb = cfg.eval_chunk_mb_cuda if device_type == "cuda" else cfg.eval_chunk_mb
@@ -333,17 +335,18 @@ def train_model(
                 bar.set_postfix(loss=f"{np.mean(recent):.4f}", best_valid=f"{state.best_score:.4f}")
         bar.close()
         losses = torch.stack(losses).tolist()  # one device-to-host copy per epoch
+        validated = not valid or epoch % cfg.validate_every == 0 or epoch == cfg.epochs
         validation_started = time.perf_counter()
-        score = validation_score(model, valid, subsets, cfg, valid_batches) if valid else math.nan
+        score = validation_score(model, valid, subsets, cfg, valid_batches) if valid and validated else math.nan
         valid_seconds = time.perf_counter() - validation_started
         state.epoch = epoch
-        if not valid or score > state.best_score:
+        if not valid or (validated and score > state.best_score):
             state.best_score = score if valid else math.nan
             state.best_state = copy.deepcopy(model.state_dict())
             state.best_epoch = epoch
             state.bad_epochs = 0
-        else:
-            state.bad_epochs += 1
+        elif validated:  # patience counts epochs, however many ran since the last validation
+            state.bad_epochs = epoch - state.best_epoch
             state.stopped = cfg.patience > 0 and state.bad_epochs >= cfg.patience
         seconds = time.perf_counter() - started
         state.history.append({"epoch": epoch, "loss": float(np.mean(losses)), "valid": score,
