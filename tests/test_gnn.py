@@ -460,8 +460,8 @@ def test_validation_every_n_epochs_counts_patience_in_epochs_and_validates_the_l
 
     monkeypatch.setattr(trainer, "validation_score", scripted)
     graphs = easy_world(8, "layout", 6)
-    # validations at epochs 2, 4, 6: the best at 2, then 4 epochs without a better one (patience 4) at 6;
-    # counted in validations the fit would have run on to epoch 10
+    # validations at epochs 2, 4, 6: the best at 2, and at 6 four epochs without a better one (patience 4);
+    # patience counted in validations would have run on to epoch 10
     stopped = gnn(epochs=10, validate_every=2, patience=4).fit(graphs[:4], graphs[4:], seed=0)
     valid = [h["valid"] for h in stopped.history_]
     assert len(valid) == 6 and len(validated) == 3
