@@ -270,6 +270,9 @@ class GraphBatch:
     num_config_nodes: torch.Tensor  # (B,) float
     levels: list[Level]
     config_in_final: torch.Tensor  # (R0,) position of each configurable node in levels[-1].rows
+    # (|D_L|,) the nodes whose state differs between configs: levels[-1].rows, or without a config layer
+    # the configurable nodes (PreparedGraph.varying_rows, offset per graph)
+    final_rows: torch.Tensor
     final_graph: torch.Tensor  # (|D_L|,) graph of each row of the last level
     outside_final: torch.Tensor  # (N,) bool: node outside D_L (its state is the same for every config)
     # Host-side facts, so the model never reads a size back from the device (a GPU sync) per step:
@@ -350,6 +353,7 @@ def collate(graphs: list[PreparedGraph]) -> GraphBatch:
         num_config_nodes=torch.tensor([g.config_nodes.shape[0] for g in graphs], dtype=torch.float32),
         levels=levels,
         config_in_final=config_in_final,
+        final_rows=final_rows,
         final_graph=final_graph,
         outside_final=outside,
         outside_rows=torch.nonzero(outside).squeeze(1),

@@ -425,5 +425,4 @@ class GNNModel(nn.Module):
         if self.node_cost is None:
             return pooled, None
         # the nodes of D_L (the only ones whose state differs between configs), as the fused path sums them
-        varying = batch.levels[-1].rows if batch.levels else batch.config_rows
-        return pooled, self.node_cost(x.index_select(0, varying), batch.node_graph.index_select(0, varying), batch)
+        return pooled, self.node_cost(x.index_select(0, batch.final_rows), batch.final_graph, batch)

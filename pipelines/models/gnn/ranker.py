@@ -41,6 +41,11 @@ def _torch_threads(count: int) -> Iterator[None]:
         torch.set_num_threads(before)
 
 
+def _heap_reuse(cfg: GNNConfig, device: torch.device) -> contextlib.AbstractContextManager:
+    """``gnn.cpu_heap_reuse`` for a block of work on ``device`` (a CPU's heap only)."""
+    return keep_freed_memory(cfg.cpu_heap_reuse and device.type == "cpu")
+
+
 def _single_value(graphs: list[GraphArrays], what: str, get: Callable[[GraphArrays], object]) -> object:
     values = {get(g) for g in graphs}
     if len(values) != 1:
@@ -117,7 +122,7 @@ class GNNRanker:
         checkpoint_path = None if checkpoint_dir is None else Path(checkpoint_dir) / f"gnn_seed{seed}.pt"
 
         with _torch_threads(cfg.num_threads), torch.random.fork_rng(devices=rng_devices(device)), \
-                deterministic(cfg.deterministic), keep_freed_memory(cfg.cpu_heap_reuse and device.type == "cpu"):
+                deterministic(cfg.deterministic), _heap_reuse(cfg, device):
             torch.manual_seed(seed)
             model = GNNModel(cfg, feat_dim, kind).to(device)
 
@@ -154,7 +159,7 @@ class GNNRanker:
         # deterministic scoring too: on CUDA the message passing sums with atomics otherwise; freed passes
         # reused from the heap on the CPU, as in a fit (the chunk budget, eval_chunk_mb, assumes it)
         with _torch_threads(self.config.num_threads), deterministic(self.config.deterministic), \
-                keep_freed_memory(self.config.cpu_heap_reuse and device.type == "cpu"):
+                _heap_reuse(self.config, device):
             for g in graphs:
                 where = f"{g.collection}:{g.stem}"
                 if graph_kind(g) != self.kind_ or g.node_feat.shape[1] != self.node_feat_dim_:

@@ -335,9 +335,9 @@ def train_model(
                 bar.set_postfix(loss=f"{np.mean(recent):.4f}", best_valid=f"{state.best_score:.4f}")
         bar.close()
         losses = torch.stack(losses).tolist()  # one device-to-host copy per epoch
-        validated = not valid or epoch % cfg.validate_every == 0 or epoch == cfg.epochs
+        validated = bool(valid) and (epoch % cfg.validate_every == 0 or epoch == cfg.epochs)
         validation_started = time.perf_counter()
-        score = validation_score(model, valid, subsets, cfg, valid_batches) if valid and validated else math.nan
+        score = validation_score(model, valid, subsets, cfg, valid_batches) if validated else math.nan
         valid_seconds = time.perf_counter() - validation_started
         state.epoch = epoch
         if not valid or (validated and score > state.best_score):
