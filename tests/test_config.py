@@ -80,7 +80,10 @@ def test_base_trains_xla_random_on_the_nlp_random_graphs_and_the_light_configs_d
 
 def test_cpu_trains_one_pass_per_epoch_on_every_collection_and_demo_keeps_four_on_layouts():
     for collection in ALL_COLLECTIONS:
-        assert resolve_for_collection(load_config("cpu").gnn, collection).passes_per_epoch == 1
+        cpu = resolve_for_collection(load_config("cpu").gnn, collection)
+        assert cpu.passes_per_epoch == 1
+        # fewer steps, a larger learning rate: on every collection (no per-collection lr shadows it)
+        assert cpu.lr > resolve_for_collection(load_config(None).gnn, collection).lr
         if not collection.is_tile:
             assert resolve_for_collection(load_config("demo").gnn, collection).passes_per_epoch == 4
 
