@@ -78,7 +78,7 @@ def test_base_trains_xla_random_on_the_nlp_random_graphs_and_the_light_configs_d
             assert extra == (["layout:nlp:random"] if on else []), (name, collection.name)
 
 
-def test_cpu_trains_one_pass_per_epoch_on_every_collection_and_demo_keeps_four_on_layouts():
+def test_cpu_trains_one_pass_per_epoch_at_a_larger_lr_on_every_collection_and_demo_keeps_four_on_layouts():
     for collection in ALL_COLLECTIONS:
         cpu = resolve_for_collection(load_config("cpu").gnn, collection)
         assert cpu.passes_per_epoch == 1
