@@ -69,21 +69,24 @@ def test_quick_extends_base_and_changes_only_its_own_keys():
     assert load_config("quick").folds.k == 2
 
 
-def test_base_trains_xla_random_on_the_nlp_random_graphs_and_the_light_configs_do_not():
-    for name in (None, "gpu", "demo", "cpu", "quick", "smoke"):
+def test_base_gpu_and_cpu_train_xla_random_on_the_nlp_random_graphs_and_the_light_configs_do_not():
+    for name in (None, "gpu", "cpu", "demo", "quick", "smoke"):
         config = load_config(name)
         for collection in ALL_COLLECTIONS:
             extra = resolve_for_collection(config.gnn, collection).extra_train_collections
-            on = name in (None, "gpu") and collection.name == "layout:xla:random"
+            on = name in (None, "gpu", "cpu") and collection.name == "layout:xla:random"
             assert extra == (["layout:nlp:random"] if on else []), (name, collection.name)
 
 
-def test_cpu_trains_one_pass_per_epoch_at_a_larger_lr_on_every_collection_and_demo_keeps_four_on_layouts():
+def test_cpu_trains_two_passes_on_nlp_one_elsewhere_at_a_larger_lr_and_demo_keeps_four_on_layouts():
     for collection in ALL_COLLECTIONS:
         cpu = resolve_for_collection(load_config("cpu").gnn, collection)
-        assert cpu.passes_per_epoch == 1
+        base = resolve_for_collection(load_config(None).gnn, collection)
+        # cpu's section value clears base's per-collection passes; its own nlp tables set them again
+        assert cpu.passes_per_epoch == (2 if collection.name.startswith("layout:nlp:") else 1)
+        assert cpu.passes_per_epoch <= base.passes_per_epoch
         # fewer steps, a larger learning rate: on every collection (no per-collection lr shadows it)
-        assert cpu.lr > resolve_for_collection(load_config(None).gnn, collection).lr
+        assert cpu.lr > base.lr
         if not collection.is_tile:
             assert resolve_for_collection(load_config("demo").gnn, collection).passes_per_epoch == 4
 
