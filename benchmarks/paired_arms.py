@@ -6,7 +6,9 @@ Usage: python -m benchmarks.paired_arms --data-root WORLD --work-dir WORK --mode
 Run each arm first with ``python -m pipelines train --model M --data-root WORLD --work-dir WORK
 --set run.seeds=[...] --set M.KEY=VALUE``. For each collection this reads the two training stages
 under WORK whose resolved settings give KEY the two values (TOML literals) and agree on every other
-setting (where several candidate stages match, the one with the most seeds, then the newest) and reports:
+setting (where several pairs match, the candidate stage with the most seeds, then the newest, among those
+that have a base stage; a setting a stage's manifest lacks, from before it existed, is compared at its
+default) and reports:
 
 * OOF per arm: the mean over its out-of-fold graphs per seed, mean +- std over the seeds;
 * the paired OOF gain: per (fold, seed) cell present in both arms, the candidate's mean held-out
@@ -50,33 +52,52 @@ def toml_value(text: str) -> Any:
     return tomllib.loads(f"v = {text}")["v"]
 
 
-def default_setting(model: str, collection: str, key: str) -> Any:
-    """``key``'s value in the model's default settings for ``collection`` (None: no such setting)."""
+def default_settings(model: str, collection: str) -> dict[str, Any]:
+    """The model's default settings for ``collection``, as a stage manifest stores them (JSON values)."""
     from pipelines.collections import parse_collection
     from pipelines.config import PipelineConfig
     from pipelines.models.registry import get_adapter
 
-    return get_adapter(model).settings(PipelineConfig(), parse_collection(collection)).get(key)
+    return json.loads(json.dumps(get_adapter(model).settings(PipelineConfig(), parse_collection(collection))))
 
 
-def find_stage(work: Path, model: str, collection: str, wanted: dict[str, Any] | None, key: str,
-               value: Any) -> dict[str, Any] | None:
-    """The manifest of the finished training stage of ``collection`` whose setting ``key`` is ``value`` and
-    whose other settings equal ``wanted``'s (any, with None); the one with the most seeds, then the newest.
-    A stage written before ``key`` existed ran it at its default value."""
-    found, default = [], default_setting(model, collection, key)
+def find_stages(work: Path, model: str, collection: str, wanted: dict[str, Any] | None, key: str,
+                value: Any) -> list[dict[str, Any]]:
+    """The manifests of the finished training stages of ``collection`` whose setting ``key`` is ``value``
+    and whose other settings equal ``wanted``'s (any, with None); those with the most seeds first, then
+    the newest. A stage written before a setting existed ran it at its default value: on both sides, a
+    setting missing from the settings takes its default before they are compared."""
+    found, defaults = [], default_settings(model, collection)
+    wanted = None if wanted is None else {**defaults, **wanted, key: None}
     for path in (work / f"train-{model}").glob("*/manifest.json"):
         manifest = json.loads(path.read_text())
         config = manifest.get("config") or {}
         if "metrics" not in manifest or config.get("collection") != collection:
             continue
-        settings = config.get("settings") or {}
-        if settings.get(key, default) != value:
+        settings = {**defaults, **(config.get("settings") or {})}
+        if settings.get(key) != value:
             continue
-        if wanted is not None and {**settings, key: None} != {**wanted, key: None}:
+        if wanted is not None and {**settings, key: None} != wanted:
             continue
         found.append(manifest)
-    return max(found, key=lambda m: (len(m["config"]["seeds"]), m["finished"]), default=None)
+    return sorted(found, key=lambda m: (len(m["config"]["seeds"]), m["finished"]), reverse=True)
+
+
+def find_stage(work: Path, model: str, collection: str, wanted: dict[str, Any] | None, key: str,
+               value: Any) -> dict[str, Any] | None:
+    """The first of :func:`find_stages` (None: there is none)."""
+    return next(iter(find_stages(work, model, collection, wanted, key, value)), None)
+
+
+def find_arms(work: Path, model: str, collection: str, key: str, base: Any,
+              candidate: Any) -> tuple[dict[str, Any], dict[str, Any]] | None:
+    """The (base, candidate) stages: the first candidate stage (most seeds, then newest) for which a base
+    stage with the same settings but ``key`` exists, and that base's first stage."""
+    for candidate_stage in find_stages(work, model, collection, None, key, candidate):
+        base_stage = find_stage(work, model, collection, candidate_stage["config"]["settings"], key, base)
+        if base_stage:
+            return base_stage, candidate_stage
+    return None
 
 
 def load_arm(work: Path, model: str, manifest: dict[str, Any]) -> Arm:
@@ -116,13 +137,10 @@ def compare(data_root: Path, work: Path, model: str, key: str, base: Any, candid
             collections: Sequence[str]) -> list[str]:
     rows = []
     for collection in collections:
-        # the candidate arm first; the base arm is the stage with the same settings but KEY
-        candidate_stage = find_stage(work, model, collection, None, key, candidate)
-        base_stage = candidate_stage and find_stage(work, model, collection, candidate_stage["config"]["settings"],
-                                                    key, base)
-        if not base_stage:
+        stages = find_arms(work, model, collection, key, base, candidate)
+        if not stages:
             continue
-        arms = [load_arm(work, model, stage) for stage in (base_stage, candidate_stage)]
+        arms = [load_arm(work, model, stage) for stage in stages]
         gain, se, up, cells = paired_cells(*arms)
         ratios = test_ratios(data_root, work, model, collection, arms)
         rows.append([collection, *(f"{a.per_seed.mean():.4f} +- {a.per_seed.std():.4f}" for a in arms),

@@ -4,7 +4,7 @@ import json
 import polars as pl
 import pytest
 
-from benchmarks.paired_arms import find_stage, load_arm, paired_cells, toml_value
+from benchmarks.paired_arms import find_arms, find_stage, load_arm, paired_cells, toml_value
 
 
 def write_stage(work, key, settings, seeds, finished, cell_scores):
@@ -53,6 +53,37 @@ def test_a_stage_written_before_the_setting_existed_ran_its_default(tmp_path):
     assert find_stage(tmp_path, "gnn", "layout:xla:default", candidate["config"]["settings"],
                       "validate_every", 1)["key"] == "old"
     assert find_stage(tmp_path, "gnn", "layout:xla:default", None, "validate_every", 3) is None
+
+
+def test_a_setting_missing_from_either_stage_is_compared_at_its_default(tmp_path):
+    # the arms differ in lr; the older base stage predates validate_every, the newer one predates
+    # nothing: compared at validate_every's default (1), they differ in lr alone
+    write_stage(tmp_path, "old", {"config_layers": 1, "lr": 1e-3}, [0], "2026-01-02", {(0, 0): 0.5})
+    write_stage(tmp_path, "new", {"config_layers": 1, "lr": 3e-3, "validate_every": 1}, [0], "2026-01-03",
+                {(0, 0): 0.6})
+    # ... but a stage that validated every other epoch is never the base of one that validated every epoch
+    write_stage(tmp_path, "every2", {"config_layers": 1, "lr": 1e-3, "validate_every": 2}, [0], "2026-01-04",
+                {(0, 0): 0.7})
+    candidate = find_stage(tmp_path, "gnn", "layout:xla:default", None, "lr", 3e-3)
+    assert candidate["key"] == "new"
+    assert find_stage(tmp_path, "gnn", "layout:xla:default", candidate["config"]["settings"], "lr", 1e-3)["key"] == "old"
+    # and the other way round: the older stage as the candidate finds the newer base
+    old = find_stage(tmp_path, "gnn", "layout:xla:default", {"config_layers": 1}, "lr", 1e-3)
+    assert old["key"] == "old"
+    assert find_stage(tmp_path, "gnn", "layout:xla:default", old["config"]["settings"], "lr", 3e-3)["key"] == "new"
+
+
+def test_the_arms_are_the_preferred_candidate_that_has_a_base(tmp_path):
+    base = {"config_layers": 1, "passes_per_epoch": 1}
+    write_stage(tmp_path, "base", base, [0], "2026-01-02", {(0, 0): 0.5})
+    write_stage(tmp_path, "cand", {**base, "lr": 3e-3}, [0], "2026-01-03", {(0, 0): 0.6})
+    # newer, and with as many seeds, but no stage at the base value of lr shares its passes
+    write_stage(tmp_path, "cand-2passes", {**base, "lr": 3e-3, "passes_per_epoch": 2}, [0], "2026-01-04",
+                {(0, 0): 0.7})
+    assert find_stage(tmp_path, "gnn", "layout:xla:default", None, "lr", 3e-3)["key"] == "cand-2passes"
+    found = find_arms(tmp_path, "gnn", "layout:xla:default", "lr", 1e-3, 3e-3)
+    assert [stage["key"] for stage in found] == ["base", "cand"]
+    assert find_arms(tmp_path, "gnn", "layout:xla:default", "lr", 1e-3, 1e-2) is None
 
 
 def test_values_are_toml_literals():
