@@ -74,7 +74,7 @@ def test_a_setting_missing_from_either_stage_is_compared_at_its_default(tmp_path
 
 
 def test_the_arms_are_the_preferred_candidate_that_has_a_base(tmp_path):
-    base = {"config_layers": 1, "passes_per_epoch": 1}
+    base = {"config_layers": 1, "passes_per_epoch": 1, "lr": 1e-3}
     write_stage(tmp_path, "base", base, [0], "2026-01-02", {(0, 0): 0.5})
     write_stage(tmp_path, "cand", {**base, "lr": 3e-3}, [0], "2026-01-03", {(0, 0): 0.6})
     # newer, and with as many seeds, but no stage at the base value of lr shares its passes
