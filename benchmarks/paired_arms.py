@@ -2,6 +2,8 @@
 
 Usage: python -m benchmarks.paired_arms --data-root WORLD --work-dir WORK --model gnn --key config_layers
                                         --base 1 --candidate 0 [--collections ...] [--out FILE]
+       python -m benchmarks.paired_arms --data-root WORLD --work-dir WORK --model gnn
+                                        --stages COLLECTION=BASE_KEY,CANDIDATE_KEY [...] [--out FILE]
 
 Run each arm first with ``python -m pipelines train --model M --data-root WORLD --work-dir WORK
 --set run.seeds=[...] --set M.KEY=VALUE``. For each collection this reads the two training stages
@@ -18,7 +20,8 @@ default) and reports:
 * the fit seconds of all fold models and their mean epochs (compare them only from an idle machine).
 
 Arms that differ in code but not in settings (a fix between them) are told apart only by recency:
-the stage keys are printed.
+the stage keys are printed. Arms that differ in several settings (a config file against another) are
+named by their training stages' keys instead: ``--stages`` pairs them per collection, same report.
 """
 
 from __future__ import annotations
@@ -133,13 +136,34 @@ def test_ratios(data_root: Path, work: Path, model: str, collection: str, arms: 
     return [evaluation.reports[entry].collection_score(collection) / ceiling for entry in entries]
 
 
-def compare(data_root: Path, work: Path, model: str, key: str, base: Any, candidate: Any,
-            collections: Sequence[str]) -> list[str]:
+def stage_pair(text: str) -> tuple[str, str, str]:
+    """``COLLECTION=BASE_KEY,CANDIDATE_KEY`` -> (collection, base key, candidate key)."""
+    collection, _, keys = text.partition("=")
+    pair = keys.split(",")
+    if not collection or len(pair) != 2 or not all(pair):
+        raise argparse.ArgumentTypeError(f"expected COLLECTION=BASE_KEY,CANDIDATE_KEY, got {text!r}")
+    return collection, pair[0], pair[1]
+
+
+def stage_manifest(work: Path, model: str, collection: str, key: str) -> dict[str, Any]:
+    """The manifest of the finished training stage ``key`` of ``collection`` (a clear error otherwise)."""
+    path = work / f"train-{model}" / key / "manifest.json"
+    if not path.is_file():
+        raise SystemExit(f"{path}: no such training stage")
+    manifest = json.loads(path.read_text())
+    if "metrics" not in manifest:
+        raise SystemExit(f"{path}: the stage has not finished")
+    trained = (manifest.get("config") or {}).get("collection")
+    if trained != collection:
+        raise SystemExit(f"{path}: the stage trained {trained}, not {collection}")
+    return manifest
+
+
+def arm_rows(data_root: Path, work: Path, model: str,
+             pairs: Sequence[tuple[str, dict[str, Any], dict[str, Any]]]) -> list[list[str]]:
+    """One table row per (collection, base stage, candidate stage)."""
     rows = []
-    for collection in collections:
-        stages = find_arms(work, model, collection, key, base, candidate)
-        if not stages:
-            continue
+    for collection, *stages in pairs:
         arms = [load_arm(work, model, stage) for stage in stages]
         gain, se, up, cells = paired_cells(*arms)
         ratios = test_ratios(data_root, work, model, collection, arms)
@@ -147,10 +171,28 @@ def compare(data_root: Path, work: Path, model: str, key: str, base: Any, candid
                      f"{gain:+.4f} +- {se:.4f}", f"{up}/{cells}",
                      f"{ratios[0]:.4f} -> {ratios[1]:.4f}", f"{arms[0].fit_seconds:.0f} -> {arms[1].fit_seconds:.0f}",
                      f"{arms[0].epochs:.1f} -> {arms[1].epochs:.1f}", f"{arms[0].key} / {arms[1].key}"])
-    header = ["collection", f"OOF {key} = {base!r}", f"OOF {key} = {candidate!r}", "paired cells", "cells up",
+    return rows
+
+
+def report(title: str, base_label: str, candidate_label: str, rows: list[list[str]]) -> list[str]:
+    header = ["collection", f"OOF {base_label}", f"OOF {candidate_label}", "paired cells", "cells up",
               "test/ceiling", "fit s", "epochs", "stages"]
-    return [f"# {model}: {key} = {candidate!r} against {base!r} ({data_root})", "",
-            *markdown_table(header, rows)]
+    return [title, "", *markdown_table(header, rows)]
+
+
+def compare(data_root: Path, work: Path, model: str, key: str, base: Any, candidate: Any,
+            collections: Sequence[str]) -> list[str]:
+    pairs = [(collection, *stages) for collection in collections
+             if (stages := find_arms(work, model, collection, key, base, candidate))]
+    return report(f"# {model}: {key} = {candidate!r} against {base!r} ({data_root})", f"{key} = {base!r}",
+                  f"{key} = {candidate!r}", arm_rows(data_root, work, model, pairs))
+
+
+def compare_stages(data_root: Path, work: Path, model: str, pairs: Sequence[tuple[str, str, str]]) -> list[str]:
+    manifests = [(collection, stage_manifest(work, model, collection, base),
+                  stage_manifest(work, model, collection, candidate)) for collection, base, candidate in pairs]
+    return report(f"# {model}: the second stage of each pair against the first ({data_root})", "base stage",
+                  "candidate stage", arm_rows(data_root, work, model, manifests))
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -158,12 +200,22 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--data-root", type=Path, required=True, help="a synthetic world (with labels/)")
     parser.add_argument("--work-dir", type=Path, required=True)
     parser.add_argument("--model", default="gnn")
-    parser.add_argument("--key", required=True, help="the setting the arms differ in, e.g. config_layers")
-    parser.add_argument("--base", required=True, type=toml_value, help="its value in the base arm (TOML literal)")
-    parser.add_argument("--candidate", required=True, type=toml_value, help="its value in the other arm")
+    parser.add_argument("--key", help="the setting the arms differ in, e.g. config_layers")
+    parser.add_argument("--base", type=toml_value, help="its value in the base arm (TOML literal)")
+    parser.add_argument("--candidate", type=toml_value, help="its value in the other arm")
     parser.add_argument("--collections", default=",".join(LAYOUT))
+    parser.add_argument("--stages", nargs="+", type=stage_pair, metavar="COLLECTION=BASE_KEY,CANDIDATE_KEY",
+                        help="instead of --key: the two training stages of each collection, by key")
     parser.add_argument("--out", type=Path, default=None, help="also write the table to this file")
     args = parser.parse_args(argv)
+    by_key = (args.key, args.base, args.candidate)
+    if args.stages and any(v is not None for v in by_key):
+        parser.error("--stages names the arms itself: leave out --key, --base and --candidate")
+    if args.stages:
+        emit(compare_stages(args.data_root, args.work_dir, args.model, args.stages), args.out)
+        return
+    if any(v is None for v in by_key):
+        parser.error("--key, --base and --candidate are required (or --stages)")
     emit(compare(args.data_root, args.work_dir, args.model, args.key, args.base, args.candidate,
                  args.collections.split(",")), args.out)
 

@@ -4,7 +4,8 @@ import json
 import polars as pl
 import pytest
 
-from benchmarks.paired_arms import find_arms, find_stage, load_arm, paired_cells, toml_value
+from benchmarks.paired_arms import (find_arms, find_stage, load_arm, main, paired_cells, stage_manifest,
+                                    stage_pair, toml_value)
 
 
 def write_stage(work, key, settings, seeds, finished, cell_scores):
@@ -84,6 +85,34 @@ def test_the_arms_are_the_preferred_candidate_that_has_a_base(tmp_path):
     found = find_arms(tmp_path, "gnn", "layout:xla:default", "lr", 1e-3, 3e-3)
     assert [stage["key"] for stage in found] == ["base", "cand"]
     assert find_arms(tmp_path, "gnn", "layout:xla:default", "lr", 1e-3, 1e-2) is None
+
+
+def test_stages_named_by_key_are_checked_before_they_are_paired(tmp_path):
+    write_stage(tmp_path, "base", {"config_layers": 1}, [0], "2026-01-02", {(0, 0): 0.5})
+    assert stage_manifest(tmp_path, "gnn", "layout:xla:default", "base")["key"] == "base"
+    with pytest.raises(SystemExit, match=r"train-gnn/nope/manifest\.json: no such training stage"):
+        stage_manifest(tmp_path, "gnn", "layout:xla:default", "nope")
+    with pytest.raises(SystemExit, match="trained layout:xla:default, not layout:nlp:default"):
+        stage_manifest(tmp_path, "gnn", "layout:nlp:default", "base")
+    manifest = tmp_path / "train-gnn" / "base" / "manifest.json"
+    unfinished = {k: v for k, v in json.loads(manifest.read_text()).items() if k != "metrics"}
+    manifest.write_text(json.dumps(unfinished))
+    with pytest.raises(SystemExit, match="has not finished"):
+        stage_manifest(tmp_path, "gnn", "layout:xla:default", "base")
+
+
+def test_a_stage_pair_is_collection_equals_two_keys(tmp_path, capsys):
+    assert stage_pair("layout:xla:default=abc,def") == ("layout:xla:default", "abc", "def")
+    for bad in ("layout:xla:default=abc", "=abc,def", "layout:xla:default=abc,", "abc,def"):
+        with pytest.raises(Exception, match="COLLECTION=BASE_KEY,CANDIDATE_KEY"):
+            stage_pair(bad)
+    common = ["--data-root", str(tmp_path), "--work-dir", str(tmp_path)]
+    with pytest.raises(SystemExit):
+        main([*common, "--stages", "layout:xla:default=a,b", "--key", "lr"])
+    assert "leave out --key" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main([*common, "--key", "lr", "--base", "1e-3"])
+    assert "--key, --base and --candidate are required" in capsys.readouterr().err
 
 
 def test_values_are_toml_literals():
