@@ -64,42 +64,48 @@ def default_settings(model: str, collection: str) -> dict[str, Any]:
     return json.loads(json.dumps(get_adapter(model).settings(PipelineConfig(), parse_collection(collection))))
 
 
-def find_stages(work: Path, model: str, collection: str, wanted: dict[str, Any] | None, key: str,
-                value: Any) -> list[dict[str, Any]]:
-    """The manifests of the finished training stages of ``collection`` whose setting ``key`` is ``value``
-    and whose other settings equal ``wanted``'s (any, with None); those with the most seeds first, then
-    the newest. A stage written before a setting existed ran it at its default value: on both sides, a
-    setting missing from the settings takes its default before they are compared."""
-    found, defaults = [], default_settings(model, collection)
-    wanted = None if wanted is None else {**defaults, **wanted, key: None}
+def finished_stages(work: Path, model: str, collection: str) -> list[dict[str, Any]]:
+    """The manifests of the finished training stages of ``collection`` under ``work``."""
+    found = []
     for path in (work / f"train-{model}").glob("*/manifest.json"):
         manifest = json.loads(path.read_text())
-        config = manifest.get("config") or {}
-        if "metrics" not in manifest or config.get("collection") != collection:
-            continue
-        settings = {**defaults, **(config.get("settings") or {})}
-        if settings.get(key) != value:
-            continue
-        if wanted is not None and {**settings, key: None} != wanted:
-            continue
-        found.append(manifest)
+        if "metrics" in manifest and (manifest.get("config") or {}).get("collection") == collection:
+            found.append(manifest)
+    return found
+
+
+def matching_stages(manifests: Sequence[dict[str, Any]], defaults: dict[str, Any], wanted: dict[str, Any] | None,
+                    key: str, value: Any) -> list[dict[str, Any]]:
+    """Those of ``manifests`` whose setting ``key`` is ``value`` and whose other settings equal ``wanted``'s
+    (any, with None); those with the most seeds first, then the newest. A stage written before a setting
+    existed ran it at its default value: on both sides, a setting missing from the settings takes its
+    default (``defaults``) before they are compared."""
+    wanted = None if wanted is None else {**defaults, **wanted, key: None}
+    found = []
+    for manifest in manifests:
+        settings = {**defaults, **(manifest["config"].get("settings") or {})}
+        if settings.get(key) == value and (wanted is None or {**settings, key: None} == wanted):
+            found.append(manifest)
     return sorted(found, key=lambda m: (len(m["config"]["seeds"]), m["finished"]), reverse=True)
 
 
 def find_stage(work: Path, model: str, collection: str, wanted: dict[str, Any] | None, key: str,
                value: Any) -> dict[str, Any] | None:
-    """The first of :func:`find_stages` (None: there is none)."""
-    return next(iter(find_stages(work, model, collection, wanted, key, value)), None)
+    """The first of the finished stages that :func:`matching_stages` keeps (None: there is none)."""
+    found = matching_stages(finished_stages(work, model, collection), default_settings(model, collection),
+                            wanted, key, value)
+    return next(iter(found), None)
 
 
 def find_arms(work: Path, model: str, collection: str, key: str, base: Any,
               candidate: Any) -> tuple[dict[str, Any], dict[str, Any]] | None:
     """The (base, candidate) stages: the first candidate stage (most seeds, then newest) for which a base
-    stage with the same settings but ``key`` exists, and that base's first stage."""
-    for candidate_stage in find_stages(work, model, collection, None, key, candidate):
-        base_stage = find_stage(work, model, collection, candidate_stage["config"]["settings"], key, base)
-        if base_stage:
-            return base_stage, candidate_stage
+    stage with the same settings but ``key`` exists, and that base's first stage (the manifests read once)."""
+    manifests, defaults = finished_stages(work, model, collection), default_settings(model, collection)
+    for candidate_stage in matching_stages(manifests, defaults, None, key, candidate):
+        bases = matching_stages(manifests, defaults, candidate_stage["config"]["settings"], key, base)
+        if bases:
+            return bases[0], candidate_stage
     return None
 
 
