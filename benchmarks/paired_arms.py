@@ -152,17 +152,19 @@ def stage_pair(text: str) -> tuple[str, str, str]:
 
 
 def stage_manifest(work: Path, model: str, collection: str, key: str) -> dict[str, Any]:
-    """The manifest of the finished training stage ``key`` of ``collection`` (a clear error otherwise)."""
-    path = work / f"train-{model}" / key / "manifest.json"
-    if not path.is_file():
-        raise SystemExit(f"{path}: no such training stage")
-    manifest = json.loads(path.read_text())
-    if "metrics" not in manifest:
-        raise SystemExit(f"{path}: the stage has not finished")
-    trained = (manifest.get("config") or {}).get("collection")
+    """The manifest of the complete training stage ``key`` of ``collection`` (the engine's check of a
+    complete output; a clear error naming the stage otherwise)."""
+    from pipelines.engine import load_stage
+    from pipelines.errors import PipelineError
+
+    try:
+        stage = load_stage(work, f"train-{model}", key)
+    except PipelineError as error:
+        raise SystemExit(str(error)) from None
+    trained = (stage.manifest.get("config") or {}).get("collection")
     if trained != collection:
-        raise SystemExit(f"{path}: the stage trained {trained}, not {collection}")
-    return manifest
+        raise SystemExit(f"{stage.path}: the stage trained {trained}, not {collection}")
+    return stage.manifest
 
 
 def arm_rows(data_root: Path, work: Path, model: str,

@@ -13,13 +13,15 @@ def write_stage(work, key, settings, seeds, finished, cell_scores):
     folder = work / "train-gnn" / key
     folder.mkdir(parents=True)
     models = [{"fold": f, "seed": s, "train_seconds": 10.0, "epochs_run": 20} for (f, s) in cell_scores]
-    manifest = {"key": key, "finished": finished, "metrics": {"models": models},
-                "config": {"collection": "layout:xla:default", "seeds": seeds, "settings": settings}}
-    (folder / "manifest.json").write_text(json.dumps(manifest))
     rows = [{"fold": f, "seed": s, "split": "oof", "graph": f"g{f}{i}", "score": score + d}
             for (f, s), score in cell_scores.items() for i, d in enumerate((-0.1, 0.1))]
-    pl.DataFrame(rows).with_columns(pl.col("fold").cast(pl.Int16), pl.col("seed").cast(pl.Int32)) \
-        .write_parquet(folder / "scores.parquet")
+    scores = folder / "scores.parquet"
+    pl.DataFrame(rows).with_columns(pl.col("fold").cast(pl.Int16), pl.col("seed").cast(pl.Int32)).write_parquet(scores)
+    # a complete stage output as the engine writes it: its outputs listed with their sizes
+    manifest = {"stage": "train-gnn", "key": key, "finished": finished, "metrics": {"models": models},
+                "outputs": [{"path": scores.name, "bytes": scores.stat().st_size}],
+                "config": {"collection": "layout:xla:default", "seeds": seeds, "settings": settings}}
+    (folder / "manifest.json").write_text(json.dumps(manifest))
 
 
 def test_the_base_arm_differs_from_the_candidate_in_the_key_alone(tmp_path):
@@ -67,7 +69,8 @@ def test_a_setting_missing_from_either_stage_is_compared_at_its_default(tmp_path
                 {(0, 0): 0.7})
     candidate = find_stage(tmp_path, "gnn", "layout:xla:default", None, "lr", 3e-3)
     assert candidate["key"] == "new"
-    assert find_stage(tmp_path, "gnn", "layout:xla:default", candidate["config"]["settings"], "lr", 1e-3)["key"] == "old"
+    found = find_stage(tmp_path, "gnn", "layout:xla:default", candidate["config"]["settings"], "lr", 1e-3)
+    assert found["key"] == "old"
     # and the other way round: the older stage as the candidate finds the newer base
     old = find_stage(tmp_path, "gnn", "layout:xla:default", {"config_layers": 1}, "lr", 1e-3)
     assert old["key"] == "old"
@@ -90,14 +93,14 @@ def test_the_arms_are_the_preferred_candidate_that_has_a_base(tmp_path):
 def test_stages_named_by_key_are_checked_before_they_are_paired(tmp_path):
     write_stage(tmp_path, "base", {"config_layers": 1}, [0], "2026-01-02", {(0, 0): 0.5})
     assert stage_manifest(tmp_path, "gnn", "layout:xla:default", "base")["key"] == "base"
-    with pytest.raises(SystemExit, match=r"train-gnn/nope/manifest\.json: no such training stage"):
+    absent = r"train-gnn/nope: no complete output of stage 'train-gnn' with key nope \(absent\)"
+    with pytest.raises(SystemExit, match=absent):
         stage_manifest(tmp_path, "gnn", "layout:xla:default", "nope")
-    with pytest.raises(SystemExit, match="trained layout:xla:default, not layout:nlp:default"):
+    other = r"train-gnn/base: the stage trained layout:xla:default, not layout:nlp:default"
+    with pytest.raises(SystemExit, match=other):
         stage_manifest(tmp_path, "gnn", "layout:nlp:default", "base")
-    manifest = tmp_path / "train-gnn" / "base" / "manifest.json"
-    unfinished = {k: v for k, v in json.loads(manifest.read_text()).items() if k != "metrics"}
-    manifest.write_text(json.dumps(unfinished))
-    with pytest.raises(SystemExit, match="has not finished"):
+    (tmp_path / "train-gnn" / "base" / "scores.parquet").unlink()  # an output its manifest lists is gone
+    with pytest.raises(SystemExit, match=r"train-gnn/base: no complete output .* \(incomplete\)"):
         stage_manifest(tmp_path, "gnn", "layout:xla:default", "base")
 
 
