@@ -203,6 +203,43 @@ def test_listmle_hand_cases():
     assert torch.isfinite(padded.grad).all() and float(padded.grad[0, 2]) == 0.0
 
 
+# ----------------------------------------------------------------------------- pooling
+
+
+@pytest.mark.parametrize("rows", [1, 7, 3000])
+@pytest.mark.parametrize("ties", [False, True])
+def test_max_over_rows_gives_max_values_and_gradient_to_the_first_maximum(monkeypatch, rows, ties):
+    import pipelines.models.gnn.model as model_module
+
+    monkeypatch.setattr(model_module, "_MAX_BLOCK_ELEMENTS", 64)  # many row blocks, a partial last one
+    generator = torch.Generator().manual_seed(rows)
+    # integer values in a small range: most columns hold their maximum in several rows
+    x = (torch.randint(0, 3, (rows, 4, 5), generator=generator).float() if ties
+         else torch.randn(rows, 4, 5, generator=generator))
+    weight = torch.randn(4, 5, generator=generator)
+    ours, reference = x.clone().requires_grad_(), x.clone().requires_grad_()
+    value = model_module.max_over_rows(ours)
+    expected = reference.max(0).values
+    (value * weight).sum().backward()
+    (expected * weight).sum().backward()
+    assert torch.equal(value, expected)
+    assert torch.equal(ours.grad, reference.grad)  # every column's gradient in exactly one row, the first
+    assert torch.equal(model_module.max_over_rows(x), expected.detach())  # without a gradient
+    with torch.no_grad():
+        assert torch.equal(model_module.max_over_rows(ours), expected.detach())
+
+
+def test_segment_max_sorted_per_group_with_an_empty_group():
+    from pipelines.models.gnn.model import segment_max_sorted
+
+    x = torch.tensor([[1.0, 5.0], [3.0, 2.0], [4.0, 4.0]], requires_grad=True)
+    index = torch.tensor([0, 0, 2])
+    out = segment_max_sorted(x, index, 3)
+    assert out.tolist() == [[3.0, 5.0], [float("-inf"), float("-inf")], [4.0, 4.0]]
+    out[[0, 2]].sum().backward()
+    assert x.grad.tolist() == [[0.0, 1.0], [1.0, 0.0], [1.0, 1.0]]
+
+
 # ----------------------------------------------------------------------------- fusion and batching
 
 
