@@ -20,7 +20,7 @@ from pipelines.models.gnn import GNNRanker
 from pipelines.models.gnn.batch import collate, distinct_blocks, gather_configs, layout_physics, prepare_graph
 from pipelines.models.gnn.device import autocast
 from pipelines.models.gnn.losses import list_mle_loss, make_loss, pairwise_hinge_loss
-from pipelines.models.gnn.model import GNNModel
+from pipelines.models.gnn.model import GNNModel, segment_sum
 import pipelines.models.gnn.trainer as trainer
 from pipelines.models.gnn.trainer import configs_per_chunk, pass_order, scoring_passes
 from pipelines.models.gnn.pretrain import encoder_parameters, pretrain_encoder
@@ -227,6 +227,33 @@ def test_max_over_rows_gives_max_values_and_gradient_to_the_first_maximum(monkey
     assert torch.equal(model_module.max_over_rows(x), expected.detach())  # without a gradient
     with torch.no_grad():
         assert torch.equal(model_module.max_over_rows(ours), expected.detach())
+
+
+@pytest.mark.parametrize("ties", [False, True])
+def test_one_graph_pooling_repeats_the_separate_ops_to_the_bit(ties):
+    from pipelines.models.gnn.model import _PoolOneGraph
+
+    generator = torch.Generator().manual_seed(3)
+    rows, k, h = 50, 4, 6
+    x = (torch.randint(0, 3, (rows, k, h), generator=generator).float() if ties
+         else torch.randn(rows, k, h, generator=generator))
+    config_rows = torch.randperm(rows, generator=generator)[:20]
+    x[config_rows[:3]] += 5.0  # the max of many columns on a configurable row, of the others elsewhere
+    graph = torch.zeros(rows, dtype=torch.long)
+    weights = [torch.randn(shape, generator=generator) for shape in ((1, k, h), (1, k, h), (20, k, h))]
+
+    def gradient(pool):
+        states = x.clone().requires_grad_()
+        outputs = pool(states)
+        sum(((out * w).sum() for out, w in zip(outputs, weights)), torch.zeros(())).backward()
+        return [out.detach() for out in outputs], states.grad
+
+    # the separate ops, created in the order the model creates them
+    expected, expected_grad = gradient(lambda s: (segment_sum(s, graph, 1), s.max(0).values.unsqueeze(0),
+                                                  s[config_rows]))
+    got, got_grad = gradient(lambda s: _PoolOneGraph.apply(s, graph, config_rows))
+    assert all(torch.equal(a, b) for a, b in zip(got, expected))
+    assert torch.equal(got_grad, expected_grad)
 
 
 def test_segment_max_sorted_per_group_with_an_empty_group():
