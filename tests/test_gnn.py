@@ -212,6 +212,7 @@ def test_max_over_rows_gives_max_values_and_gradient_to_the_first_maximum(monkey
     import pipelines.models.gnn.model as model_module
 
     monkeypatch.setattr(model_module, "_MAX_BLOCK_ELEMENTS", 64)  # many row blocks, a partial last one
+    monkeypatch.setattr(model_module, "_LARGE_MAX_ELEMENTS", 0)  # the blocked path at every size
     generator = torch.Generator().manual_seed(rows)
     # integer values in a small range: most columns hold their maximum in several rows
     x = (torch.randint(0, 3, (rows, 4, 5), generator=generator).float() if ties
