@@ -43,7 +43,7 @@ import numpy as np
 import torch
 from pipelines.config import load_config, resolve_for_collection
 from pipelines.models.gnn.batch import collate, gather_configs, prepare_graph
-from pipelines.models.gnn.device import keep_freed_memory, resolve_device
+from pipelines.models.gnn.device import heap_reuse_on, resolve_device
 from pipelines.models.gnn.losses import make_loss
 from pipelines.models.gnn.model import GNNModel
 from pipelines.models.gnn.trainer import DeviceBatches, configs_per_chunk, sample_configs, score_graph, train_step
@@ -80,7 +80,7 @@ torch.set_num_threads({threads})
 cfg = replace(resolve_for_collection(load_config(None, {overrides!r}).gnn, {collection!r}), device={device!r}, precision={precision!r})
 device = resolve_device(cfg.device)
 cuda = device.type == "cuda"
-heap = keep_freed_memory(cfg.cpu_heap_reuse and not cuda)  # as a CPU fit does, for the rest of the process
+heap = heap_reuse_on(device, cfg.cpu_heap_reuse)  # as a fit does, for the rest of the process
 heap.__enter__()  # (the reference keeps it open: a collected one would close)
 def sync():
     if cuda:

@@ -542,10 +542,10 @@ def test_validation_every_n_epochs_counts_patience_in_epochs_and_validates_the_l
 def test_prediction_keeps_freed_memory_as_the_fit_does(monkeypatch, heap_reuse):
     """eval_chunk_mb's CPU budget assumes freed passes are reused from the heap, in a fit's validation
     and in prediction alike (the malloc settings themselves are tested in test_gnn_heap)."""
-    import pipelines.models.gnn.ranker as ranker_module
+    import pipelines.models.gnn.device as device_module
 
-    asked, original = [], ranker_module.keep_freed_memory
-    monkeypatch.setattr(ranker_module, "keep_freed_memory", lambda enabled: asked.append(enabled) or original(False))
+    asked, original = [], device_module.keep_freed_memory
+    monkeypatch.setattr(device_module, "keep_freed_memory", lambda enabled: asked.append(enabled) or original(False))
     graphs = easy_world(9, "layout", 4)
     ranker = gnn(epochs=1, cpu_heap_reuse=heap_reuse).fit(graphs[:3], graphs[3:], seed=0)
     assert asked == [heap_reuse]

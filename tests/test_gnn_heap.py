@@ -81,3 +81,15 @@ print(json.dumps(dict(fresh=fresh, recycled=recycled)))
 def test_a_fit_gives_the_same_bytes_on_fresh_and_on_recycled_memory():
     got = run_python(SAME_RESULTS)
     assert got["fresh"] == got["recycled"]
+
+
+def test_heap_reuse_is_asked_for_on_a_cpu_only(monkeypatch):
+    import torch
+
+    import pipelines.models.gnn.device as device_module
+
+    asked = []
+    monkeypatch.setattr(device_module, "keep_freed_memory", lambda enabled: asked.append(enabled))
+    for device, enabled in (("cpu", True), ("cpu", False), ("cuda", True), ("cuda:1", True)):
+        device_module.heap_reuse_on(torch.device(device), enabled)
+    assert asked == [True, False, False, False]

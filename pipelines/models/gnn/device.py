@@ -142,6 +142,12 @@ def keep_freed_memory(enabled: bool) -> Iterator[bool]:
                 libc.malloc_trim(0)
 
 
+def heap_reuse_on(device: torch.device, enabled: bool) -> contextlib.AbstractContextManager:
+    """``gnn.cpu_heap_reuse`` for a block of work on ``device``: a CPU's heap only (a GPU's memory has
+    its own caching allocator). Fits, predictions and the throughput benchmark all enter it here."""
+    return keep_freed_memory(enabled and device.type == "cpu")
+
+
 def rng_devices(device: torch.device) -> list[int]:
     """Devices whose RNG ``torch.random.fork_rng`` must save and restore around a fit."""
     if device.type != "cuda":

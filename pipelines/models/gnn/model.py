@@ -36,6 +36,9 @@ Layout, per step (one or more graphs, K configs each):
    one cost per config (LOWER = predicted FASTER). With ``readout = "pooled+sum"`` a per-node cost
    (an MLP on each state of ``D_L``) summed per graph and config is added to it: a runtime is a sum
    of kernel times, which a LayerNorm over pooled states cannot express (``NodeCostHead``).
+   A CPU step is bound by its passes over the (|D_L|, K, H) states: the max takes its values from
+   ``amax`` and its arg-max rows from a cache-blocked search (``max_over_rows``), and a training step
+   on one graph pools with one gradient pass (``_PoolOneGraph``), both bit-for-bit as the plain ops.
 
 GATv2 is offered as an option; attention is not linear in its inputs, so its config layers run
 unfused on K copies of the full graph (``score(..., fused=False)``, also used by the tests to

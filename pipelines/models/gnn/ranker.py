@@ -16,7 +16,7 @@ from pipelines.collections import Collection, parse_collection
 from pipelines.config import config_from_dict, config_to_dict, resolve_for_collection
 from pipelines.errors import ConfigError, FormatError
 from pipelines.models.gnn.batch import PreparedGraph, graph_kind, prepare_graph
-from pipelines.models.gnn.device import deterministic, keep_freed_memory, resolve_device, rng_devices
+from pipelines.models.gnn.device import deterministic, heap_reuse_on, resolve_device, rng_devices
 from pipelines.models.gnn.model import GNNModel
 from pipelines.models.gnn.pretrain import pretrain_encoder
 from pipelines.models.gnn.trainer import atomic_torch_save, score_graph, train_model
@@ -39,11 +39,6 @@ def _torch_threads(count: int) -> Iterator[None]:
         yield
     finally:
         torch.set_num_threads(before)
-
-
-def _heap_reuse(cfg: GNNConfig, device: torch.device) -> contextlib.AbstractContextManager:
-    """``gnn.cpu_heap_reuse`` for a block of work on ``device`` (a CPU's heap only)."""
-    return keep_freed_memory(cfg.cpu_heap_reuse and device.type == "cpu")
 
 
 def _single_value(graphs: list[GraphArrays], what: str, get: Callable[[GraphArrays], object]) -> object:
@@ -122,7 +117,7 @@ class GNNRanker:
         checkpoint_path = None if checkpoint_dir is None else Path(checkpoint_dir) / f"gnn_seed{seed}.pt"
 
         with _torch_threads(cfg.num_threads), torch.random.fork_rng(devices=rng_devices(device)), \
-                deterministic(cfg.deterministic), _heap_reuse(cfg, device):
+                deterministic(cfg.deterministic), heap_reuse_on(device, cfg.cpu_heap_reuse):
             torch.manual_seed(seed)
             model = GNNModel(cfg, feat_dim, kind).to(device)
 
@@ -159,7 +154,7 @@ class GNNRanker:
         # deterministic scoring too: on CUDA the message passing sums with atomics otherwise; freed passes
         # reused from the heap on the CPU, as in a fit (the chunk budget, eval_chunk_mb, assumes it)
         with _torch_threads(self.config.num_threads), deterministic(self.config.deterministic), \
-                _heap_reuse(self.config, device):
+                heap_reuse_on(device, self.config.cpu_heap_reuse):
             for g in graphs:
                 where = f"{g.collection}:{g.stem}"
                 if graph_kind(g) != self.kind_ or g.node_feat.shape[1] != self.node_feat_dim_:
