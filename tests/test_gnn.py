@@ -257,6 +257,35 @@ def test_one_graph_pooling_repeats_the_separate_ops_to_the_bit(ties):
     assert torch.equal(got_grad, expected_grad)
 
 
+@pytest.mark.parametrize("config_layers", [0, 1, 2])
+def test_a_training_step_pools_one_graph_in_one_pass_with_the_plain_ops_gradients(monkeypatch, config_layers):
+    """The model's CPU training step takes ``_PoolOneGraph``; every parameter's gradient equals the one
+    the separate ops give (to the bit), through the whole network."""
+    import pipelines.models.gnn.model as model_module
+
+    cfg = GNNConfig(config_layers=config_layers, free_layers=1, **FAST)
+    rng = np.random.default_rng(8)
+    graph = prepare_graph(layout_graph(rng, n=60, nc=6, c=16), cfg.config_layers)
+    configs = gather_configs([graph], [np.arange(16)])
+
+    def gradients() -> list[torch.Tensor]:
+        torch.manual_seed(4)
+        model = GNNModel(cfg, FEAT, "layout")
+        scores = model.score(model.encode(collate([graph])), configs)
+        pairwise_hinge_loss(scores, configs.target, configs.mask).backward()
+        return [p.grad.clone() for p in model.parameters() if p.grad is not None]
+
+    taken = []
+    fused_apply = model_module._PoolOneGraph.apply
+    monkeypatch.setattr(model_module._PoolOneGraph, "apply", lambda *a: taken.append(1) or fused_apply(*a))
+    fused = gradients()
+    assert taken  # the one-pass pooling ran
+    monkeypatch.setattr(model_module._PoolOneGraph, "apply", lambda x, graph_rows, config_rows: (
+        segment_sum(x, graph_rows, 1), x.max(0).values.unsqueeze(0), x[config_rows]))
+    plain = gradients()
+    assert len(fused) == len(plain) and all(torch.equal(a, b) for a, b in zip(fused, plain))
+
+
 def test_segment_max_sorted_per_group_with_an_empty_group():
     from pipelines.models.gnn.model import segment_max_sorted
 
