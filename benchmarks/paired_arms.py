@@ -89,14 +89,6 @@ def matching_stages(manifests: Sequence[dict[str, Any]], defaults: dict[str, Any
     return sorted(found, key=lambda m: (len(m["config"]["seeds"]), m["finished"]), reverse=True)
 
 
-def find_stage(work: Path, model: str, collection: str, wanted: dict[str, Any] | None, key: str,
-               value: Any) -> dict[str, Any] | None:
-    """The first of the finished stages that :func:`matching_stages` keeps (None: there is none)."""
-    found = matching_stages(finished_stages(work, model, collection), default_settings(model, collection),
-                            wanted, key, value)
-    return next(iter(found), None)
-
-
 def find_arms(work: Path, model: str, collection: str, key: str, base: Any,
               candidate: Any) -> tuple[dict[str, Any], dict[str, Any]] | None:
     """The (base, candidate) stages: the first candidate stage (most seeds, then newest) for which a base

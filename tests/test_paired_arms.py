@@ -4,8 +4,15 @@ import json
 import polars as pl
 import pytest
 
-from benchmarks.paired_arms import (find_arms, find_stage, load_arm, main, paired_cells, stage_manifest,
-                                    stage_pair, toml_value)
+from benchmarks.paired_arms import (default_settings, find_arms, finished_stages, load_arm, main, matching_stages,
+                                    paired_cells, stage_manifest, stage_pair, toml_value)
+
+
+def find_stage(work, model, collection, wanted, key, value):
+    """The first stage :func:`matching_stages` keeps among the finished ones (None: there is none)."""
+    found = matching_stages(finished_stages(work, model, collection), default_settings(model, collection),
+                            wanted, key, value)
+    return next(iter(found), None)
 
 
 def write_stage(work, key, settings, seeds, finished, cell_scores):
