@@ -34,7 +34,8 @@ class GraphArrays(GraphSize):
     # edge_index: that name means the file's (m, 2) [consumer, producer] rows in every other graph type.
     message_edges: np.ndarray
     config_nodes: np.ndarray  # int64 (nc,): positions of configurable nodes in this graph; empty for tile
-    config_feat: np.ndarray  # int8 (c, nc, 18) for layout; float32 (c, 24) for tile
+    # int8 (c, nc, 18) for layout (a GNN fit holds them compact: models.gnn.batch.LayoutConfigs); float32 (c, 24) tile
+    config_feat: np.ndarray
     target: np.ndarray  # float64 (c,): runtime (layout) or runtime/normalizer (tile); zeros on test
     config_index: np.ndarray  # int64 (c,): row of each config in the original file (after de-duplication)
     # Layout: where two layouts meet, directly or through elementwise chains (layout_geometry.Chains), one

@@ -17,7 +17,8 @@ from scipy.stats import kendalltau
 from pipelines.config import config_from_dict, resolve_for_collection
 from pipelines.errors import ConfigError, FormatError
 from pipelines.models.gnn import GNNRanker
-from pipelines.models.gnn.batch import collate, distinct_blocks, gather_configs, layout_physics, prepare_graph
+from pipelines.models.gnn.batch import (LayoutConfigs, collate, compact_configs, distinct_blocks, gather_configs,
+                                        layout_physics, pack_blocks, prepare_graph)
 from pipelines.models.gnn.device import autocast
 from pipelines.models.gnn.losses import list_mle_loss, make_loss, pairwise_hinge_loss
 from pipelines.models.gnn.model import GNNModel, segment_sum
@@ -398,6 +399,78 @@ def test_distinct_blocks_round_trip():
     assert len(blocks) == len(np.unique(values.reshape(-1, 18), axis=0))
 
 
+def test_layout_configs_hold_the_values_compactly():
+    rng = np.random.default_rng(4)
+    choices = rng.integers(-1, 6, (9, 3, 18)).astype(np.int8)  # each node takes one of three blocks
+    values = choices[np.arange(9), rng.integers(0, 3, (40, 9))]
+    values[:, :4] = -1  # nodes left to the compiler in every config: one shared block
+    values[3, 5, :] = [-1] * 9 + [5] * 9  # the extreme ids survive
+    configs = LayoutConfigs.from_values(values)
+    assert configs.shape == values.shape and configs.ndim == 3 and configs.ids.dtype == np.uint16
+    np.testing.assert_array_equal(configs.values(), values)
+    assert configs.nbytes < values.nbytes / 4
+    rows = np.array([7, 2, 39])
+    np.testing.assert_array_equal(configs[rows].values(), values[rows])
+    np.testing.assert_array_equal(configs.block_keys(rows), pack_blocks(values[rows]))
+    # pack_blocks is the packing distinct_blocks sorts: ids (value + 1) as base-7 digits, slot 0 the lowest
+    np.testing.assert_array_equal(pack_blocks(values[:1, 5:6]), (values[:1, 5:6].astype(np.int64) + 1) @ 7 ** np.arange(18))
+
+
+def test_layout_configs_of_a_graph_without_configurable_nodes():
+    configs = LayoutConfigs.from_values(np.zeros((3, 0, 18), np.int8))
+    assert configs.shape == (3, 0, 18) and configs.values().shape == (3, 0, 18)
+    assert configs.block_keys(np.array([2, 0])).shape == (2, 0)
+
+
+def test_layout_configs_widen_past_65536_blocks():
+    values = np.random.default_rng(5).integers(-1, 6, (1, 70_000, 18)).astype(np.int8)  # ~all blocks distinct
+    configs = LayoutConfigs.from_values(values)
+    assert configs.keys.shape[0] > 2**16 and configs.ids.dtype == np.int32
+    np.testing.assert_array_equal(configs.values(), values)
+
+
+def test_gather_configs_from_layout_configs_as_from_the_values():
+    """A step's ConfigBatch is the one distinct_blocks gives on the sampled configs' raw values."""
+    rng = np.random.default_rng(6)
+    graphs = [layout_graph(rng, n=12, nc=4, c=24, stem="a"), layout_graph(rng, n=9, nc=2, c=10, stem="b")]
+    for g in graphs:
+        g.config_feat[::3] = g.config_feat[0]  # repeated configs: blocks shared across configs and graphs
+    prepared = [prepare_graph(g, 1) for g in graphs]
+    assert all(isinstance(p.config_feat, LayoutConfigs) for p in prepared)
+    indices = [np.array([5, 0, 17, 3]), np.array([9, 1])]  # the second graph padded to K = 4
+    batch = gather_configs(prepared, indices)
+    padded = [indices[0], np.array([9, 1, 9, 9])]
+    node_values = np.concatenate([g.config_feat[p].transpose(1, 0, 2) for g, p in zip(graphs, padded)])
+    blocks, inverse = distinct_blocks(node_values)
+    np.testing.assert_array_equal(batch.values.numpy(), blocks)
+    np.testing.assert_array_equal(batch.inverse.numpy(), inverse)
+    assert batch.values.dtype == torch.int8 and batch.inverse.dtype == torch.int32
+
+
+def test_compact_configs_checks_the_graph_and_leaves_tile_graphs():
+    rng = np.random.default_rng(7)
+    tile = tile_graph(rng)
+    assert compact_configs(tile) is tile
+    g = layout_graph(rng)
+    compact = compact_configs(g)
+    np.testing.assert_array_equal(compact.config_feat.values(), g.config_feat)
+    assert compact_configs(compact) is compact
+    g.config_feat[0, 0, 0] = 6
+    with pytest.raises(FormatError, match="layout:xla:random:g.*outside -1..5"):
+        compact_configs(g)
+
+
+def test_fit_on_compact_configs_is_the_fit_on_the_values():
+    rng = np.random.default_rng(8)
+    train = [layout_graph(rng, stem=f"g{i}") for i in range(3)]
+    valid = [layout_graph(rng, stem="v")]
+    plain = gnn(epochs=2, configs_per_graph=8).fit(train, valid, seed=0)
+    compact = gnn(epochs=2, configs_per_graph=8).fit([compact_configs(g) for g in train],
+                                                     [compact_configs(g) for g in valid], seed=0)
+    np.testing.assert_array_equal(plain.predict(valid), compact.predict(valid))
+    np.testing.assert_array_equal(plain.predict(valid), compact.predict([compact_configs(g) for g in valid]))
+
+
 def test_layout_physics_hand_case():
     # output tensor (3, 200) with default layout {1, 0}; its operand (1000,) with default {0}
     shapes = np.array([[[3, 200, 0, 0, 0, 0], [1000, 0, 0, 0, 0, 0]]], dtype=np.float64)
@@ -751,6 +824,8 @@ def test_stage_adapter_flattens_predictions_in_index_order(monkeypatch):
     train = adapter.load(FakePrepared(), ["layout0", "layout1"], settings={"load_max_configs": 10}, fit=True, seed=0)
     assert [g.num_configs for g in train] == [10, 10]
     kept = train[0].config_index
+    assert isinstance(train[0].config_feat, LayoutConfigs)  # a fit's graphs are held compact
+    np.testing.assert_array_equal(train[0].config_feat.values(), graphs["layout0"].config_feat[kept])
     assert np.all(np.diff(kept) > 0)  # a sample kept in file order, rows aligned with their runtimes
     np.testing.assert_array_equal(train[0].target, graphs["layout0"].target[kept])
     ranker = adapter.make({**FAST, "epochs": 1}, LAYOUT_XLA_RANDOM, num_threads=1).fit(train, seed=0)

@@ -10,6 +10,7 @@ import numpy as np
 import polars as pl
 
 from pipelines.collections import Collection
+from pipelines.models.gnn.batch import compact_configs
 from pipelines.models.gnn.ranker import GNNRanker
 from pipelines.node_arrays import NODE_FEATURE_DIM, GraphArrays
 
@@ -49,8 +50,11 @@ class GNNAdapter:
 
     def load(self, prepared: Any, graphs: list[str], *, settings: dict[str, Any], fit: bool,
              seed: int) -> list[GraphArrays]:
-        loaded = [prepared.load_graph_arrays(g) for g in graphs]
-        return [subsample_configs(g, settings["load_max_configs"], seed) for g in loaded] if fit else loaded
+        if not fit:
+            return [prepared.load_graph_arrays(g) for g in graphs]
+        # one graph at a time: a file's full configs are only in memory until its sample is compacted
+        return [compact_configs(subsample_configs(prepared.load_graph_arrays(g), settings["load_max_configs"], seed))
+                for g in graphs]
 
     def index(self, data: list[GraphArrays]) -> tuple[np.ndarray, np.ndarray]:
         names = np.concatenate([np.full(g.num_configs, g.stem, dtype=object) for g in data]) if data \
@@ -65,13 +69,14 @@ class GNNAdapter:
         """Rough peak bytes of a fit: every graph's arrays plus one training step on the largest graph.
 
         The graph table has no count of configurable nodes, so configs are costed at
-        ``AVG_CONFIG_NODES`` nodes each; a step keeps ~``STEP_COPIES`` (nodes, K, hidden) float tensors
-        (``STEP_COPIES_HEAP_REUSE`` when freed ones stay in the heap).
+        ``AVG_CONFIG_NODES`` nodes each, 2 bytes per node (``LayoutConfigs``' ids, as ``load`` holds them);
+        a step keeps ~``STEP_COPIES`` (nodes, K, hidden) float tensors (``STEP_COPIES_HEAP_REUSE`` when
+        freed ones stay in the heap).
         """
         table = prepared.graph_table.filter(pl.col("graph").is_in(graphs))
         nodes = table["nodes_after"].to_numpy()
         configs = np.minimum(table["configs_after"].to_numpy(), settings["load_max_configs"])
-        arrays = nodes * 4 * NODE_FEATURE_DIM + configs * AVG_CONFIG_NODES * 18  # float32 features, int8 configs
+        arrays = nodes * 4 * NODE_FEATURE_DIM + configs * AVG_CONFIG_NODES * 2  # float32 features, uint16 ids
         copies = STEP_COPIES_HEAP_REUSE if settings.get("cpu_heap_reuse") else STEP_COPIES
         step = int(nodes.max(initial=0)) * settings["configs_per_graph"] * settings["hidden"] * 4 * copies
         return int(arrays.sum()) + step + TORCH_BYTES
