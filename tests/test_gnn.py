@@ -413,7 +413,8 @@ def test_layout_configs_hold_the_values_compactly():
     np.testing.assert_array_equal(configs[rows].values(), values[rows])
     np.testing.assert_array_equal(configs.block_keys(rows), pack_blocks(values[rows]))
     # pack_blocks is the packing distinct_blocks sorts: ids (value + 1) as base-7 digits, slot 0 the lowest
-    np.testing.assert_array_equal(pack_blocks(values[:1, 5:6]), (values[:1, 5:6].astype(np.int64) + 1) @ 7 ** np.arange(18))
+    one = values[:1, 5:6]
+    np.testing.assert_array_equal(pack_blocks(one), (one.astype(np.int64) + 1) @ 7 ** np.arange(18))
 
 
 def test_layout_configs_of_a_graph_without_configurable_nodes():

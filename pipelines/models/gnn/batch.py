@@ -442,7 +442,8 @@ def pack_blocks(values: np.ndarray) -> np.ndarray:
     for slot in reversed(range(values.shape[-1])):
         keys *= LAYOUT_NUM_VALUES
         keys += values[..., slot]
-    keys += (LAYOUT_NUM_VALUES ** values.shape[-1] - 1) // (LAYOUT_NUM_VALUES - 1) * LAYOUT_VALUE_OFFSET  # every digit's +1
+    # every digit's + LAYOUT_VALUE_OFFSET at once: the offset times 1 + 7 + ... + 7**17
+    keys += (LAYOUT_NUM_VALUES ** values.shape[-1] - 1) // (LAYOUT_NUM_VALUES - 1) * LAYOUT_VALUE_OFFSET
     return keys
 
 
