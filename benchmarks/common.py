@@ -32,6 +32,12 @@ REAL_FILES: dict[str, tuple[int, int, int]] = {
     "layout:nlp:default": (198, 20, 17),
     "layout:nlp:random": (207, 20, 17),
 }
+# Mean raw nodes of the real layout graphs (../shared/TPUGRAPHS_FORMAT.md: xla:default ~12.9k, nlp ~5.9k; the
+# random-search collections hold the same programs as the default ones). A sample's times scale with its
+# graphs' sizes: the one-graph sample's xla graphs are twice these, a limit-8 sample's close to them.
+REAL_MEAN_NODES: dict[str, float] = {"layout:xla:default": 12_900, "layout:xla:random": 12_900,
+                                     "layout:nlp:default": 5_900, "layout:nlp:random": 5_900}
+SIZE_TOLERANCE = 1.25  # a sample whose mean is more than this factor off the real mean is flagged
 # The largest real layout file: 100,040 configs x 121 configurable nodes x 18 (float32 on disk: 0.87 GB).
 BIG_CONFIGS, BIG_CONFIGURABLE, BIG_NODES = 100_040, 121, 44_000
 BIG_STEM = "bench_largest_graph"

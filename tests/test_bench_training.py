@@ -3,7 +3,7 @@ from dataclasses import replace
 
 import pytest
 
-from benchmarks.training import FitRow, measure_fold
+from benchmarks.training import FitRow, measure_fold, targets
 
 
 def row(**changes) -> FitRow:
@@ -28,6 +28,14 @@ def test_steps_validation_and_graph_preparation_scale_and_the_rest_is_paid_once(
     assert gbdt.fixed_s() == 0.0 and gbdt.fit_extrapolated_s() == pytest.approx(20.0 / 2 * r.real_train_graphs())
 
 
+def test_a_sample_far_from_the_real_graph_size_is_flagged():
+    far = row(sample_raw_nodes=11_800.0)  # nlp's real graphs have ~5,900 nodes on average
+    assert far.size_ratio() == pytest.approx(2.0)
+    assert any(line.startswith("- NOTE gnn") and "layout:nlp:random 2.00x" in line for line in targets([far]))
+    assert not any("NOTE" in line for line in targets([row(sample_raw_nodes=6_500.0)]))
+    assert row(collection="tile:xla", sample_raw_nodes=40.0).size_ratio() is None  # no real mean to compare
+
+
 def test_a_measured_gnn_fit_reports_its_epochs(tiny_world, tmp_path):
     # the benchmark used to look for the epochs on a wrapper the model contract removed: none were
     # found and every GNN fit was extrapolated linearly, its fixed start-up once per real graph
@@ -36,6 +44,7 @@ def test_a_measured_gnn_fit_reports_its_epochs(tiny_world, tmp_path):
     assert r.epochs_run == 2 and r.fit_scale == 20 / 2
     assert 0 < r.valid_s < r.epochs_s < r.fit_s
     assert r.load_s > 0 and r.prepare_s > 0 and r.fixed_s() >= 0 and r.companion_graphs == 0
+    assert r.sample_raw_nodes > 0 and r.size_ratio() is not None
 
 
 def test_graphs_of_the_extra_training_collections_join_the_measured_fit(tiny_world, tmp_path):
