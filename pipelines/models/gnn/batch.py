@@ -423,12 +423,11 @@ def gather_configs(graphs: list[PreparedGraph], indices: list[np.ndarray]) -> Co
     target = torch.from_numpy(np.stack([g.target[p] for g, p in zip(graphs, padded)]))
     if graphs[0].kind == "layout":
         # packed blocks (K, nc) per graph -> (nc, K): node-major like the node states
-        keys = np.concatenate([g.config_feat.block_keys(p).T for g, p in zip(graphs, padded)])
-        distinct, inverse = np.unique(keys, return_inverse=True)
+        blocks, inverse = distinct_packed(np.concatenate([g.config_feat.block_keys(p).T
+                                                          for g, p in zip(graphs, padded)]))
         # small dtypes cross to the device; the model widens them where an op needs long
-        return ConfigBatch(values=torch.from_numpy(unpack_blocks(distinct).astype(np.int8)),
-                           mask=torch.from_numpy(mask), target=target,
-                           inverse=torch.from_numpy(inverse.reshape(keys.shape).astype(np.int32)))
+        return ConfigBatch(values=torch.from_numpy(blocks.astype(np.int8)), mask=torch.from_numpy(mask), target=target,
+                           inverse=torch.from_numpy(inverse.astype(np.int32)))
     raw = np.stack([g.config_feat[p] for g, p in zip(graphs, padded)]).astype(np.float32)
     values = torch.from_numpy(np.sign(raw) * np.log1p(np.abs(raw)))
     return ConfigBatch(values=values, mask=torch.from_numpy(mask), target=target)
@@ -458,8 +457,13 @@ def distinct_blocks(config_values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
     Each block is packed base 7 into one int64 (``pack_blocks``) so ``np.unique`` runs on scalars.
     """
-    keys, inverse = np.unique(pack_blocks(config_values), return_inverse=True)
-    return unpack_blocks(keys), inverse.reshape(config_values.shape[:-1])
+    return distinct_packed(pack_blocks(config_values))
+
+
+def distinct_packed(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(R, K) packed blocks (``pack_blocks``) -> distinct blocks (U, 18) as ids 0..6, and (R, K) positions in them."""
+    distinct, inverse = np.unique(keys, return_inverse=True)
+    return unpack_blocks(distinct), inverse.reshape(keys.shape)
 
 
 @dataclass(frozen=True)
