@@ -1,9 +1,11 @@
 """benchmarks/training.py: the GNN's fit is extrapolated from what its epochs measured."""
+import threading
 from dataclasses import replace
 
 import pytest
 
-from benchmarks.training import FitRow, measure_fold, targets
+import benchmarks.training as training
+from benchmarks.training import FitRow, measure_fold, measure_folds, targets
 
 
 def row(**changes) -> FitRow:
@@ -34,6 +36,35 @@ def test_a_sample_far_from_the_real_graph_size_is_flagged():
     assert any(line.startswith("- NOTE gnn") and "layout:nlp:random 2.00x" in line for line in targets([far]))
     assert not any("NOTE" in line for line in targets([row(sample_raw_nodes=6_500.0)]))
     assert row(collection="tile:xla", sample_raw_nodes=40.0).size_ratio() is None  # no real mean to compare
+
+
+def test_fits_measured_two_at_once_take_half_their_sum_of_the_machine():
+    rows = [row(fit_s=20.0), row(collection="layout:xla:random", fit_s=40.0)]
+    alone, together = targets(rows), targets(rows, jobs=2)
+    minutes = sum(r.fit_extrapolated_s() for r in rows) / 60
+    assert f"{minutes:.3g} min" in alone[0] and "at once" not in alone[0]
+    assert f"{minutes / 2:.3g} min" in together[0] and "2 at once on 1 thread(s) each (sum / 2)" in together[0]
+    seconds = sum(r.predict_extrapolated_s() for r in rows)
+    assert f"{seconds / 2:.3g} s" in together[1]
+
+
+@pytest.mark.parametrize("jobs", [1, 2])
+def test_measure_folds_runs_jobs_at_once_on_the_cores_shared_out(monkeypatch, jobs):
+    both_running = threading.Barrier(2, timeout=5)  # passes only when two measurements overlap
+    calls = []
+
+    def fake(*, collection, model, threads, **options):
+        calls.append((collection, threads))
+        if jobs == 2:
+            both_running.wait()
+        return row(collection=collection, model=model)
+
+    monkeypatch.setattr(training, "measure_fold", fake)
+    tasks = [("gnn", "layout:xla:default"), ("gnn", "layout:xla:random"), ("gnn", "layout:nlp:default"),
+             ("gnn", "layout:nlp:random")]
+    rows = measure_folds(tasks, jobs, root="r", work="w")
+    assert [r.collection for r in rows] == [c for _, c in tasks]  # in the order asked, whatever finished first
+    assert sorted(calls) == sorted((c, 2 // jobs) for _, c in tasks)
 
 
 def test_a_measured_gnn_fit_reports_its_epochs(tiny_world, tmp_path):
