@@ -1,7 +1,7 @@
 """Training (one fold, one seed) and prediction of every test graph, per model and collection.
 
 Usage: python -m benchmarks.training --root DATA_ROOT [--collections ...] [--models gbdt,gnn] [--work DIR]
-                                    [--config NAME] [--set K=V ...]
+                                    [--config NAME] [--set K=V ...] [--jobs 2]
 
 Each (model, collection) runs in a fresh process on 2 threads (``--jobs 2``: two at once on 1 thread
 each, the way a run's fold jobs share 2 cores; see below): the data stages (cached, not timed),
