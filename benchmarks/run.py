@@ -1,6 +1,7 @@
 """``make bench``: data stages vs the I/O floor, training and prediction, on full-scale synthetic data.
 
 Usage: python -m benchmarks.run [--limit N] [--tile-limit N] [--models gbdt,gnn] [--no-largest] [--nice N]
+                                [--fit-jobs 2]
 
 Worlds (built once under benchmarks/worlds/, gitignored; a complete one is reused):
 * ``full-limit<N>``: the ``full`` scale with the first N files per collection and split (layout
@@ -13,6 +14,8 @@ Defaults come from the environment where set: BENCH_LIMIT (layout, default 2), B
 (default 500), BENCH_MODELS (default gbdt,gnn), BENCH_GNN_EPOCHS (default 0: the base config as is, early
 stopping included; N: N epochs without it, scaled to BENCH_GNN_EXPECTED_EPOCHS, default the base config's 20), BENCH_LARGEST (1/0,
 default 1), BENCH_NICE (default 10), BENCH_JOBS (worker counts of the data stages, default 1,2),
+BENCH_FIT_JOBS (fits measured at once, default 1; 2: two on one thread each, the way a run's fold jobs
+share 2 cores, the targets checked on the sums / 2, see ``benchmarks/training.py``),
 BENCH_DEVICE (devices of the GNN fit and throughput rows, default cpu; ``cpu,cuda`` compares them),
 BENCH_PRECISION (gnn.precision of the throughput rows, default fp32; ``fp32,bf16`` compares them).
 Every figure is extrapolated to the real file counts (tile 5709/676/844; layout xla:default 61/7/8,
@@ -76,6 +79,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                         help="niceness of the measured processes (the machine may be shared)")
     parser.add_argument("--jobs", default=os.environ.get("BENCH_JOBS", "1,2"),
                         help="worker counts (run.n_jobs) the data stages are measured with (env BENCH_JOBS)")
+    parser.add_argument("--fit-jobs", type=int, choices=(1, 2), default=_env_int("BENCH_FIT_JOBS", 1),
+                        help="fits measured at once (env BENCH_FIT_JOBS; 2: one thread each, as a run's fold jobs "
+                             "share 2 cores; the targets are then checked on the sums / 2)")
     parser.add_argument("--device", default=os.environ.get("BENCH_DEVICE", "cpu"),
                         help="gnn.device of the GNN throughput rows: cpu, cuda or auto (env BENCH_DEVICE)")
     parser.add_argument("--precision", default=os.environ.get("BENCH_PRECISION", "fp32"),
@@ -124,12 +130,19 @@ def main(argv: Sequence[str] | None = None) -> Path:
         print("training, one fold and one seed, then prediction of every test graph:")
         for model in models:
             for device in (args.device.split(",") if model == "gnn" else ["cpu"]):
-                for collection in collections:
-                    row = training.measure_fold(roots[collection], collection, model, work, nice=args.nice,
-                                                gnn_epochs=args.gnn_epochs or None, device=device,
-                                                gnn_expected_epochs=args.gnn_expected_epochs)
-                    fit_rows.append(row if device == "cpu" else replace(row, model=f"{model} ({device})"))
-                    write(f"{model} ({device}) on {collection}")
+                def labelled(row: training.FitRow, model=model, device=device) -> training.FitRow:
+                    return row if device == "cpu" else replace(row, model=f"{model} ({device})")
+
+                def measured(row: training.FitRow, model=model, device=device) -> None:
+                    fit_rows.append(labelled(row))
+                    write(f"{model} ({device}) on {row.collection}")
+
+                first = len(fit_rows)
+                rows = training.measure_folds([(model, c) for c in collections], args.fit_jobs, root=roots,
+                                              work=work, nice=args.nice, gnn_epochs=args.gnn_epochs or None,
+                                              device=device, gnn_expected_epochs=args.gnn_expected_epochs,
+                                              on_row=measured)
+                fit_rows[first:] = [labelled(row) for row in rows]  # the collections' order, not the finishing one
 
     if "gnn" in models and any(c in LAYOUT for c in collections):
         def measured(rows: list[list]) -> None:
@@ -177,7 +190,9 @@ def report(host, args: argparse.Namespace, stage_rows: list, fit_rows: list, thr
              *data_stages.table(stage_rows), "", *data_stages.startup_lines(startup or {}),
              *data_stages.targets(stage_rows, startup), ""]
     if fit_rows:
-        lines += ["## Training (one fold, one seed, 2 threads) and prediction of every test graph", "",
+        threads = ("2 threads" if args.fit_jobs == 1
+                   else f"{args.fit_jobs} fits at once on {training.threads_per_job(args.fit_jobs)} thread(s) each")
+        lines += [f"## Training (one fold, one seed, {threads}) and prediction of every test graph", "",
                   "Fit = loading the training data + `fit` on the train graphs, early stopping on the valid graphs "
                   "(base config; a plain split: the sample has too few program families for grouped folds), "
                   "extrapolated to the real train graphs (one fold model of the 5-fold CV trains on 4/5 of "
@@ -187,7 +202,8 @@ def report(host, args: argparse.Namespace, stage_rows: list, fit_rows: list, thr
                      if args.gnn_epochs else "ran the base config as is, early stopping included")
                   + "; its training steps are extrapolated to the train graphs of a real fold model (4/5 of "
                   "train+valid) and its early-stopping validation to the held-out ones (1/5). Predict = every "
-                  "test graph of the sample, extrapolated to the real test graphs.", "", *training.table(fit_rows), "", *training.targets(fit_rows), ""]
+                  "test graph of the sample, extrapolated to the real test graphs.", "", *training.table(fit_rows), "",
+                  *training.targets(fit_rows, args.fit_jobs), ""]
     if throughput_rows:
         lines += ["## GNN throughput on the largest pruned layout graph (base config, 2 threads)", "",
                   "Train: optimiser steps of K sampled configs; predict: 1000 configs scored in memory-bounded "

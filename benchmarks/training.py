@@ -43,10 +43,10 @@ mean, so its minutes are an upper estimate; 8 graphs per split come within a few
 from __future__ import annotations
 
 import argparse
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Mapping, Sequence
 
 from benchmarks.common import REAL_FILES, REAL_MEAN_NODES, SIZE_TOLERANCE, markdown_table, measure, verdict
 
@@ -242,15 +242,22 @@ def threads_per_job(jobs: int) -> int:
     return max(1, CORES // jobs)
 
 
-def measure_folds(tasks: Sequence[tuple[str, str]], jobs: int = 1, **options) -> list[FitRow]:
+def measure_folds(tasks: Sequence[tuple[str, str]], jobs: int = 1, *, root: Path | Mapping[str, Path],
+                  on_row: Callable[[FitRow], None] | None = None, **options) -> list[FitRow]:
     """``measure_fold`` of each (model, collection), ``jobs`` at a time on ``threads_per_job`` threads each;
-    rows in the order of ``tasks``."""
+    rows in the order of ``tasks``. ``root``: one data root, or one per collection (``make bench`` keeps
+    tile and layout samples apart). ``on_row`` sees each row as it is measured, on the calling thread."""
     def one(task: tuple[str, str]) -> FitRow:
         model, collection = task
-        return measure_fold(collection=collection, model=model, threads=threads_per_job(jobs), **options)
+        data = root[collection] if isinstance(root, Mapping) else root
+        return measure_fold(root=data, collection=collection, model=model, threads=threads_per_job(jobs), **options)
 
     with ThreadPoolExecutor(max(1, jobs)) as pool:  # each measurement is its own process
-        return list(pool.map(one, tasks))
+        futures = [pool.submit(one, task) for task in tasks]
+        for future in as_completed(futures):
+            if on_row is not None:
+                on_row(future.result())
+        return [future.result() for future in futures]
 
 
 def main(argv: Sequence[str] | None = None) -> None:

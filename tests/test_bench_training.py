@@ -67,6 +67,26 @@ def test_measure_folds_runs_jobs_at_once_on_the_cores_shared_out(monkeypatch, jo
     assert sorted(calls) == sorted((c, 2 // jobs) for _, c in tasks)
 
 
+def test_measure_folds_takes_a_root_per_collection_and_reports_rows_as_they_come(monkeypatch):
+    # make bench keeps its tile and layout samples in different worlds; its results file is rewritten
+    # after each measured row, from the calling thread (the writer is not thread-safe)
+    seen = []
+
+    def fake(*, root, collection, model, threads, **options):
+        seen.append((collection, root))
+        return row(collection=collection, model=model)
+
+    monkeypatch.setattr(training, "measure_fold", fake)
+    roots = {"tile:xla": "tile-world", "layout:xla:default": "layout-world"}
+    reported = []
+    rows = measure_folds([("gbdt", "tile:xla"), ("gbdt", "layout:xla:default")], 2, root=roots, work="w",
+                         on_row=lambda r: reported.append((r.collection, threading.current_thread())))
+    assert sorted(seen) == [("layout:xla:default", "layout-world"), ("tile:xla", "tile-world")]
+    assert [r.collection for r in rows] == ["tile:xla", "layout:xla:default"]
+    assert sorted(c for c, _ in reported) == ["layout:xla:default", "tile:xla"]
+    assert all(thread is threading.main_thread() for _, thread in reported)
+
+
 def test_a_measured_gnn_fit_reports_its_epochs(tiny_world, tmp_path):
     # the benchmark used to look for the epochs on a wrapper the model contract removed: none were
     # found and every GNN fit was extrapolated linearly, its fixed start-up once per real graph
