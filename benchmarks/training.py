@@ -92,7 +92,7 @@ ranker = adapter.make(settings, collection, num_threads={threads})
 train = adapter.load(prepared, train_graphs, settings=settings, fit=True, seed=0)
 valid = adapter.load(prepared, held_out, settings=settings, fit=True, seed=0)
 load_s = time.perf_counter() - t0
-ranker = ranker.fit(train + companions, valid, seed=0)
+ranker = ranker.fit(train + companions if companions else train, valid, seed=0)  # GBDT: a frame, no companions
 fit_s, fit_cpu_s = time.perf_counter() - t0, time.process_time() - c0
 history = getattr(ranker, "history_", None) or []
 epochs_s = sum(h["seconds"] for h in history)

@@ -107,3 +107,12 @@ def test_graphs_of_the_extra_training_collections_join_the_measured_fit(tiny_wor
     alone = measure_fold(tiny_world, "layout:xla:random", "gnn", tmp_path / "work", gnn_epochs=1,
                          overrides=fast + ["gnn.extra_train_collections=[]"], threads=1)
     assert alone.companion_graphs == 0  # cleared, as configs/demo.toml and quick.toml do
+
+
+def test_a_gbdt_fit_is_measured_too(tiny_world, tmp_path):
+    # its training data is one frame, not a list of graphs the companions could join: make bench's
+    # default models (gbdt,gnn) failed on it
+    r = measure_fold(tiny_world, "layout:nlp:random", "gbdt", tmp_path / "work", threads=1,
+                     overrides=["gbdt.n_estimators=5"])
+    assert r.model == "gbdt" and r.fit_s > 0 and r.epochs_run == 0 and r.companion_graphs == 0
+    assert r.test_configs > 0 and r.fit_extrapolated_s() > 0
