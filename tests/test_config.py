@@ -78,6 +78,15 @@ def test_base_gpu_and_cpu_train_xla_random_on_the_nlp_random_graphs_and_the_ligh
             assert extra == (["layout:nlp:random"] if on else []), (name, collection.name)
 
 
+def test_tile_fits_on_one_thread_in_every_config_and_layout_takes_the_stages_share():
+    # tile's tiny graphs run 3.6x slower on two threads than on one; layout graphs gain from more
+    for name in (None, "gpu", "cpu", "demo", "quick", "smoke"):
+        config = load_config(name)
+        for collection in ALL_COLLECTIONS:
+            threads = resolve_for_collection(config.gnn, collection).num_threads
+            assert threads == (1 if collection.is_tile or name == "smoke" else 0), (name, collection.name)
+
+
 def test_cpu_trains_fewer_passes_than_base_at_a_larger_lr_and_demo_keeps_four_on_layouts():
     expected = {"tile:xla": 1, "layout:xla:default": 5, "layout:xla:random": 6, "layout:nlp:default": 2,
                 "layout:nlp:random": 2}

@@ -754,9 +754,11 @@ def test_resume_from_checkpoint_matches_uninterrupted_run(tmp_path, caplog):
 
 
 def test_num_threads_zero_takes_the_stage_share_and_a_set_count_wins():
-    assert GNNRanker({"num_threads": 0}, collection="tile:xla", num_threads=2).config.num_threads == 2
-    assert GNNRanker({"num_threads": 3}, collection="tile:xla", num_threads=2).config.num_threads == 3
-    assert GNNRanker(collection="tile:xla").config.num_threads == 0  # standalone: torch's own setting
+    assert GNNRanker({"num_threads": 0}, collection="layout:xla:default", num_threads=2).config.num_threads == 2
+    assert GNNRanker({"num_threads": 3}, collection="layout:xla:default", num_threads=2).config.num_threads == 3
+    # tile's own default (one thread: a second is overhead on its tiny graphs) wins over the stage's share
+    assert GNNRanker({"num_threads": 0}, collection="tile:xla", num_threads=2).config.num_threads == 1
+    assert GNNRanker(collection="layout:xla:default").config.num_threads == 0  # standalone: torch's own setting
     before = torch.get_num_threads()
     graphs = easy_world(4, "tile", 6)
     gnn("tile", epochs=1, num_threads=0).fit(graphs, seed=0)

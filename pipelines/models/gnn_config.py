@@ -93,11 +93,12 @@ class GNNConfig:
     cpu_heap_reuse: bool = True  # CPU fits keep freed memory in the heap (glibc): same results, ~1.6x faster steps
     progress: bool = True  # tqdm bars (also switched off when stderr is not a terminal)
     # per-collection overrides, e.g. {"layout:xla:default": {"cross_config_attention": True}};
-    # tile graphs are tiny, so several go into one step (and the passes were measured on layout only);
+    # tile graphs are tiny, so several go into one step (and the passes were measured on layout only), on
+    # one thread (a second is overhead there);
     # nlp:random gains from the summed node cost, the xla collections from 8 passes, xla:random from the
     # nlp:random graphs (base.toml)
     collections: dict[str, dict] = field(default_factory=lambda: {
-        "tile:xla": {"graphs_per_step": 16, "passes_per_epoch": 1},
+        "tile:xla": {"graphs_per_step": 16, "passes_per_epoch": 1, "num_threads": 1},
         "layout:nlp:random": {"readout": "pooled+sum"},
         "layout:xla:default": {"passes_per_epoch": 8},
         "layout:xla:random": {"passes_per_epoch": 8, "extra_train_collections": ["layout:nlp:random"]},
