@@ -190,8 +190,8 @@ def report(host, args: argparse.Namespace, stage_rows: list, fit_rows: list, thr
              *data_stages.table(stage_rows), "", *data_stages.startup_lines(startup or {}),
              *data_stages.targets(stage_rows, startup), ""]
     if fit_rows:
-        threads = ("2 threads" if args.fit_jobs == 1
-                   else f"{args.fit_jobs} fits at once on {training.threads_per_job(args.fit_jobs)} thread(s) each")
+        threads = f"{training.threads_per_job(args.fit_jobs)} thread(s)" + (
+            f" each, {args.fit_jobs} fits at once" if args.fit_jobs > 1 else "")
         lines += [f"## Training (one fold, one seed, {threads}) and prediction of every test graph", "",
                   "Fit = loading the training data + `fit` on the train graphs, early stopping on the valid graphs "
                   "(base config; a plain split: the sample has too few program families for grouped folds), "
