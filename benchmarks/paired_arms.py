@@ -16,7 +16,9 @@ default) and reports:
 * the paired OOF gain: per (fold, seed) cell present in both arms, the candidate's mean held-out
   score minus the base's (mean +- standard error over the cells, and how many cells went up);
 * test / ceiling per arm: the submission-style average of every fold model, scored on the world's
-  hidden test labels (``pipelines.evaluate``), over the ceiling;
+  hidden test labels (``pipelines.evaluate``), over the ceiling; and the candidate's gain on test, paired
+  over the test graphs with its standard error (same units): how far the test's own few graphs can tell
+  the arms apart;
 * the fit seconds of all fold models and their mean epochs (compare them only from an idle machine).
 
 Arms that differ in code but not in settings (a fix between them) are told apart only by recency:
@@ -31,13 +33,16 @@ import json
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 import polars as pl
 
 from benchmarks.common import emit, markdown_table
 from pipelines.ensemble import paired_gain
+
+if TYPE_CHECKING:
+    from pipelines.evaluate import Evaluation
 
 LAYOUT = ("layout:xla:default", "layout:xla:random", "layout:nlp:default", "layout:nlp:random")
 
@@ -119,19 +124,43 @@ def paired_cells(base: Arm, candidate: Arm) -> tuple[float, float, int, int]:
     return gain, se, int((paired["score_new"] > paired["score"]).sum()), paired.height
 
 
-def test_ratios(data_root: Path, work: Path, model: str, collection: str, arms: Sequence[Arm]) -> list[float]:
-    """Test score / ceiling of each arm's fold models averaged, on the world's hidden labels (one pass
-    over the test graphs for all arms)."""
+@dataclass(frozen=True)
+class HiddenTestPair:
+    """Two arms on the test split, in units of the ceiling's score."""
+
+    base: float  # test score / ceiling
+    candidate: float
+    gain: float  # candidate minus base, mean per test graph / ceiling
+    se: float  # its standard error, paired over the test graphs
+
+    def describe(self) -> str:
+        return f"{self.base:.4f} -> {self.candidate:.4f} ({self.gain:+.4f} +- {self.se:.4f})"
+
+
+def hidden_test_pair(evaluation: Evaluation, collection: str, base: str, candidate: str) -> HiddenTestPair:
+    """:class:`HiddenTestPair` of two entries of an ``Evaluation`` on one collection (pure)."""
+    from pipelines.evaluate import CEILING
+
+    ceiling = evaluation.reports[CEILING].collection_score(collection)
+    gain, se = evaluation.graph_gap(candidate, base, collection)
+    return HiddenTestPair(evaluation.reports[base].collection_score(collection) / ceiling,
+                          evaluation.reports[candidate].collection_score(collection) / ceiling,
+                          gain / ceiling, se / ceiling)
+
+
+def hidden_test_scores(data_root: Path, work: Path, model: str, collection: str, base: Arm,
+                       candidate: Arm) -> HiddenTestPair:
+    """Each arm's fold models averaged, scored on the world's hidden labels (one pass over the test
+    graphs for both arms)."""
     from pipelines.collections import parse_collection
     from pipelines.engine import load_stage
-    from pipelines.evaluate import CEILING, evaluate_rows, trained_rows
+    from pipelines.evaluate import evaluate_rows, trained_rows
 
-    entries = [f"arm {i}" for i in range(len(arms))]
-    rows = trained_rows([(entry, load_stage(work, f"train-{model}", arm.key)) for entry, arm in zip(entries, arms)],
+    entries = {"base": base, "candidate": candidate}
+    rows = trained_rows([(entry, load_stage(work, f"train-{model}", arm.key)) for entry, arm in entries.items()],
                         "minmax")
     evaluation = evaluate_rows(data_root, rows, collections=[parse_collection(collection)])
-    ceiling = evaluation.reports[CEILING].collection_score(collection)
-    return [evaluation.reports[entry].collection_score(collection) / ceiling for entry in entries]
+    return hidden_test_pair(evaluation, collection, "base", "candidate")
 
 
 def stage_pair(text: str) -> tuple[str, str, str]:
@@ -166,17 +195,17 @@ def arm_rows(data_root: Path, work: Path, model: str,
     for collection, *stages in pairs:
         arms = [load_arm(work, model, stage) for stage in stages]
         gain, se, up, cells = paired_cells(*arms)
-        ratios = test_ratios(data_root, work, model, collection, arms)
+        test = hidden_test_scores(data_root, work, model, collection, *arms)
         rows.append([collection, *(f"{a.per_seed.mean():.4f} +- {a.per_seed.std():.4f}" for a in arms),
                      f"{gain:+.4f} +- {se:.4f}", f"{up}/{cells}",
-                     f"{ratios[0]:.4f} -> {ratios[1]:.4f}", f"{arms[0].fit_seconds:.0f} -> {arms[1].fit_seconds:.0f}",
+                     test.describe(), f"{arms[0].fit_seconds:.0f} -> {arms[1].fit_seconds:.0f}",
                      f"{arms[0].epochs:.1f} -> {arms[1].epochs:.1f}", f"{arms[0].key} / {arms[1].key}"])
     return rows
 
 
 def report(title: str, base_label: str, candidate_label: str, rows: list[list[str]]) -> list[str]:
     header = ["collection", f"OOF {base_label}", f"OOF {candidate_label}", "paired cells", "cells up",
-              "test/ceiling", "fit s", "epochs", "stages"]
+              "test/ceiling (paired gain +- se over test graphs)", "fit s", "epochs", "stages"]
     return [title, "", *markdown_table(header, rows)]
 
 

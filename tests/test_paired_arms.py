@@ -4,8 +4,10 @@ import json
 import polars as pl
 import pytest
 
-from benchmarks.paired_arms import (default_settings, find_arms, finished_stages, load_arm, main, matching_stages,
-                                    paired_cells, stage_manifest, stage_pair, toml_value)
+from benchmarks.paired_arms import (default_settings, find_arms, finished_stages, hidden_test_pair, load_arm, main,
+                                    matching_stages, paired_cells, stage_manifest, stage_pair, toml_value)
+from pipelines.evaluate import CEILING, Evaluation
+from pipelines.metric import GraphScore, summarize
 
 
 def find_stage(work, model, collection, wanted, key, value):
@@ -123,6 +125,22 @@ def test_a_stage_pair_is_collection_equals_two_keys(tmp_path, capsys):
     with pytest.raises(SystemExit):
         main([*common, "--key", "lr", "--base", "1e-3"])
     assert "--key, --base and --candidate are required" in capsys.readouterr().err
+
+
+def test_the_test_split_gain_is_paired_over_graphs_in_units_of_the_ceiling():
+    collection = "layout:xla:default"
+    def report(scores):
+        return summarize([GraphScore(collection, f"g{i}", 10, score) for i, score in enumerate(scores)])
+    # the candidate gains 0.1 on every graph but the last (0.2): graph-to-graph spread cancels in the pair
+    evaluation = Evaluation({CEILING: report([0.5, 0.5, 0.5, 0.5]), "base": report([0.1, 0.4, 0.2, 0.3]),
+                             "candidate": report([0.2, 0.5, 0.3, 0.5])}, {}, (), ())
+    pair = hidden_test_pair(evaluation, collection, "base", "candidate")
+    assert pair.base == pytest.approx(0.25 / 0.5) and pair.candidate == pytest.approx(0.375 / 0.5)
+    assert pair.gain == pytest.approx(0.125 / 0.5) == pytest.approx(pair.candidate - pair.base)
+    gains = [0.1, 0.1, 0.1, 0.2]
+    se = (sum((g - 0.125) ** 2 for g in gains) / 3) ** 0.5 / 4 ** 0.5
+    assert pair.se == pytest.approx(se / 0.5)
+    assert pair.describe() == "0.5000 -> 0.7500 (+0.2500 +- 0.0500)"
 
 
 def test_values_are_toml_literals():
