@@ -19,7 +19,8 @@ default) and reports:
   hidden test labels (``pipelines.evaluate``), over the ceiling; and the candidate's gain on test, paired
   over the test graphs with its standard error (same units): how far the test's own few graphs can tell
   the arms apart;
-* the fit seconds of all fold models and their mean epochs (compare them only from an idle machine).
+* the fit seconds of all fold models and their mean epochs (GBDT: trees kept by early stopping; compare
+  them only from an idle machine).
 
 Arms that differ in code but not in settings (a fix between them) are told apart only by recency:
 the stage keys are printed. Arms that differ in several settings (a config file against another) are
@@ -112,8 +113,11 @@ def load_arm(work: Path, model: str, manifest: dict[str, Any]) -> Arm:
     cells = scores.group_by(["fold", "seed"]).agg(pl.col("score").mean()).sort(["seed", "fold"])
     per_seed = scores.group_by("seed").agg(pl.col("score").mean()).sort("seed")["score"].to_numpy()
     fits = manifest["metrics"]["models"]
-    return Arm(manifest["key"], cells, per_seed, float(sum(m["train_seconds"] for m in fits)),
-               float(np.mean([m["epochs_run"] for m in fits])))
+    # the GNN records its training time apart from setup and its epochs; a GBDT fit only its fold job's
+    # wall time and the trees early stopping kept
+    seconds = sum(m["train_seconds"] if "train_seconds" in m else m["wall_s"] for m in fits)
+    length = np.mean([m["epochs_run"] if "epochs_run" in m else m["best_iteration"] for m in fits])
+    return Arm(manifest["key"], cells, per_seed, float(seconds), float(length))
 
 
 def paired_cells(base: Arm, candidate: Arm) -> tuple[float, float, int, int]:
@@ -205,7 +209,7 @@ def arm_rows(data_root: Path, work: Path, model: str,
 
 def report(title: str, base_label: str, candidate_label: str, rows: list[list[str]]) -> list[str]:
     header = ["collection", f"OOF {base_label}", f"OOF {candidate_label}", "paired cells", "cells up",
-              "test/ceiling (paired gain +- se over test graphs)", "fit s", "epochs", "stages"]
+              "test/ceiling (paired gain +- se over test graphs)", "fit s", "epochs (GBDT: trees)", "stages"]
     return [title, "", *markdown_table(header, rows)]
 
 

@@ -17,17 +17,19 @@ def find_stage(work, model, collection, wanted, key, value):
     return next(iter(found), None)
 
 
-def write_stage(work, key, settings, seeds, finished, cell_scores):
-    """A finished train-gnn stage: manifest and the per-graph OOF scores (two graphs per (fold, seed) cell)."""
-    folder = work / "train-gnn" / key
+def write_stage(work, key, settings, seeds, finished, cell_scores, model="gnn"):
+    """A finished training stage: manifest and the per-graph OOF scores (two graphs per (fold, seed) cell)."""
+    folder = work / f"train-{model}" / key
     folder.mkdir(parents=True)
-    models = [{"fold": f, "seed": s, "train_seconds": 10.0, "epochs_run": 20} for (f, s) in cell_scores]
+    # what each model's fold job records of its fit (pipelines.train adds wall_s to every one)
+    facts = {"gnn": {"train_seconds": 10.0, "epochs_run": 20}, "gbdt": {"best_iteration": 40}}[model]
+    models = [{"fold": f, "seed": s, "wall_s": 12.0, **facts} for (f, s) in cell_scores]
     rows = [{"fold": f, "seed": s, "split": "oof", "graph": f"g{f}{i}", "score": score + d}
             for (f, s), score in cell_scores.items() for i, d in enumerate((-0.1, 0.1))]
     scores = folder / "scores.parquet"
     pl.DataFrame(rows).with_columns(pl.col("fold").cast(pl.Int16), pl.col("seed").cast(pl.Int32)).write_parquet(scores)
     # a complete stage output as the engine writes it: its outputs listed with their sizes
-    manifest = {"stage": "train-gnn", "key": key, "finished": finished, "metrics": {"models": models},
+    manifest = {"stage": f"train-{model}", "key": key, "finished": finished, "metrics": {"models": models},
                 "outputs": [{"path": scores.name, "bytes": scores.stat().st_size}],
                 "config": {"collection": "layout:xla:default", "seeds": seeds, "settings": settings}}
     (folder / "manifest.json").write_text(json.dumps(manifest))
@@ -54,6 +56,21 @@ def test_the_base_arm_differs_from_the_candidate_in_the_key_alone(tmp_path):
     # cells both ran: (0,0) -0.1, (1,0) +0.1, (0,1) -0.2; (1,1) ran in the candidate only
     assert cells == 3 and up == 1
     assert gain == pytest.approx(-0.2 / 3) and se == pytest.approx(0.152753 / 3 ** 0.5, rel=1e-4)
+
+
+def test_gbdt_arms_report_their_fold_jobs_wall_time_and_trees(tmp_path):
+    write_stage(tmp_path, "base", {"exclude_features": []}, [0], "2026-01-02", {(0, 0): 0.5, (1, 0): 0.6},
+                model="gbdt")
+    write_stage(tmp_path, "chains-off", {"exclude_features": ["f_chain_"]}, [0], "2026-01-03",
+                {(0, 0): 0.4, (1, 0): 0.7}, model="gbdt")
+    arms = find_arms(tmp_path, "gbdt", "layout:xla:default", "exclude_features", [], ["f_chain_"])
+    assert [arm["key"] for arm in arms] == ["base", "chains-off"]
+    base = load_arm(tmp_path, "gbdt", arms[0])
+    assert base.fit_seconds == 24.0 and base.epochs == 40.0  # two fold jobs' wall_s; best_iteration
+    # a GNN's own training time (setup and scoring left out) is preferred to its fold job's wall time
+    write_stage(tmp_path, "gnn-base", {"exclude_features": []}, [0], "2026-01-02", {(0, 0): 0.5, (1, 0): 0.6})
+    gnn = load_arm(tmp_path, "gnn", stage_manifest(tmp_path, "gnn", "layout:xla:default", "gnn-base"))
+    assert gnn.fit_seconds == 20.0 and gnn.epochs == 20.0
 
 
 def test_a_stage_written_before_the_setting_existed_ran_its_default(tmp_path):
