@@ -231,10 +231,28 @@ def test_max_over_rows_gives_max_values_and_gradient_to_the_first_maximum(monkey
         assert torch.equal(model_module.max_over_rows(ours), expected.detach())
 
 
+def test_max_over_rows_keeps_a_nan_maximum_and_its_row_as_max_does(monkeypatch):
+    import pipelines.models.gnn.model as model_module
+
+    monkeypatch.setattr(model_module, "_MAX_BLOCK_ELEMENTS", 40)  # two rows per block
+    monkeypatch.setattr(model_module, "_LARGE_MAX_ELEMENTS", 0)
+    x = torch.randn(30, 4, 5, generator=torch.Generator().manual_seed(1))
+    x[7, 1, 2] = x[20, 1, 2] = x[6, 1, 2] = float("nan")  # a column with NaNs in two blocks, two in the first
+    x[29, 0, 0] = float("nan")  # in the last block
+    ours, reference = x.clone().requires_grad_(), x.clone().requires_grad_()
+    value, expected = model_module.max_over_rows(ours), reference.max(0).values
+    value.backward(torch.ones_like(value))
+    expected.backward(torch.ones_like(expected))
+    torch.testing.assert_close(value, expected, rtol=0, atol=0, equal_nan=True)
+    assert torch.equal(ours.grad, reference.grad)
+
+
 @pytest.mark.parametrize("ties", [False, True])
-def test_one_graph_pooling_repeats_the_separate_ops_to_the_bit(ties):
+def test_one_graph_pooling_repeats_the_separate_ops_to_the_bit(monkeypatch, ties):
+    import pipelines.models.gnn.model as model_module
     from pipelines.models.gnn.model import _PoolOneGraph
 
+    monkeypatch.setattr(model_module, "_MAX_BLOCK_ELEMENTS", 64)  # many row blocks, a partial last one
     generator = torch.Generator().manual_seed(3)
     rows, k, h = 50, 4, 6
     x = (torch.randint(0, 3, (rows, k, h), generator=generator).float() if ties

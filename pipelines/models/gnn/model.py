@@ -36,9 +36,10 @@ Layout, per step (one or more graphs, K configs each):
    one cost per config (LOWER = predicted FASTER). With ``readout = "pooled+sum"`` a per-node cost
    (an MLP on each state of ``D_L``) summed per graph and config is added to it: a runtime is a sum
    of kernel times, which a LayerNorm over pooled states cannot express (``NodeCostHead``).
-   A CPU step is bound by its passes over the (|D_L|, K, H) states: the max takes its values from
-   ``amax`` and its arg-max rows from a cache-blocked search (``max_over_rows``), and a training step
-   on one graph pools with one gradient pass (``_PoolOneGraph``), both bit-for-bit as the plain ops.
+   A CPU step is bound by its passes over the (|D_L|, K, H) states: the max takes its values and
+   arg-max rows from one pass of ``max`` over row blocks that stay in cache (``max_over_rows``), and
+   a training step on one graph pools with one gradient pass (``_PoolOneGraph``), both bit-for-bit as
+   the plain ops.
 
 GATv2 is offered as an option; attention is not linear in its inputs, so its config layers run
 unfused on K copies of the full graph (``score(..., fused=False)``, also used by the tests to
@@ -83,39 +84,43 @@ def segment_sum(x: torch.Tensor, index: torch.Tensor, size: int) -> torch.Tensor
     return x.new_zeros((size, *x.shape[1:])).index_add_(0, index, x)
 
 
-# elements of one block of rows in ``_first_max_rows``: a few MB of temporaries that stay in cache
-_MAX_BLOCK_ELEMENTS = 1 << 19
-# below this many elements ``x.max(0)`` runs in cache and beats ``_first_max_rows`` (1 thread: 11,237 x 256
+# elements of one block of rows in ``_max_and_first_rows``: 1 MB of float32, within a core's L2 cache
+# (1 thread, 11,332 x 2048 floats: 2^18 elements 55-71 ms, 2^17 67-100, 2^16 87-106, 2^20 207)
+_MAX_BLOCK_ELEMENTS = 1 << 18
+# below this many elements ``x.max(0)`` runs in cache and beats ``_max_and_first_rows`` (1 thread: 11,237 x 256
 # floats 6.9 ms vs 5.5 with the gradient, 11,237 x 2048 164 vs 83; 1,000 x 704 0.7 vs 1.3)
 _LARGE_MAX_ELEMENTS = 1 << 20
 
 
-def _first_max_rows(x: torch.Tensor, maximum: torch.Tensor) -> torch.Tensor:
-    """For each column of ``x`` (rows, ...), the first row holding ``maximum`` (its ``amax(0)``): the
-    indices ``x.max(0)`` returns, found in row blocks that stay in cache (on a CPU, on tensors larger than
-    its cache, ``x.max(0)`` runs ~16x slower than ``amax(0)``: it tracks the index through the reduction)."""
+def _max_and_first_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``x.max(0)`` of ``x`` (rows, ...): each column's maximum and the first row holding it, from ``max(0)``
+    over row blocks that stay in cache (on a CPU, on tensors larger than its cache, ``x.max(0)`` runs ~16x
+    slower than ``amax(0)``: it tracks the index through the reduction; in cache it does not, and the blocks'
+    results are merged in order, a later block winning only with a strictly larger value). One pass over
+    ``x`` where ``amax`` and a blocked search for its rows took two (benchmarks/results/
+    2026-11-29-vm-gnn-max-one-pass.md)."""
     rows = x.shape[0]
-    flat, target = x.reshape(rows, -1), maximum.reshape(-1)
-    # rows - i for row i: the first matching row gives the largest value, which amax finds
-    countdown = torch.arange(rows, 0, -1, dtype=torch.int32, device=x.device).unsqueeze(1)
-    found = torch.zeros(flat.shape[1], dtype=torch.int32, device=x.device)
+    flat = x.reshape(rows, -1)
     step = max(1, _MAX_BLOCK_ELEMENTS // max(1, flat.shape[1]))
-    for start in range(0, rows, step):
-        block = torch.where(flat[start:start + step] == target, countdown[start:start + step], 0)
-        torch.maximum(found, block.amax(0), out=found)
-    # a column without a match (a NaN maximum) points at the last row rather than past the end
-    return (rows - found).clamp_(max=rows - 1).long().view(maximum.shape)
+    maximum, first = flat[:step].max(0)
+    for start in range(step, rows, step):
+        values, at = flat[start:start + step].max(0)
+        # a NaN wins over numbers, as in max(0); the first block holding one keeps it
+        later = (values > maximum) | (values.isnan() & ~maximum.isnan())
+        maximum = torch.where(later, values, maximum)
+        first = torch.where(later, at + start, first)
+    return maximum.view(x.shape[1:]), first.view(x.shape[1:])
 
 
 class _MaxOverRows(torch.autograd.Function):
     """``x.max(0).values`` with the same gradient, all of it to the first row holding the maximum (so a
-    fit repeats ``max``'s to the bit), at ``amax``'s speed plus one blocked pass for the indices."""
+    fit repeats ``max``'s to the bit), in one pass over cache-sized row blocks."""
 
     @staticmethod
     def forward(ctx, x: torch.Tensor) -> torch.Tensor:
-        maximum = x.amax(0)
+        maximum, first = _max_and_first_rows(x)
         ctx.rows = x.shape[0]
-        ctx.save_for_backward(_first_max_rows(x, maximum))
+        ctx.save_for_backward(first)
         return maximum
 
     @staticmethod
@@ -128,9 +133,9 @@ def max_over_rows(x: torch.Tensor) -> torch.Tensor:
     """``x.max(0).values`` (rows >= 1), its gradient to the first arg-max row.
 
     ``max(0)`` rather than ``amax(0)`` for the gradient: ``amax``'s backward spreads it over ties with
-    several full-size passes (~40% of a training step on a 10k-node graph). Without a gradient, and for
-    the gradient of a large ``x`` on a CPU, the values come from ``amax``; on a GPU ``max(0)`` is kept
-    (not measured).
+    several full-size passes (~40% of a training step on a 10k-node graph). Without a gradient the values
+    come from ``amax``; for the gradient of a large ``x`` on a CPU, from ``max`` over cache-sized row
+    blocks; on a GPU ``max(0)`` is kept (not measured).
     """
     if not (x.requires_grad and torch.is_grad_enabled()):
         return x.amax(0)
@@ -155,9 +160,9 @@ class _PoolOneGraph(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: torch.Tensor, graph: torch.Tensor, config_rows: torch.Tensor):
         total = segment_sum(x, graph, 1)
-        maximum = x.amax(0)
+        maximum, first = _max_and_first_rows(x)
         ctx.rows = x.shape[0]
-        ctx.save_for_backward(_first_max_rows(x, maximum), config_rows)
+        ctx.save_for_backward(first, config_rows)
         return total, maximum.unsqueeze(0), x.index_select(0, config_rows)
 
     @staticmethod
@@ -503,7 +508,10 @@ class GNNModel(nn.Module):
             delta = x - x_shared.index_select(0, prev_rows).unsqueeze(1)
             shared_pre = pre_shared.index_select(0, level.rows).unsqueeze(1).repeat(1, k, 1)
             pre = layer.add_delta_pre(shared_pre, delta, level)
-            x = (layer.post(pre) + x_shared.index_select(0, level.rows).unsqueeze(1)).index_add_(0, level.root, delta)
+            x, shared = layer.post(pre), x_shared.index_select(0, level.rows).unsqueeze(1)
+            # the residual added in place, one full-size buffer fewer (post's output is new and its backward
+            # does not read it); not under bf16 autocast, where post is bfloat16 and the sum float32
+            x = (x.add_(shared) if x.dtype == shared.dtype else x + shared).index_add_(0, level.root, delta)
             prev_rows = level.rows
         if b == 1 and self.node_cost is None and x.device.type == "cpu" and x.requires_grad:
             # a training step on the CPU (one graph): the three pooling inputs with one backward pass
