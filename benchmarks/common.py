@@ -182,6 +182,58 @@ def machine() -> Machine:
     return Machine(socket.gethostname(), cpu, available_cores(), memory, os.getloadavg(), library_versions())
 
 
+# Two kernels that bound a GNN training step on a CPU, on the largest real-size xla graph's shapes (K = 32,
+# H = 64): a pass over the per-config states (memory-bound) and the config deltas' matrix product.
+_REFERENCE = """
+import torch
+torch.set_num_threads(1)
+generator = torch.Generator().manual_seed(0)
+states = torch.rand(11_332, 2048, generator=generator)  # 93 MB
+deltas, weight = torch.rand(106_912, 64, generator=generator), torch.rand(64, 64, generator=generator)
+def median_ms(kernel, repeats=25):
+    kernel()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        kernel()
+        times.append(time.perf_counter() - start)
+    return sorted(times)[repeats // 2] * 1000
+result = {"pass_ms": median_ms(lambda: states.amax(0)), "matmul_ms": median_ms(lambda: deltas @ weight)}
+"""
+# a reference kernel this much slower or faster after the measurements than before flags the run (an idle
+# 2-core VM read its product 11.2-13.0 ms and its pass 22.1-23.2 in five fresh processes in a row)
+REFERENCE_TOLERANCE = 1.2
+
+
+@dataclass(frozen=True)
+class Reference:
+    """One thread's time (ms, median of 25, fresh process) of the two kernels of ``_REFERENCE``."""
+
+    pass_ms: float
+    matmul_ms: float
+
+
+def machine_reference() -> Reference:
+    """The reference kernels timed now. ``amax`` over those states took 7 ms on one boot of a 2-core VM, 17-23 on a later
+    one, every GNN fit 30-50% slower with it (benchmarks/results/2026-11-29-vm-gnn-max-one-pass.md): timed
+    before and after a benchmark, they tell a change of the machine from a change of the code."""
+    result = measure(_REFERENCE)
+    return Reference(result["pass_ms"], result["matmul_ms"])
+
+
+def reference_lines(before: Reference, after: Reference) -> list[str]:
+    """The reference kernels before -> after the measurements, and a NOTE when the machine's speed moved."""
+    lines = [f"- machine reference (1 thread; before -> after the measurements): a pass over 93 MB (amax) "
+             f"{before.pass_ms:.1f} -> {after.pass_ms:.1f} ms, a 106,912 x 64 by 64 x 64 product "
+             f"{before.matmul_ms:.1f} -> {after.matmul_ms:.1f} ms"]
+    ratios = [after.pass_ms / before.pass_ms, after.matmul_ms / before.matmul_ms]
+    drift = max(max(ratios), 1 / min(ratios))
+    if drift > REFERENCE_TOLERANCE:
+        lines.append(f"- NOTE the machine's speed moved during the measurements (a reference kernel {drift:.2f}x "
+                     "slower or faster at the end): a difference from another run of that size may be the machine's")
+    return lines
+
+
 # ----------------------------------------------------------------------------- tables
 
 

@@ -38,6 +38,11 @@ The extrapolation takes the sample's graphs to be as large as the real ones on a
 the sample's mean raw nodes (train and valid graphs) over the real data's (layout), and a NOTE line
 flags a sample more than ``SIZE_TOLERANCE`` off: the one-graph sample's xla graphs are ~2x the real
 mean, so its minutes are an upper estimate; 8 graphs per split come within a few percent.
+
+Before and after the measurements two reference kernels are timed on one thread (``common.machine_reference``:
+a pass over 93 MB, a matrix product; the shapes that bound a GNN step on a CPU): their figures place the run's
+machine state beside other runs', and a NOTE flags a machine whose speed moved by more than
+``REFERENCE_TOLERANCE`` during the run.
 """
 
 from __future__ import annotations
@@ -48,7 +53,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
-from benchmarks.common import REAL_FILES, REAL_MEAN_NODES, SIZE_TOLERANCE, markdown_table, measure, verdict
+from benchmarks.common import (REAL_FILES, REAL_MEAN_NODES, SIZE_TOLERANCE, machine_reference, markdown_table,
+                               measure, reference_lines, verdict)
 
 TARGET_FIT_S = 3600.0  # all five collections of one model
 TARGET_PREDICT_S = 120.0  # every test graph of every collection, per model
@@ -280,10 +286,12 @@ def main(argv: Sequence[str] | None = None) -> None:
                              "totals are the sums / 2)")
     args = parser.parse_args(argv)
     tasks = [(m, c) for m in args.models.split(",") for c in args.collections.split(",")]
+    before = machine_reference()
     rows = measure_folds(tasks, args.jobs, root=args.root, work=args.work, config=args.config,
                          overrides=args.overrides, gnn_epochs=args.gnn_epochs,
                          gnn_expected_epochs=args.gnn_expected_epochs, device=args.device, nice=args.nice)
-    print("\n".join(table(rows) + [""] + targets(rows, args.jobs)))
+    lines = table(rows) + [""] + targets(rows, args.jobs) + reference_lines(before, machine_reference())
+    print("\n".join(lines))
 
 
 if __name__ == "__main__":

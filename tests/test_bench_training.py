@@ -116,3 +116,17 @@ def test_a_gbdt_fit_is_measured_too(tiny_world, tmp_path):
                      overrides=["gbdt.n_estimators=5"])
     assert r.model == "gbdt" and r.fit_s > 0 and r.epochs_run == 0 and r.companion_graphs == 0
     assert r.test_configs > 0 and r.fit_extrapolated_s() > 0
+
+
+def test_the_machine_reference_flags_a_machine_whose_speed_moved_during_the_measurements():
+    from benchmarks.common import REFERENCE_TOLERANCE, Reference, reference_lines
+
+    assert 1.0 < REFERENCE_TOLERANCE < 1.25
+    before = Reference(pass_ms=20.0, matmul_ms=10.0)
+    steady = reference_lines(before, Reference(pass_ms=20.0 * REFERENCE_TOLERANCE * 0.99, matmul_ms=9.5))
+    assert len(steady) == 1 and "20.0 -> " in steady[0] and "10.0 -> 9.5 ms" in steady[0]
+    slower = reference_lines(before, Reference(pass_ms=25.0, matmul_ms=10.0))
+    faster = reference_lines(before, Reference(pass_ms=20.0, matmul_ms=8.0))
+    for lines in (slower, faster):
+        assert len(lines) == 2 and lines[1].startswith("- NOTE the machine's speed moved")
+        assert "1.25x" in lines[1]
