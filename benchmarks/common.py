@@ -214,9 +214,11 @@ class Reference:
 
 
 def machine_reference() -> Reference:
-    """The reference kernels timed now. ``amax`` over those states took 7 ms on one boot of a 2-core VM, 17-23 on a later
-    one, every GNN fit 30-50% slower with it (benchmarks/results/2026-11-29-vm-gnn-max-one-pass.md): timed
-    before and after a benchmark, they tell a change of the machine from a change of the code."""
+    """The reference kernels timed now: they place a reading's machine state beside other readings'.
+    ``amax`` over those states took 7 ms on one boot of a 2-core VM and 17-23 on a later one, every GNN fit
+    30-50% slower with it; within that later boot the fits slowed by a further 23% over 80 minutes while
+    the kernels stayed within 12% (benchmarks/results/2026-11-29-vm-gnn-max-one-pass.md): a steady reference
+    does not prove a steady machine."""
     result = measure(_REFERENCE)
     return Reference(result["pass_ms"], result["matmul_ms"])
 

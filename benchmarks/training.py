@@ -41,8 +41,10 @@ mean, so its minutes are an upper estimate; 8 graphs per split come within a few
 
 Before and after the measurements two reference kernels are timed on one thread (``common.machine_reference``:
 a pass over 93 MB, a matrix product; the shapes that bound a GNN step on a CPU): their figures place the run's
-machine state beside other runs', and a NOTE flags a machine whose speed moved by more than
-``REFERENCE_TOLERANCE`` during the run.
+machine state beside other runs' (the pass: 7 ms on one boot of the 2-core VM, 21-23 on a later one), and a
+NOTE flags a machine whose speed moved by more than ``REFERENCE_TOLERANCE`` during the run. A steady reference
+does not prove a steady machine (``machine_reference``): compare code versions by their steps in one process,
+not by two runs of this benchmark.
 """
 
 from __future__ import annotations
