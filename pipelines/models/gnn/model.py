@@ -87,8 +87,9 @@ def segment_sum(x: torch.Tensor, index: torch.Tensor, size: int) -> torch.Tensor
 # elements of one block of rows in ``_max_and_first_rows``: 1 MB of float32, within a core's L2 cache
 # (1 thread, 11,332 x 2048 floats: 2^18 elements 55-71 ms, 2^17 67-100, 2^16 87-106, 2^20 207)
 _MAX_BLOCK_ELEMENTS = 1 << 18
-# below this many elements ``x.max(0)`` runs in cache and beats ``_max_and_first_rows`` (1 thread: 11,237 x 256
-# floats 6.9 ms vs 5.5 with the gradient, 11,237 x 2048 164 vs 83; 1,000 x 704 0.7 vs 1.3)
+# below this many elements ``x.max(0)`` runs in cache and beats ``_max_and_first_rows`` (1 thread, forward and
+# backward, 2026-11-29's slower boot: 1,000 x 704 floats 4.0 ms vs 5.7; 1,000 x 2048 23.9 vs 13.0; 11,237 x 256
+# 38.0 vs 14.1; 11,237 x 2048 417 vs 170)
 _LARGE_MAX_ELEMENTS = 1 << 20
 
 
