@@ -236,6 +236,48 @@ def reference_lines(before: Reference, after: Reference) -> list[str]:
     return lines
 
 
+@dataclass(frozen=True)
+class CpuClock:
+    """The machine's CPU time counters (seconds summed over its cores, ``/proc/stat``): all of it, and the
+    ``steal``, time a virtual machine's cores were ready to run while its host ran something else."""
+
+    total_s: float
+    steal_s: float
+
+
+def cpu_clock() -> CpuClock | None:
+    """The counters now, or None where ``/proc/stat`` does not give them (not Linux)."""
+    try:
+        fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()
+    except OSError:
+        return None
+    if len(fields) < 9 or fields[0] != "cpu":
+        return None
+    # user nice system idle iowait irq softirq steal (guest time is counted within user)
+    ticks = [int(value) for value in fields[1:9]]
+    hertz = os.sysconf("SC_CLK_TCK")
+    return CpuClock(sum(ticks) / hertz, ticks[7] / hertz)
+
+
+# steal above this share of the machine's core time during the measurements flags the run (a 2-core VM, idle:
+# 0.7% over 30 s; busy with two 1-thread processes: 10% over 30 s, 15-49% in vmstat's 2-s samples)
+STEAL_TOLERANCE = 0.05
+
+
+def steal_lines(before: CpuClock | None, after: CpuClock | None) -> list[str]:
+    """The host's steal during the measurements, and a NOTE when the cores were taken for more than
+    ``STEAL_TOLERANCE`` of the time: the figures are then those of fewer cores than counted (each fit's
+    own CPU time, in the table, leaves steal out; its wall time does not)."""
+    if before is None or after is None or after.total_s <= before.total_s:
+        return []
+    share = (after.steal_s - before.steal_s) / (after.total_s - before.total_s)
+    lines = [f"- hypervisor steal during the measurements: {share:.1%} of the machine's core time"]
+    if share > STEAL_TOLERANCE:
+        lines.append(f"- NOTE the host took the virtual machine's cores {share:.0%} of the time: the wall times "
+                     "are those of a machine with fewer cores than counted")
+    return lines
+
+
 # ----------------------------------------------------------------------------- tables
 
 

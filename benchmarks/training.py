@@ -44,7 +44,9 @@ a pass over 93 MB, a matrix product; the shapes that bound a GNN step on a CPU):
 machine state beside other runs' (the pass: 7 ms on one boot of the 2-core VM, 21-23 on a later one), and a
 NOTE flags a machine whose speed moved by more than ``REFERENCE_TOLERANCE`` during the run. A steady reference
 does not prove a steady machine (``machine_reference``): compare code versions by their steps in one process,
-not by two runs of this benchmark.
+not by two runs of this benchmark. On a virtual machine the host may run other work on its cores: the share
+of the machine's core time stolen so during the measurements is printed (``common.cpu_clock``), with a NOTE
+above ``STEAL_TOLERANCE``; each fit's own CPU time (in the table) leaves it out.
 """
 
 from __future__ import annotations
@@ -55,8 +57,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
-from benchmarks.common import (REAL_FILES, REAL_MEAN_NODES, SIZE_TOLERANCE, machine_reference, markdown_table,
-                               measure, reference_lines, verdict)
+from benchmarks.common import (REAL_FILES, REAL_MEAN_NODES, SIZE_TOLERANCE, cpu_clock, machine_reference,
+                               markdown_table, measure, reference_lines, steal_lines, verdict)
 
 TARGET_FIT_S = 3600.0  # all five collections of one model
 TARGET_PREDICT_S = 120.0  # every test graph of every collection, per model
@@ -288,11 +290,12 @@ def main(argv: Sequence[str] | None = None) -> None:
                              "totals are the sums / 2)")
     args = parser.parse_args(argv)
     tasks = [(m, c) for m in args.models.split(",") for c in args.collections.split(",")]
-    before = machine_reference()
+    before, clock = machine_reference(), cpu_clock()
     rows = measure_folds(tasks, args.jobs, root=args.root, work=args.work, config=args.config,
                          overrides=args.overrides, gnn_epochs=args.gnn_epochs,
                          gnn_expected_epochs=args.gnn_expected_epochs, device=args.device, nice=args.nice)
-    lines = table(rows) + [""] + targets(rows, args.jobs) + reference_lines(before, machine_reference())
+    steal = steal_lines(clock, cpu_clock())
+    lines = table(rows) + [""] + targets(rows, args.jobs) + reference_lines(before, machine_reference()) + steal
     print("\n".join(lines))
 
 

@@ -1,6 +1,8 @@
 """benchmarks/training.py: the GNN's fit is extrapolated from what its epochs measured."""
 import threading
+import time
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
@@ -130,3 +132,30 @@ def test_the_machine_reference_flags_a_machine_whose_speed_moved_during_the_meas
     for lines in (slower, faster):
         assert len(lines) == 2 and lines[1].startswith("- NOTE the machine's speed moved")
         assert "1.25x" in lines[1]
+
+
+def test_the_hosts_steal_during_the_measurements_is_reported_and_flagged_above_the_tolerance():
+    from benchmarks.common import STEAL_TOLERANCE, CpuClock, steal_lines
+
+    before = CpuClock(total_s=1000.0, steal_s=10.0)
+    calm = steal_lines(before, CpuClock(total_s=1200.0, steal_s=10.0 + 200.0 * STEAL_TOLERANCE * 0.9))
+    assert len(calm) == 1 and f"{STEAL_TOLERANCE * 0.9:.1%} of the machine's core time" in calm[0]
+    taken = steal_lines(before, CpuClock(total_s=1200.0, steal_s=70.0))
+    assert len(taken) == 2 and "30.0%" in taken[0] and taken[1].startswith("- NOTE the host took")
+    assert steal_lines(None, before) == [] and steal_lines(before, None) == []
+    assert steal_lines(before, before) == []  # no time passed: no share to give
+
+
+def test_the_cpu_clock_reads_the_machines_counters_where_linux_gives_them():
+    from benchmarks.common import cpu_clock
+
+    first = cpu_clock()
+    if not Path("/proc/stat").exists():
+        assert first is None
+        return
+    deadline = time.perf_counter() + 0.2
+    while time.perf_counter() < deadline:  # busy, so the counters move by at least a tick
+        pass
+    second = cpu_clock()
+    assert second.total_s > first.total_s >= first.steal_s >= 0
+    assert second.steal_s >= first.steal_s
