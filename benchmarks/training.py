@@ -45,8 +45,8 @@ machine state beside other runs' (the pass: 7 ms on one boot of the 2-core VM, 2
 NOTE flags a machine whose speed moved by more than ``REFERENCE_TOLERANCE`` during the run. A steady reference
 does not prove a steady machine (``machine_reference``): compare code versions by their steps in one process,
 not by two runs of this benchmark. On a virtual machine the host may run other work on its cores: the share
-of the machine's core time stolen so during the measurements is printed (``common.cpu_clock``), with a NOTE
-above ``STEAL_TOLERANCE``; each fit's own CPU time (in the table) leaves it out.
+of the machine's core time it took during the measurements (its steal) is printed (``common.cpu_clock``), with
+a NOTE above ``STEAL_TOLERANCE``; each fit's own CPU time (in the table) leaves it out.
 """
 
 from __future__ import annotations
