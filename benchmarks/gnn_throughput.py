@@ -2,7 +2,7 @@
 
 Usage: python -m benchmarks.gnn_throughput [--work DIR] [--copies 1,2] [--steps N] [--eval-configs N]
                                            [--device cpu,cuda] [--precision fp32,bf16] [--set gnn.KEY=VALUE ...]
-                                           [--threads N] [--modes train,predict]
+                                           [--threads N] [--modes train,predict] [--ops N]
 
 On a GPU workstation: ``python -m benchmarks.gnn_throughput --device cpu,cuda --precision fp32,bf16``
 (or ``make bench-gpu``) compares the same machine's CPU with its GPU.
@@ -17,6 +17,9 @@ Each figure comes from a fresh process, so its peak RSS is its own:
   one warm-up step; configs/s = K x steps / seconds. Peak RSS includes the graph's arrays.
 * predict: every one of ``--eval-configs`` configs scored the way ``GNNRanker.predict`` does
   (encode once, chunks sized by ``eval_chunk`` / ``eval_chunk_mb``, ``eval_chunk_mb_cuda`` on a GPU).
+With ``--ops N`` a training figure also times as many steps again op by op (``benchmarks/op_timer.py``; not
+``torch.profiler``, whose allocations break the CPU heap reuse and inflate the large ops 2-3x) and prints
+the N (op, input shape) pairs that took longest per step.
 ``cpu s`` is the process's CPU time over the timed span. On a shared machine, compare code versions with
 ``--threads 1`` and ``cpu s``: with two threads a busy neighbour makes each OpenMP team wait (and spin)
 for its descheduled partner, which inflates wall *and* CPU time erratically.
@@ -111,6 +114,17 @@ if {mode!r} == "train":
     sample = gather_configs([prepared], [sample_configs(rng, graph.num_configs, cfg.configs_per_graph)])
     result.update(seconds=seconds, cpu_seconds=cpu_seconds, configs_per_s=cfg.configs_per_graph * {steps} / seconds,
                   h2d_kb=tensor_bytes(sample) / 1024, graph_h2d_kb=tensor_bytes(collate([prepared])) / 1024)
+    if {ops}:  # where a step's time goes, after the clean timing above (benchmarks/op_timer.py)
+        from benchmarks.op_timer import OpTimer
+        with OpTimer():
+            step()  # the first step under the mode allocates what later ones reuse
+        with OpTimer() as timer:
+            started = time.perf_counter()
+            for _ in range({steps}):
+                step()
+            sync()
+            step_s = (time.perf_counter() - started) / {steps}
+        result.update(ops=timer.top({ops}, {steps}), ops_s=timer.seconds({steps}), ops_step_s=step_s, steps={steps})
 else:
     idx = np.arange({eval_configs}) % graph.num_configs
     score_graph(model, prepared, cfg, idx[:configs_per_chunk(cfg, prepared, device.type)])  # warm-up: one chunk (CUDA kernels, allocator)
@@ -141,20 +155,22 @@ def largest_layout_graph(work: Path) -> tuple[Path, str]:
 
 def measured_code(path: Path, collection: str, mode: str, *, copies: int = 1, steps: int = 5,
                   eval_configs: int = 1000, device: str = "cpu", precision: str = "fp32",
-                  overrides: Sequence[str] = (), threads: int = 2) -> str:
+                  overrides: Sequence[str] = (), threads: int = 2, ops: int = 0) -> str:
     """The body ``common.measure`` runs for one figure: ``mode`` "train" (``steps`` training steps) or
-    "predict" (``eval_configs`` configs scored) on the graph at ``path``."""
+    "predict" (``eval_configs`` configs scored) on the graph at ``path``; with ``ops``, "train" also
+    times ``steps`` more steps op by op and returns the ``ops`` longest (op, shape) pairs."""
     return _BODY.format(collection=collection, path=str(path), copies=copies, mode=mode, steps=steps,
                         eval_configs=eval_configs, device=device, precision=precision, overrides=list(overrides),
-                        threads=threads)
+                        threads=threads, ops=ops)
 
 
 def measure_throughput(work: Path, *, copies: Sequence[int] = (1, 2), steps: int = 5, eval_configs: int = 1000,
                        devices: Sequence[str] = ("cpu",), precisions: Sequence[str] = ("fp32",), nice: int = 0,
                        overrides: Sequence[str] = (), threads: int = 2, modes: Sequence[str] = ("train", "predict"),
-                       log=print, on_row: Callable[[list[list]], None] | None = None) -> list[list]:
+                       ops: int = 0, log=print, on_row: Callable[[list[list]], None] | None = None) -> list[list]:
     """One row per (device, precision, copies, mode), each from a fresh process; ``on_row`` gets the
-    rows so far after each (a caller that writes them keeps what a stopped run measured)."""
+    rows so far after each (a caller that writes them keeps what a stopped run measured). With ``ops``,
+    each training figure also logs its step's ``ops`` longest ops (``ops_table``)."""
     path, collection = largest_layout_graph(work)
     log(f"GNN throughput on {path} ({collection})")
     rows = []
@@ -164,7 +180,7 @@ def measure_throughput(work: Path, *, copies: Sequence[int] = (1, 2), steps: int
                 for mode in modes:
                     r = measure(measured_code(path, collection, mode, copies=count, steps=steps,
                                               eval_configs=eval_configs, device=device, precision=precision,
-                                              overrides=overrides, threads=threads), nice=nice)
+                                              overrides=overrides, threads=threads, ops=ops), nice=nice)
                     rows.append([r["device"], precision, mode, count, r["nodes"], r["config_nodes"], r["rows"],
                                  r["seconds"], r["cpu_seconds"], r["configs_per_s"], r.get("h2d_kb", "-"),
                                  r.get("graph_h2d_kb", "-"), r["peak_rss_mb"],
@@ -174,9 +190,18 @@ def measure_throughput(work: Path, *, copies: Sequence[int] = (1, 2), steps: int
                         + (f"H2D {r['h2d_kb']:.0f} KB/step + {r['graph_h2d_kb']:.0f} KB/graph, "
                            if "h2d_kb" in r else "") +
                         f"peak {r['peak_rss_mb']:.0f} MB RSS, {r['peak_device_mb']:.0f} MB device")
+                    if "ops" in r:
+                        log("\n".join(ops_table(r)))
                     if on_row is not None:
                         on_row(list(rows))
     return rows
+
+
+def ops_table(result: dict) -> list[str]:
+    """A training figure's longest ops per step, and how much of the step the ops hold."""
+    lines = [f"  one step op by op: {result['ops_s'] * 1000:.0f} ms in ops of {result['ops_step_s'] * 1000:.0f} ms "
+             f"(the timer's step; without it {result['seconds'] / result['steps'] * 1000:.0f} ms)"]
+    return lines + markdown_table(["op", "first input's shape", "ms per step", "calls per step"], result["ops"])
 
 
 def table(rows: list[list]) -> list[str]:
@@ -199,11 +224,13 @@ def main(argv: Sequence[str] | None = None) -> None:
                         help="config override, e.g. gnn.config_pairs=false (repeatable)")
     parser.add_argument("--threads", type=int, default=2, help="torch threads of the measured process")
     parser.add_argument("--modes", default="train,predict", help="comma-separated: train, predict")
+    parser.add_argument("--ops", type=int, default=0,
+                        help="also time training steps op by op and print the N longest (benchmarks/op_timer.py)")
     args = parser.parse_args(argv)
     rows = measure_throughput(args.work, copies=[int(c) for c in args.copies.split(",")], steps=args.steps,
                               eval_configs=args.eval_configs, devices=args.device.split(","),
                               precisions=args.precision.split(","), nice=args.nice, overrides=args.overrides,
-                              threads=args.threads, modes=args.modes.split(","))
+                              threads=args.threads, modes=args.modes.split(","), ops=args.ops)
     print("\n".join(table(rows)))
 
 
