@@ -42,7 +42,7 @@ class OpTimer(TorchDispatchMode):
         """The ``count`` (op, shape) pairs that took longest: [op, shape, ms, calls] per repeat of the
         timed block (``repeats`` steps timed: per step), longest first."""
         ranked = sorted(self.totals.items(), key=lambda item: -item[1][0])[:count]
-        return [[op, "x".join(map(str, shape)) or "-", round(seconds / repeats * 1000, 2), calls / repeats]
+        return [[op, "x".join(map(str, shape)) or "-", seconds / repeats * 1000, calls / repeats]
                 for (op, shape), (seconds, calls) in ranked]
 
     def seconds(self, repeats: int = 1) -> float:
