@@ -18,8 +18,8 @@ epoch count with what early stopping runs; loading and preparing the graphs scal
 and the rest of the fit (building the model, starting a GPU: seconds, most of a fit on a sample
 this small) is paid once. The graphs of ``gnn.extra_train_collections`` (xla:random also trains on
 nlp:random's) join the training set as in a run, loaded before the clock starts (their preparation
-inside the fit counts as paid once); a pass visits at most as many of them as own graphs, so their
-steps scale with the own graphs.
+inside the fit counts as paid once); a pass visits at most ``gnn.extra_train_share`` times as many of
+them as own graphs, so their steps scale with the own graphs.
 
 ``--gnn-epochs 0`` runs the config (``--config``, default base) as it is, early stopping included:
 the sample's own stopping epoch. ``--gnn-epochs N`` trains N epochs without early stopping and scales

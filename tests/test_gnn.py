@@ -721,6 +721,15 @@ def test_a_pass_visits_every_own_graph_and_at_most_as_many_of_another_collection
     assert all(len(p) == 6 for p in by_pass) and len(set.intersection(*by_pass)) >= 3
     assert len(set.union(*by_pass)) == 8
 
+    steps.clear()  # a share of the own graphs' count: 2/3 of 3 -> 2 others per pass; 0: none
+    gnn(epochs=1, passes_per_epoch=passes, extra_train_collections=["layout:nlp:random"],
+        extra_train_share=2 / 3).fit(graphs[:3] + other, seed=0)
+    assert len(steps) == passes * (3 + 2)
+    steps.clear()
+    gnn(epochs=1, passes_per_epoch=passes, extra_train_collections=["layout:nlp:random"],
+        extra_train_share=0).fit(graphs[:3] + other, seed=0)
+    assert len(steps) == passes * 3 and len({ids[0] for ids in steps}) == 3  # the own graphs only
+
 
 def test_predict_before_fit_raises():
     with pytest.raises(RuntimeError, match="fit"):

@@ -63,6 +63,9 @@ class GNNConfig:
     # training set, never its validation, out-of-fold or test graphs: e.g. the nlp graphs, all
     # transformers, for the xla collection, where transformers are a minority (base.toml: evidence).
     extra_train_collections: list[str] = field(default_factory=list)
+    # Extra graphs a pass visits, as a share of the collection's own training graphs (rounded; at most
+    # all of them, drawn afresh each pass)
+    extra_train_share: float = bounded(1.0, 0.0)
     # --- optimisation
     epochs: int = bounded(20, 1)
     lr: float = bounded(1e-3, 1e-12)

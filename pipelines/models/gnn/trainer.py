@@ -282,10 +282,11 @@ def train_model(
     """Train ``model`` in place; it ends holding the best-validation weights (or the last, without valid).
 
     ``extra`` are training graphs of other collections (``gnn.extra_train_collections``). A pass visits
-    every graph of ``train`` and at most as many ``extra`` graphs, drawn afresh each pass: the mix
+    every graph of ``train`` and at most ``extra_train_share`` times as many ``extra`` graphs (1: as many),
+    drawn afresh each pass: the mix
     measured on the small worlds (about half of the steps on the collection's own graphs) then holds
     at any scale, where the real nlp collections have ~3x the xla graphs. When the extra graphs are no
-    more than the own ones, a pass visits them all, in one shuffled order with ``train``.
+    more than that, a pass visits them all, in one shuffled order with ``train``.
     """
     from tqdm.auto import tqdm
 
@@ -293,7 +294,7 @@ def train_model(
     # fixed validation subsets (as large as a test graph), drawn from their own stream
     eval_rng = np.random.default_rng([seed, 1])
     subsets = [sample_configs(eval_rng, g.num_configs, cfg.eval_max_configs) for g in valid]
-    extra_per_pass = min(len(extra), len(train))
+    extra_per_pass = min(len(extra), round(cfg.extra_train_share * len(train)))
     steps_per_pass = math.ceil((len(train) + extra_per_pass) / cfg.graphs_per_step)
     steps_per_epoch = cfg.passes_per_epoch * steps_per_pass
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
