@@ -283,10 +283,10 @@ def train_model(
 
     ``extra`` are training graphs of other collections (``gnn.extra_train_collections``). A pass visits
     every graph of ``train`` and at most ``extra_train_share`` times as many ``extra`` graphs (1: as many),
-    drawn afresh each pass: the mix
-    measured on the small worlds (about half of the steps on the collection's own graphs) then holds
-    at any scale, where the real nlp collections have ~3x the xla graphs. When the extra graphs are no
-    more than that, a pass visits them all, in one shuffled order with ``train``.
+    drawn afresh each pass: the mix measured on the small worlds (about half of the steps on the
+    collection's own graphs) then holds at any scale, where the real nlp collections have ~3x the xla
+    graphs. When the extra graphs are no more than that, a pass visits them all, in one shuffled order
+    with ``train``.
     """
     from tqdm.auto import tqdm
 
