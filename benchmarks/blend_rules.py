@@ -9,7 +9,7 @@ checked), then each rule's weights are applied to the test predictions and score
 labels, as ``evaluate`` scores a submission.
 
 Rules (``w`` = weights, ``best`` = the model with the best OOF score alone):
-* ``oof-fit``: the grid weights that maximise the OOF metric (``pipelines.ensemble`` with
+* ``oof-fit``: the grid weights that maximise the OOF metric (``pipelines.training.ensemble`` with
   ``ensemble.min_gain_se = 0``; the landed rule until 2026-11-26);
 * ``best``: the best single model alone;
 * ``sig2``: ``oof-fit`` only if the blend's OOF gain over ``best`` exceeds 2 standard errors of the
@@ -72,7 +72,7 @@ def rule_of(min_gain_se: float, gain_at: str) -> str:
 
 def landed_rule() -> str:
     """The rule the base config's ensemble applies (``sig2-avg`` since v9)."""
-    from pipelines.config import load_config
+    from pipelines.config.settings import load_config
 
     ensemble = load_config().ensemble
     return rule_of(ensemble.min_gain_se, ensemble.gain_at)
@@ -87,7 +87,7 @@ class Cell:
     weights: dict[str, dict[str, float]]  # rule -> model -> weight
     oof_gain: float  # mean per-graph OOF gain of oof-fit over the best single model
     oof_gain_sem: float  # its standard error (paired over graphs)
-    runs_gain: float  # that gain expected at the test's runs per graph (``pipelines.ensemble.gain_at_runs``)
+    runs_gain: float  # that gain expected at the test's runs per graph (``pipelines.training.ensemble.gain_at_runs``)
     test: dict[str, float]  # each model alone, each rule, "ceiling"
     test_best: str  # the single model best on test
     test_gap: float  # its mean per-graph gain over the OOF-best model (0 where they agree)
@@ -101,7 +101,7 @@ class Cell:
 def rule_weights(fitted: dict[str, float], best: str, gain: float, sem: float,
                  runs_gain: float | None = None) -> dict[str, dict[str, float]]:
     """Each rule's weights from the OOF-fitted ones, the best single model, the OOF gain and that gain
-    at the test's runs per graph (``pipelines.ensemble.gain_at_runs``; None: ``gain``) (pure)."""
+    at the test's runs per graph (``pipelines.training.ensemble.gain_at_runs``; None: ``gain``) (pure)."""
     alone = {m: float(m == best) for m in fitted}
     beyond = {k: dict(fitted) if gain > k * sem else alone for k in (2, 3)}  # NaN sem: never beyond
     at_runs = gain if runs_gain is None else runs_gain
@@ -118,9 +118,9 @@ def world_of(root: Path) -> Path:
 
 
 def cells_of(root: Path, landed: str) -> list[Cell]:
-    from pipelines.collections import parse_collection
-    from pipelines.engine import load_stage
-    from pipelines.ensemble import (
+    from pipelines.core.collection import parse_collection
+    from pipelines.core.engine import load_stage
+    from pipelines.training.ensemble import (
         blend,
         fit_blend_weights,
         gain_at_runs,
@@ -129,9 +129,9 @@ def cells_of(root: Path, landed: str) -> list[Cell]:
         runs_per_test_graph,
         seed_gains,
     )
-    from pipelines.evaluate import CEILING, evaluate_rows
-    from pipelines.metric import best_scoring
-    from pipelines.run import submission_rows
+    from pipelines.flows.evaluate import CEILING, evaluate_rows
+    from pipelines.core.metric import best_scoring
+    from pipelines.flows.run import submission_rows
 
     world, work = world_of(root), root / "work"
     cells = []

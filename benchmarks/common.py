@@ -114,7 +114,7 @@ def build_big_world(*, log=print) -> Path:
     directly: a random tree of ops, and config values drawn with the skew of real ones (mostly -1),
     so that the archive compresses roughly like a real one.
     """
-    from pipelines.tpugraphs import LayoutGraph, save_graph
+    from pipelines.data.tpugraphs import LayoutGraph, save_graph
 
     root = WORLDS / "full-largest-graph"
     split_dir = root / "npz_all" / "npz" / "layout" / "xla" / "default"
@@ -167,8 +167,8 @@ class Machine:
 
 
 def machine() -> Machine:
-    from pipelines.engine import library_versions
-    from pipelines.machine import available_cores, meminfo_bytes
+    from pipelines.core.engine import library_versions
+    from pipelines.core.machine import available_cores, meminfo_bytes
 
     cpu = platform.processor() or "unknown"
     try:
@@ -310,7 +310,7 @@ def parse_roots(doc: str, argv: Sequence[str] | None) -> argparse.Namespace:
 
 def emit(lines: Sequence[str], out: Path | None) -> None:
     """Print a report and, with ``out``, write it there too (atomically)."""
-    from pipelines.atomic import write_text_atomic
+    from pipelines.core.atomic import write_text_atomic
 
     text = "\n".join(lines) + "\n"
     print(text, end="")

@@ -26,8 +26,8 @@ TARGET_PEAK_MB = 4096
 
 _FLOOR = """
 import numpy as np
-from pipelines.collections import parse_collection
-from pipelines.prepare import collection_refs
+from pipelines.core.collection import parse_collection
+from pipelines.flows.prepare import collection_refs
 refs = collection_refs({root!r}, parse_collection({collection!r}))
 paths = [r.path for items in refs.values() for r in items]
 decompressed = 0
@@ -41,13 +41,13 @@ result = {{"wall_s": time.perf_counter() - t0, "cpu_s": time.process_time() - c0
 """
 
 _STAGE = """
-from pipelines import prepare as p
-from pipelines.features import run_features, seeded_rng
-from pipelines.parallel import map_in_order
-from pipelines.node_arrays import run_node_arrays
-from pipelines.prune import read_graph_table, run_prune
-from pipelines.collections import parse_collection
-from pipelines.config import load_config
+from pipelines.flows import prepare as p
+from pipelines.data.features import run_features, seeded_rng
+from pipelines.core.parallel import map_in_order
+from pipelines.data.node_arrays import run_node_arrays
+from pipelines.data.prune import read_graph_table, run_prune
+from pipelines.core.collection import parse_collection
+from pipelines.config.settings import load_config
 config = load_config(None, {overrides!r} + ["run.n_jobs={jobs}"])
 collection = parse_collection({collection!r})
 refs = p.collection_refs({root!r}, collection)
@@ -80,8 +80,8 @@ result = {{"wall_s": wall, "cpu_s": cpu + children.ru_utime + children.ru_stime,
 # collection (more than a run pays).
 _START_POOL = "list(map_in_order(seeded_rng, [(0, str(i)) for i in range(2 * {jobs})], {jobs}))"
 _POOL_STARTUP = """
-from pipelines.features import seeded_rng
-from pipelines.parallel import map_in_order
+from pipelines.data.features import seeded_rng
+from pipelines.core.parallel import map_in_order
 t0, c0 = time.perf_counter(), time.process_time()
 {start_pool}
 wall = time.perf_counter() - t0

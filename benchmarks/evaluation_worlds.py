@@ -4,7 +4,7 @@ For each variant: ``synth --scale SCALE --variant N`` (timed), ``run`` with the 
 the wall time of one full run), then ``evaluate`` on the world's hidden test labels. Prints (and writes
 to ``benchmarks/results/``) the table floor / each model / ensemble / ceiling per collection and
 combined, as mean +- spread (standard deviation) over the worlds, the ensemble against the best single
-model and that model's run seeds alone (``pipelines.evaluate.seed_checks``), and the wall times.
+model and that model's run seeds alone (``pipelines.flows.evaluate.seed_checks``), and the wall times.
 
     python -m benchmarks.evaluation_worlds                          # base config, variants 1,2,3, medium
     python -m benchmarks.evaluation_worlds --variants 1 --config demo --models gbdt
@@ -31,8 +31,8 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks.common import RESULTS, WORLDS, machine, markdown_table
-from pipelines.atomic import write_text_atomic
-from pipelines.parallel import terminate_as_interrupt
+from pipelines.core.atomic import write_text_atomic
+from pipelines.core.parallel import terminate_as_interrupt
 
 
 def _spread(values: list[float]) -> str:
@@ -59,9 +59,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=None, help="results file (default: benchmarks/results/...)")
     args = parser.parse_args(argv)
 
-    from pipelines.collections import parse_collections
-    from pipelines.config import load_config
-    from pipelines.evaluate import (
+    from pipelines.core.collection import parse_collections
+    from pipelines.config.settings import load_config
+    from pipelines.flows.evaluate import (
         CEILING,
         FLOOR,
         SUBMISSION,
@@ -72,8 +72,8 @@ def main(argv: list[str] | None = None) -> int:
         model_rows,
         seed_checks,
     )
-    from pipelines.logs import setup_logging
-    from pipelines.run import parse_models, run_pipeline, stage_index, stages_wall_time, train_and_blend
+    from pipelines.core.logs import setup_logging
+    from pipelines.flows.run import parse_models, run_pipeline, stage_index, stages_wall_time, train_and_blend
     from pipelines.synth import generate_world
 
     setup_logging()  # the runs' progress lines, as the command line prints them

@@ -23,9 +23,9 @@ SHORT = ["folds.k=2", "gnn.epochs=3", "gnn.hidden=16", "gnn.opcode_dim=8", "gnn.
 
 
 def fingerprints(world: Path, work: Path, overrides: list[str]) -> dict[str, str]:
-    from pipelines.config import load_config, resolve_for_collection, config_to_dict
+    from pipelines.config.settings import load_config, resolve_for_collection, config_to_dict
     from pipelines.models.gnn import GNNRanker
-    from pipelines.prepare import prepare
+    from pipelines.flows.prepare import prepare
 
     config = load_config("base", SHORT + overrides)
     prepared = prepare(config, world, work)

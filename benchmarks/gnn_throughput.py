@@ -44,13 +44,13 @@ import time
 from dataclasses import replace
 import numpy as np
 import torch
-from pipelines.config import load_config, resolve_for_collection
+from pipelines.config.settings import load_config, resolve_for_collection
 from pipelines.models.gnn.batch import collate, gather_configs, prepare_graph
 from pipelines.models.gnn.device import heap_reuse_on, resolve_device
 from pipelines.models.gnn.losses import make_loss
 from pipelines.models.gnn.model import GNNModel
 from pipelines.models.gnn.trainer import DeviceBatches, configs_per_chunk, sample_configs, score_graph, train_step
-from pipelines.node_arrays import GraphArrays, load_graph_arrays
+from pipelines.data.node_arrays import GraphArrays, load_graph_arrays
 
 def tensor_bytes(obj):
     # bytes of every tensor of a batch dataclass (also inside lists and nested dataclasses)
@@ -141,7 +141,7 @@ result["peak_device_mb"] = torch.cuda.max_memory_allocated(device) / 2**20 if cu
 
 def largest_layout_graph(work: Path) -> tuple[Path, str]:
     """Path and collection of the node-arrays file with the most nodes (layout graphs only)."""
-    from pipelines.node_arrays import load_graph_arrays
+    from pipelines.data.node_arrays import load_graph_arrays
 
     best: tuple[int, Path, str] | None = None
     for path in sorted(work.glob("node_arrays/*/*/*.npz")):

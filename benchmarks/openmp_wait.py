@@ -108,7 +108,7 @@ def run(work: Path, *, threads: int, load: int, reps: int, rounds: int, steps: i
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    from pipelines.machine import available_cores
+    from pipelines.core.machine import available_cores
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--work", type=Path, default=WORLDS / "work", help="a work dir with layout node arrays")
@@ -133,7 +133,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     text = "\n".join(lines) + "\n"
     print(text)
     if args.out is not None:
-        from pipelines.atomic import write_text_atomic
+        from pipelines.core.atomic import write_text_atomic
 
         if args.out.exists():
             raise SystemExit(f"{args.out} exists; pass another --out")

@@ -16,7 +16,7 @@ default) and reports:
 * the paired OOF gain: per (fold, seed) cell present in both arms, the candidate's mean held-out
   score minus the base's (mean +- standard error over the cells, and how many cells went up);
 * test / ceiling per arm: the submission-style average of every fold model, scored on the world's
-  hidden test labels (``pipelines.evaluate``), over the ceiling; and the candidate's gain on test, paired
+  hidden test labels (``pipelines.flows.evaluate``), over the ceiling; and the candidate's gain on test, paired
   over the test graphs with its standard error (same units): how far the test's own few graphs can tell
   the arms apart;
 * the fit seconds of all fold models and their mean epochs (GBDT: trees kept by early stopping; compare
@@ -40,10 +40,10 @@ import numpy as np
 import polars as pl
 
 from benchmarks.common import emit, markdown_table
-from pipelines.ensemble import paired_gain
+from pipelines.training.ensemble import paired_gain
 
 if TYPE_CHECKING:
-    from pipelines.evaluate import Evaluation
+    from pipelines.flows.evaluate import Evaluation
 
 LAYOUT = ("layout:xla:default", "layout:xla:random", "layout:nlp:default", "layout:nlp:random")
 
@@ -63,8 +63,8 @@ def toml_value(text: str) -> Any:
 
 def default_settings(model: str, collection: str) -> dict[str, Any]:
     """The model's default settings for ``collection``, as a stage manifest stores them (JSON values)."""
-    from pipelines.collections import parse_collection
-    from pipelines.config import PipelineConfig
+    from pipelines.core.collection import parse_collection
+    from pipelines.config.settings import PipelineConfig
     from pipelines.models.registry import get_adapter
 
     return json.loads(json.dumps(get_adapter(model).settings(PipelineConfig(), parse_collection(collection))))
@@ -143,7 +143,7 @@ class HiddenTestPair:
 
 def hidden_test_pair(evaluation: Evaluation, collection: str, base: str, candidate: str) -> HiddenTestPair:
     """:class:`HiddenTestPair` of two entries of an ``Evaluation`` on one collection (pure)."""
-    from pipelines.evaluate import CEILING
+    from pipelines.flows.evaluate import CEILING
 
     ceiling = evaluation.reports[CEILING].collection_score(collection)
     gain, se = evaluation.graph_gap(candidate, base, collection)
@@ -156,9 +156,9 @@ def hidden_test_scores(data_root: Path, work: Path, model: str, collection: str,
                        candidate: Arm) -> HiddenTestPair:
     """Each arm's fold models averaged, scored on the world's hidden labels (one pass over the test
     graphs for both arms)."""
-    from pipelines.collections import parse_collection
-    from pipelines.engine import load_stage
-    from pipelines.evaluate import evaluate_rows, trained_rows
+    from pipelines.core.collection import parse_collection
+    from pipelines.core.engine import load_stage
+    from pipelines.flows.evaluate import evaluate_rows, trained_rows
 
     entries = {"base": base, "candidate": candidate}
     rows = trained_rows([(entry, load_stage(work, f"train-{model}", arm.key)) for entry, arm in entries.items()],
@@ -179,8 +179,8 @@ def stage_pair(text: str) -> tuple[str, str, str]:
 def stage_manifest(work: Path, model: str, collection: str, key: str) -> dict[str, Any]:
     """The manifest of the complete training stage ``key`` of ``collection`` (the engine's check of a
     complete output; a clear error naming the stage otherwise)."""
-    from pipelines.engine import load_stage
-    from pipelines.errors import PipelineError
+    from pipelines.core.engine import load_stage
+    from pipelines.core.errors import PipelineError
 
     try:
         stage = load_stage(work, f"train-{model}", key)

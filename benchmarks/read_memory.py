@@ -14,7 +14,7 @@ import sys
 
 _READERS = {
     "pipelines.load_graph": (
-        "from pipelines.tpugraphs import load_graph; from pipelines.collections import parse_collection\n"
+        "from pipelines.data.tpugraphs import load_graph; from pipelines.core.collection import parse_collection\n"
         "g = load_graph(PATH, parse_collection(COLLECTION))\n"
         "shape = g.node_config_feat.shape"
     ),

@@ -43,8 +43,8 @@ from typing import Sequence
 
 from benchmarks import data_stages, gnn_throughput, training
 from benchmarks.common import RESULTS, WORLDS, build_big_world, build_world, machine
-from pipelines.atomic import write_text_atomic
-from pipelines.machine import available_cores
+from pipelines.core.atomic import write_text_atomic
+from pipelines.core.machine import available_cores
 
 LAYOUT = ("layout:xla:default", "layout:xla:random", "layout:nlp:default", "layout:nlp:random")
 TILE = "tile:xla"

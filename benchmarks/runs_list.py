@@ -37,7 +37,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs", type=int, default=100)
     parser.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args(argv)
-    from pipelines import runs
+    from pipelines.outputs import runs_table as runs
 
     with tempfile.TemporaryDirectory() as tmp:
         subs = Path(tmp) / "submissions"

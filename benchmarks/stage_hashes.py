@@ -22,10 +22,10 @@ from typing import Any, Sequence
 
 
 def stage_hashes(root: Path, work: Path, overrides: Sequence[str] = ()) -> dict[str, str]:
-    from pipelines.collections import parse_collection
-    from pipelines.config import load_config
-    from pipelines.prepare import collection_refs, raw_data_key, run_data_stages
-    from pipelines.tpugraphs import available_collections
+    from pipelines.core.collection import parse_collection
+    from pipelines.config.settings import load_config
+    from pipelines.flows.prepare import collection_refs, raw_data_key, run_data_stages
+    from pipelines.data.tpugraphs import available_collections
 
     config = load_config(None, list(overrides))
     hashes: dict[str, str] = {}
@@ -46,8 +46,8 @@ def stage_hashes(root: Path, work: Path, overrides: Sequence[str] = ()) -> dict[
 def feature_row_digests(collection: str, stages: dict[str, Any]) -> dict[str, str]:
     """Digest of the rows ``read_feature_rows`` gives for each graph, and for all graphs at once (a
     seeded sample of 5 configs each)."""
-    from pipelines.features import read_feature_rows
-    from pipelines.prune import read_graph_table
+    from pipelines.data.features import read_feature_rows
+    from pipelines.data.prune import read_graph_table
 
     graphs = list(read_graph_table(stages["prune"]).select("graph", "split").iter_rows())
     out = {f"{collection}/features/rows/{split}/{stem}": table_digest(read_feature_rows(stages["features"], [(stem, split)]))

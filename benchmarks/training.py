@@ -66,14 +66,14 @@ CORES = 2  # the machine the targets are set for
 
 _FOLD = """
 from pathlib import Path
-from pipelines import prepare as p
-from pipelines.features import run_features
-from pipelines.node_arrays import run_node_arrays
-from pipelines.prune import read_graph_table, run_prune
-from pipelines.collections import parse_collection
-from pipelines.config import load_config
+from pipelines.flows import prepare as p
+from pipelines.data.features import run_features
+from pipelines.data.node_arrays import run_node_arrays
+from pipelines.data.prune import read_graph_table, run_prune
+from pipelines.core.collection import parse_collection
+from pipelines.config.settings import load_config
 from pipelines.models.registry import get_adapter
-from pipelines.train import PREDICT_BATCH_GRAPHS, _predict_graphs
+from pipelines.training.fit import PREDICT_BATCH_GRAPHS, _predict_graphs
 config = load_config({config!r}, {overrides!r})
 root, work = {root!r}, Path({work!r})
 def prepare_collection(collection):
@@ -190,7 +190,7 @@ def measure_fold(root: Path, collection: str, model: str, work: Path, *, config:
                  overrides: Sequence[str] = (), gnn_epochs: int | None = None,
                  gnn_expected_epochs: float | None = None, device: str = "cpu", threads: int = 2, nice: int = 0,
                  log=print) -> FitRow:
-    from pipelines.config import load_config
+    from pipelines.config.settings import load_config
 
     overrides, scale = list(overrides), 1.0
     if model == "gnn":

@@ -19,14 +19,14 @@
 #
 # `TPUGRAPHS_CONFIG=smoke` runs it on the `tiny` world in a temporary folder (what the tests do);
 # otherwise on the `small` synthetic world (`data/synthetic-small`, generated when missing).
-# See `pipelines.analysis.notebook_settings` for every switch.
+# See `pipelines.reports.analysis.notebook_settings` for every switch.
 
 # %%
 import numpy as np
 import polars as pl
 
-from pipelines import analysis
-from pipelines.prepare import prepare
+from pipelines.reports import analysis
+from pipelines.flows.prepare import prepare
 
 settings = analysis.notebook_settings()
 figures = settings.work_dir / "figures"

@@ -24,7 +24,7 @@
 # %%
 import polars as pl
 
-from pipelines import analysis
+from pipelines.reports import analysis
 
 settings = analysis.notebook_settings()
 figures = settings.work_dir / "figures"

@@ -17,7 +17,7 @@
 # column prefix): violation ratio, padding cost, implied copies, value frequencies, layout chains
 # (copies where layouts meet at the ends of elementwise chains, with their padded bytes) and tile
 # vector registers (tile fit to the 8x128 registers, bytes moved, working set); the groups are
-# `pipelines.analysis.FEATURE_GROUPS`. A group is ablated only in the collections whose feature
+# `pipelines.reports.analysis.FEATURE_GROUPS`. A group is ablated only in the collections whose feature
 # tables have it (value frequencies: default-search layout only; tile: padding and vector registers
 # only). Scores are
 # mean +- spread over folds x seeds; gain importances come from the full model's
@@ -28,7 +28,7 @@ import json
 
 import polars as pl
 
-from pipelines import analysis
+from pipelines.reports import analysis
 
 settings = analysis.notebook_settings()
 figures = settings.work_dir / "figures"

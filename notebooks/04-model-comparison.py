@@ -28,8 +28,8 @@
 # %%
 import polars as pl
 
-from pipelines import analysis
-from pipelines.train import load_predictions
+from pipelines.reports import analysis
+from pipelines.training.fit import load_predictions
 
 settings = analysis.notebook_settings()
 figures = settings.work_dir / "figures"

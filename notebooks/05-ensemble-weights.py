@@ -16,7 +16,7 @@
 # The out-of-fold score as a function of the blend weight, per collection, computed from the saved
 # out-of-fold predictions of a run only (nothing is retrained). The run is `notebook.run_id` (in `TPUGRAPHS_SET`), else
 # the newest run under the submissions folder; when there is none, one is made first with
-# `pipelines.run.run_pipeline` (GBDT + GNN, or GBDT + the single-feature reference when the GNN is
+# `pipelines.flows.run.run_pipeline` (GBDT + GNN, or GBDT + the single-feature reference when the GNN is
 # not registered). Each seed's predictions are blended at every weight, so the curve carries a
 # spread over folds x seeds; the weight the run chose is marked, and the ensemble stage's own
 # `curve.parquet` (fitted on the seed-averaged predictions) is shown next to it. The chosen weight is
@@ -28,9 +28,9 @@
 import numpy as np
 import polars as pl
 
-from pipelines import analysis
-from pipelines.ensemble import ENSEMBLE_CURVE, blend_rule
-from pipelines.train import load_predictions
+from pipelines.reports import analysis
+from pipelines.training.ensemble import ENSEMBLE_CURVE, blend_rule
+from pipelines.training.fit import load_predictions
 
 settings = analysis.notebook_settings()
 figures = settings.work_dir / "figures"
@@ -38,7 +38,7 @@ print(settings.describe())
 print(analysis.prepare_world(settings))
 run_id = settings.run_id or analysis.latest_run(settings.submissions_dir)
 if run_id is None:
-    from pipelines.run import run_pipeline
+    from pipelines.flows.run import run_pipeline
 
     models = analysis.choose_models(settings, ["gbdt", "gnn"])
     models = models if len(models) > 1 else ["gbdt", "feature"]
@@ -104,7 +104,7 @@ analysis.save_figure(fig, figures / "05-ensemble-weights.png", close=False)
 # than OOF ones, and the test graphs are few. The real data has no test labels: skipped there.
 
 # %%
-from pipelines.ensemble import AVERAGED
+from pipelines.training.ensemble import AVERAGED
 from pipelines.synth.world import labels_marker
 
 world = run.manifest["data_root"]

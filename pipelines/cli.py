@@ -17,8 +17,8 @@ import sys
 from pathlib import Path
 from typing import Callable
 
-from pipelines import paths
-from pipelines.errors import ConfigError, PipelineError, redact_credentials
+from pipelines.core import paths
+from pipelines.core.errors import ConfigError, PipelineError, redact_credentials
 from pipelines.models.registry import MODELS
 
 _DISK_ERRNOS = frozenset({errno.ENOSPC, errno.EROFS, getattr(errno, "EDQUOT", errno.ENOSPC)})
@@ -94,7 +94,7 @@ def _add_validate_submission(sub: argparse._SubParsersAction) -> None:
 
 
 def _run_validate_submission(args: argparse.Namespace) -> int:
-    from pipelines.submission import validate_submission
+    from pipelines.data.submission import validate_submission
 
     rows = validate_submission(args.file, args.data_root, split=args.split)
     print(f"{args.file}: valid submission with {rows} rows")
@@ -112,8 +112,8 @@ def _add_score(sub: argparse._SubParsersAction) -> None:
 
 
 def _run_score(args: argparse.Namespace) -> int:
-    from pipelines.errors import SubmissionError
-    from pipelines.submission import score_submission
+    from pipelines.core.errors import SubmissionError
+    from pipelines.data.submission import score_submission
 
     try:
         report = score_submission(args.submission, args.data_root, split=args.split)
@@ -150,11 +150,22 @@ def _add_demo(sub: argparse._SubParsersAction) -> None:
 
 
 def _run_demo(args: argparse.Namespace) -> int:
-    from pipelines.demo import run_demo
+    from pipelines.flows.demo import demo_summary, run_demo
 
     data_root = args.data_root if args.data_root is not None else paths.synthetic_world(args.scale)
-    return run_demo(data_root=data_root, scale=args.scale, seed=args.seed, work_dir=args.work_dir,
-                    submissions_dir=args.submissions_dir, config=args.config, overrides=args.overrides)
+    result = run_demo(data_root=data_root, scale=args.scale, seed=args.seed, work_dir=args.work_dir,
+                      submissions_dir=args.submissions_dir, config=args.config, overrides=args.overrides)
+    _report_new_run(result.run_id, args.submissions_dir)
+    print(demo_summary(result, data_root, args.scale, args.seed, args.work_dir))
+    print(result.submission)  # last: the command's result, printed (not logged) so --quiet keeps it
+    return 0
+
+
+def _report_new_run(run_id: str, submissions_dir: Path) -> None:
+    """Every command that publishes a run draws its report.html (the flows only write run outputs)."""
+    from pipelines.reports.report import write_run_report
+
+    write_run_report(run_id, submissions_dir)
 
 
 # ----------------------------------------------------------------------------- prepare
@@ -177,10 +188,10 @@ def _add_prepare(sub: argparse._SubParsersAction) -> None:
 
 
 def _run_prepare(args: argparse.Namespace) -> int:
-    from pipelines.collections import parse_collections
-    from pipelines.config import load_config
-    from pipelines.parallel import fan_out
-    from pipelines.prepare import prepare
+    from pipelines.core.collection import parse_collections
+    from pipelines.config.settings import load_config
+    from pipelines.core.parallel import fan_out
+    from pipelines.flows.prepare import prepare
 
     config = load_config(args.config, args.overrides)
     collections = None if args.collections is None else list(parse_collections(args.collections))
@@ -214,11 +225,11 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
 
 
 def _run_train(args: argparse.Namespace) -> int:
-    from pipelines.collections import parse_collections
-    from pipelines.config import load_config
-    from pipelines.prepare import prepare
+    from pipelines.core.collection import parse_collections
+    from pipelines.config.settings import load_config
+    from pipelines.flows.prepare import prepare
     from pipelines.models.registry import get_adapter
-    from pipelines.train import format_summary, train_model
+    from pipelines.training.fit import format_summary, train_model
 
     config = load_config(args.config, args.overrides)
     get_adapter(args.model)  # an unknown model fails before any data is prepared
@@ -245,8 +256,8 @@ def _add_status(sub: argparse._SubParsersAction) -> None:
 
 
 def _run_status(args: argparse.Namespace) -> int:
-    from pipelines.engine import format_status, list_stages
-    from pipelines.run_folders import tidy_submissions
+    from pipelines.core.engine import format_status, list_stages
+    from pipelines.outputs.run_folders import tidy_submissions
 
     for item in tidy_submissions(args.submissions_dir):
         print(f"incomplete run folder {item['path']} (no manifest.json: publishing was interrupted; "
@@ -269,11 +280,11 @@ def _add_config(sub: argparse._SubParsersAction) -> None:
 
 
 def _run_config(args: argparse.Namespace) -> int:
-    from pipelines.config import config_to_toml, load_config
-    from pipelines.engine import fingerprint
+    from pipelines.config.settings import config_to_toml, load_config
+    from pipelines.core.engine import fingerprint
 
     config = load_config(args.config, args.overrides)
-    from pipelines.prepare import check_feature_exclusions
+    from pipelines.flows.prepare import check_feature_exclusions
 
     check_feature_exclusions(config)  # the rule prepare applies, so `config` validates what a run would
     print(f"# fingerprint {fingerprint(config)}")
@@ -294,7 +305,7 @@ def _add_download(sub: argparse._SubParsersAction) -> None:
 
 
 def _run_download(args: argparse.Namespace) -> int:
-    from pipelines.kaggle_io import download_competition_data
+    from pipelines.outputs.kaggle_io import download_competition_data
 
     print(download_competition_data(args.data_root, force=args.force).describe())
     return 0
@@ -316,7 +327,7 @@ def _add_submit(sub: argparse._SubParsersAction) -> None:
 
 
 def _run_submit(args: argparse.Namespace) -> int:
-    from pipelines.kaggle_io import submit_file, submit_run
+    from pipelines.outputs.kaggle_io import submit_file, submit_run
 
     target = Path(args.target)
     if target.is_file() or target.suffix == ".csv":
@@ -355,12 +366,13 @@ def _add_run(sub: argparse._SubParsersAction) -> None:
 
 
 def _run_run(args: argparse.Namespace) -> int:
-    from pipelines.config import load_config
-    from pipelines.run import parse_models, run_pipeline
+    from pipelines.config.settings import load_config
+    from pipelines.flows.run import parse_models, run_pipeline
 
     config = load_config(args.config, args.overrides)
     result = run_pipeline(config, args.data_root, work_dir=args.work_dir, models=parse_models(args.models),
                           submissions_dir=args.submissions_dir, scheduler=args.scheduler, force=args.force)
+    _report_new_run(result.run_id, args.submissions_dir)
     print(result.describe())
     print(result.submission)
     return 0
@@ -388,12 +400,13 @@ def _add_ensemble(sub: argparse._SubParsersAction) -> None:
 
 
 def _run_ensemble(args: argparse.Namespace) -> int:
-    from pipelines.run import ensemble_runs, parse_models
+    from pipelines.flows.run import ensemble_runs, parse_models
 
     result = ensemble_runs(args.runs, submissions_dir=args.submissions_dir, work_dir=args.work_dir,
                            data_root=args.data_root, method=args.method, min_gain_se=args.min_gain_se,
                            gain_at=args.gain_at,
                            models=parse_models(args.models))
+    _report_new_run(result.run_id, args.submissions_dir)
     print(result.describe())
     print(result.submission)
     return 0
@@ -415,7 +428,7 @@ def _add_report(sub: argparse._SubParsersAction) -> None:
 
 
 def _run_report(args: argparse.Namespace) -> int:
-    from pipelines.report import write_report
+    from pipelines.reports.report import write_report
 
     print(write_report(args.run_id, submissions_dir=args.submissions_dir, out=args.out, work_dir=args.work_dir))
     return 0
@@ -447,10 +460,10 @@ def _add_runs(sub: argparse._SubParsersAction) -> None:
 
 
 def _run_runs(args: argparse.Namespace) -> int:
-    from pipelines import runs
+    from pipelines.outputs import runs_table as runs
 
     if args.action == "compare":
-        from pipelines.run_folders import read_run_manifest
+        from pipelines.outputs.run_folders import read_run_manifest
 
         a = read_run_manifest(args.submissions_dir, args.run_a)
         b = read_run_manifest(args.submissions_dir, args.run_b)
@@ -485,10 +498,11 @@ def _add_predict(sub: argparse._SubParsersAction) -> None:
 
 
 def _run_predict(args: argparse.Namespace) -> int:
-    from pipelines.predict import predict_run
+    from pipelines.flows.predict import predict_run
 
     result = predict_run(args.run, args.data_root, submissions_dir=args.submissions_dir, work_dir=args.work_dir,
                          split=args.split, num_threads=max(0, args.threads))
+    _report_new_run(result.run_id, args.submissions_dir)
     print(result.submission)
     return 0
 
@@ -510,7 +524,7 @@ def _add_evaluate(sub: argparse._SubParsersAction) -> None:
 
 
 def _run_evaluate(args: argparse.Namespace) -> int:
-    from pipelines.evaluate import evaluate_run
+    from pipelines.flows.evaluate import evaluate_run
 
     evaluation, path = evaluate_run(args.run_id, args.data_root, submissions_dir=args.submissions_dir,
                                     work_dir=args.work_dir, with_models=not args.no_models)
@@ -544,7 +558,7 @@ def _add_tune(sub: argparse._SubParsersAction) -> None:
 
 
 def _run_tune(args: argparse.Namespace) -> int:
-    from pipelines.tune import tune
+    from pipelines.flows.tune import tune
 
     result = tune(args.config, args.overrides, model=args.model, collection=args.collection, trials=args.trials,
                   data_root=args.data_root, work_dir=args.work_dir, storage=args.storage, study_name=args.study,
@@ -590,8 +604,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from pipelines.logs import console_logging
-    from pipelines.parallel import terminate_as_interrupt
+    from pipelines.core.logs import console_logging
+    from pipelines.core.parallel import terminate_as_interrupt
 
     args = build_parser().parse_args(argv)
     handler: Handler = args.handler

@@ -7,7 +7,7 @@ import torch.nn.functional as F
 from benchmarks.common import measure
 from benchmarks.gnn_throughput import measured_code, ops_table
 from benchmarks.op_timer import OpTimer
-from pipelines.node_arrays import make_graph_arrays, save_graph_arrays
+from pipelines.data.node_arrays import make_graph_arrays, save_graph_arrays
 from tests.test_features import chain_graph
 
 

@@ -11,15 +11,15 @@ from pathlib import Path
 
 import pytest
 
-from pipelines import engine
-from pipelines.engine import Code, code_fingerprint, stage_key
-from pipelines.features import FEATURES_CODE
-from pipelines.folds import FOLDS_CODE
-from pipelines.prune import PRUNE_CODE
+from pipelines.core import engine
+from pipelines.core.engine import Code, code_fingerprint, stage_key
+from pipelines.data.features import FEATURES_CODE
+from pipelines.data.folds import FOLDS_CODE
+from pipelines.data.prune import PRUNE_CODE
 
 REPO = Path(__file__).resolve().parents[1]
-GBDT_TRAIN_CODE = Code(("pipelines.train",))
-GNN_TRAIN_CODE = Code(("pipelines.train", "pipelines.models.gnn"))
+GBDT_TRAIN_CODE = Code(("pipelines.training.fit",))
+GNN_TRAIN_CODE = Code(("pipelines.training.fit", "pipelines.models.gnn"))
 
 
 @pytest.fixture
@@ -56,7 +56,7 @@ def test_fingerprint_is_per_stage_and_ignores_comments_and_docstrings(package_co
     assert len(set(before.values())) == len(before)
 
     # comments, docstrings and blank lines do not change what runs
-    features = package_copy / "features.py"
+    features = package_copy / "data" / "features.py"
     features.write_text("# a new comment\n\n" + features.read_text().replace('"""', '"""Reworded. ', 1))
     assert _fingerprints() == before
 
@@ -67,14 +67,14 @@ def test_fingerprint_is_per_stage_and_ignores_comments_and_docstrings(package_co
     assert {k: v for k, v in after.items() if k != "features"} == {k: v for k, v in before.items() if k != "features"}
 
     # the layout geometry both read (chain ends, (8, 128) tile padding): features and the GNN's training
-    _edit(package_copy / "layout_geometry.py", "def tile_padding(", "Z = 4\n\n\ndef tile_padding(")
+    _edit(package_copy / "data" / "layout_geometry.py", "def tile_padding(", "Z = 4\n\n\ndef tile_padding(")
     geometry = _fingerprints()
     assert geometry["features"] != after["features"] and geometry["train-gnn"] != after["train-gnn"]
     assert {k: geometry[k] for k in ("prune", "folds", "train-gbdt")} == {k: after[k] for k in ("prune", "folds", "train-gbdt")}
     after = geometry
 
     # a module a stage imports transitively (the reader, under prune) changes both prune and features
-    _edit(package_copy / "tpugraphs.py", "from __future__ import annotations", "from __future__ import annotations\nX = 1")
+    _edit(package_copy / "data" / "tpugraphs.py", "from __future__ import annotations", "from __future__ import annotations\nX = 1")
     again = _fingerprints()
     assert again["prune"] != after["prune"] and again["features"] != after["features"]
     assert again["folds"] == after["folds"]
@@ -107,11 +107,11 @@ def test_editing_a_stage_module_recomputes_that_stage_end_to_end(tmp_path, tiny_
     first = _run_and_collect(src, tiny_world, work)
     assert all(first.values())
 
-    comment_only = src / "pipelines" / "features.py"
+    comment_only = src / "pipelines" / "data" / "features.py"
     comment_only.write_text(comment_only.read_text() + "\n# nothing that runs\n")
     assert _run_and_collect(src, tiny_world, work) == first  # every stage reused
 
-    _edit(src / "pipelines" / "features.py", "def config_feature_table(",
+    _edit(src / "pipelines" / "data" / "features.py", "def config_feature_table(",
           "UNUSED_CONSTANT = 3\n\n\ndef config_feature_table(")
     second = _run_and_collect(src, tiny_world, work)
     assert second["features"] != first["features"]
@@ -119,7 +119,7 @@ def test_editing_a_stage_module_recomputes_that_stage_end_to_end(tmp_path, tiny_
     assert len(_complete(work / "features")) == 2 and len(_complete(work / "prune")) == 1
 
     # the chain ends of the node arrays come from the layout geometry: editing it recomputes both
-    _edit(src / "pipelines" / "layout_geometry.py", "def tile_padding(", "Z = 4\n\n\ndef tile_padding(")
+    _edit(src / "pipelines" / "data" / "layout_geometry.py", "def tile_padding(", "Z = 4\n\n\ndef tile_padding(")
     third = _run_and_collect(src, tiny_world, work)
     assert third["features"] != second["features"] and third["node_arrays"] != second["node_arrays"]
     assert {s: third[s] for s in ("prune", "folds")} == {s: second[s] for s in ("prune", "folds")}
@@ -150,7 +150,7 @@ def test_type_checking_imports_are_not_followed(package_copy):
     """The stage modules import the config class for type hints only: an edit of config.py reaches
     their keys as resolved values, not as code, so the data stages' code keys ignore it."""
     before = _fingerprints()
-    _edit(package_copy / "config.py", "from __future__ import annotations", "from __future__ import annotations\nZ = 3")
+    _edit(package_copy / "config" / "settings.py", "from __future__ import annotations", "from __future__ import annotations\nZ = 3")
     after = _fingerprints()
     data_stages = ("prune", "features", "folds")
     assert {k: after[k] for k in data_stages} == {k: before[k] for k in data_stages}

@@ -1,9 +1,9 @@
 import pytest
 
-from pipelines.collections import (
+from pipelines.core.collection import (
     ALL_COLLECTIONS, LAYOUT_NLP_RANDOM, TILE_XLA, parse_collection, parse_collections, split_submission_id,
 )
-from pipelines.errors import ConfigError
+from pipelines.core.errors import ConfigError
 
 
 def test_names_directories_and_ids():

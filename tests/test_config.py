@@ -11,8 +11,8 @@ from typing import Literal
 
 import pytest
 
-from pipelines.collections import ALL_COLLECTIONS, TILE_XLA
-from pipelines.config import (
+from pipelines.core.collection import ALL_COLLECTIONS, TILE_XLA
+from pipelines.config.settings import (
     PipelineConfig,
     apply_overrides,
     available_configs,
@@ -22,8 +22,8 @@ from pipelines.config import (
     load_config,
     resolve_for_collection,
 )
-from pipelines.engine import flatten, fingerprint
-from pipelines.errors import ConfigError
+from pipelines.core.engine import flatten, fingerprint
+from pipelines.core.errors import ConfigError
 
 
 def shipped(name: str) -> dict:

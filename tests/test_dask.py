@@ -8,14 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from pipelines.collections import TILE_XLA
-from pipelines.config import load_config
-from pipelines.errors import PipelineError
-from pipelines.predictions import read_predictions
-from pipelines.prepare import prepare
-from pipelines.run import fan_out, run_pipeline, train_models
+from pipelines.core.collection import TILE_XLA
+from pipelines.config.settings import load_config
+from pipelines.core.errors import PipelineError
+from pipelines.core.predictions import read_predictions
+from pipelines.flows.prepare import prepare
+from pipelines.flows.run import fan_out, run_pipeline, train_models
 from tests.test_prepare import stage_bytes
-from pipelines.train import PREDICTIONS_FILE
+from pipelines.training.fit import PREDICTIONS_FILE
 
 distributed = pytest.importorskip("distributed")
 
@@ -30,7 +30,7 @@ def test_training_through_a_dask_cluster_matches_local_processes(tiny_world: Pat
 
     with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None,
                                   silence_logs=50) as cluster:
-        caplog.set_level(logging.INFO, logger="pipelines.parallel")
+        caplog.set_level(logging.INFO, logger="pipelines.core.parallel")
         with fan_out(cluster.scheduler_address) as backend:
             remote = train_models(config, prepared, models, work_dir=tmp_path / "dask", backend=backend)
         with distributed.Client(cluster.scheduler_address) as client:

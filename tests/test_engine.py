@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from pipelines import engine
-from pipelines.engine import (
+from pipelines.core import engine
+from pipelines.core.engine import (
     Code,
     StageOutput,
     canonical_json,
@@ -29,10 +29,10 @@ from pipelines.engine import (
     run_stage,
     stage_key,
 )
-from pipelines.errors import PipelineError
+from pipelines.core.errors import PipelineError
 
 REPO = Path(__file__).resolve().parents[1]
-CODE = Code(("pipelines.errors",))  # the code the toy stages below claim to run
+CODE = Code(("pipelines.core.errors",))  # the code the toy stages below claim to run
 
 
 @dataclass
@@ -114,7 +114,7 @@ def test_stage_key_changes_with_every_ingredient():
     assert base == stage_key("feat", {"m": [1], "k": 5}, {"raw": "abc"}, CODE)
     variants = [
         stage_key("feat2", {"k": 5, "m": [1]}, {"raw": "abc"}, CODE),
-        stage_key("feat", {"k": 5, "m": [1]}, {"raw": "abc"}, Code(("pipelines.atomic",))),
+        stage_key("feat", {"k": 5, "m": [1]}, {"raw": "abc"}, Code(("pipelines.core.atomic",))),
         stage_key("feat", {"k": 6, "m": [1]}, {"raw": "abc"}, CODE),
         stage_key("feat", {"k": 5, "m": [1, 2]}, {"raw": "abc"}, CODE),
         stage_key("feat", {"k": 5, "m": [1]}, {"raw": "abd"}, CODE),
@@ -148,7 +148,7 @@ def test_same_config_is_a_cache_hit(tmp_path, caplog):
 
 @pytest.mark.parametrize(
     "change",
-    [{"config": {"k": 6}}, {"code": Code(("pipelines.atomic",))}, {"inputs": {"raw": "abd"}}, {"stage": "other"}],
+    [{"config": {"k": 6}}, {"code": Code(("pipelines.core.atomic",))}, {"inputs": {"raw": "abd"}}, {"stage": "other"}],
 )
 def test_any_change_gives_a_new_key_and_recomputes(tmp_path, change):
     compute = Counter()
@@ -176,7 +176,7 @@ def test_manifest_contents(tmp_path):
     m = json.loads((out.path / "manifest.json").read_text())
     assert m == out.manifest
     assert m["stage"] == "feat" and m["key"] == out.key
-    assert m["code"] == {"roots": ["pipelines.errors"], "shallow": [], "fingerprint": CODE.fingerprint()}
+    assert m["code"] == {"roots": ["pipelines.core.errors"], "shallow": [], "fingerprint": CODE.fingerprint()}
     assert m["config"] == {"a": 3, "path": "x/y", "pair": [1, 2]}
     assert m["inputs"] == {"raw": "abc"}
     assert m["seeds"] == {"fold": 7}
@@ -248,9 +248,9 @@ WORKER = textwrap.dedent(
     """
     import os, sys, time
     from pathlib import Path
-    from pipelines.engine import Code, run_stage
+    from pipelines.core.engine import Code, run_stage
 
-    CODE = Code(("pipelines.errors",))
+    CODE = Code(("pipelines.core.errors",))
     work, markers, mode = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3]
 
     def compute(folder):

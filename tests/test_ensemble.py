@@ -4,15 +4,15 @@ import numpy as np
 import polars as pl
 import pytest
 
-from pipelines.ensemble import (
+from pipelines.training.ensemble import (
     common_oof,
     AVERAGED, average_over_seeds_and_folds, blend, blend_graph_scores, ensemble_collection, fit_blend_weights,
     gain_at_runs, normalise_scores, paired_gain, prepare_model_scores, runs_per_test_graph, seed_gains,
 )
-from pipelines.collections import parse_collection
-from pipelines.errors import ConfigError, FormatError
-from pipelines.metric import score_predictions
-from pipelines.predictions import PREDICTION_SCHEMA, prediction_frame
+from pipelines.core.collection import parse_collection
+from pipelines.core.errors import ConfigError, FormatError
+from pipelines.core.metric import score_predictions
+from pipelines.core.predictions import PREDICTION_SCHEMA, prediction_frame
 
 LAYOUT = "layout:xla:random"
 TILE = "tile:xla"

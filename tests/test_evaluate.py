@@ -14,20 +14,20 @@ import polars as pl
 import pytest
 
 from pipelines.cli import main
-from pipelines.collections import ALL_COLLECTIONS, TILE_XLA
-from pipelines.config import load_config
-from pipelines.errors import PipelineError
-from pipelines.evaluate import (CEILING, EVALUATION_FILE, FLOOR, HEURISTIC, SUBMISSION, costs_row, evaluate_rows,
+from pipelines.core.collection import ALL_COLLECTIONS, TILE_XLA
+from pipelines.config.settings import load_config
+from pipelines.core.errors import PipelineError
+from pipelines.flows.evaluate import (CEILING, EVALUATION_FILE, FLOOR, HEURISTIC, SUBMISSION, costs_row, evaluate_rows,
                                 evaluate_run, heuristics)
 from pipelines.synth.world import read_labels
-from pipelines.train import load_predictions
-from pipelines.tpugraphs import list_graphs
+from pipelines.training.fit import load_predictions
+from pipelines.data.tpugraphs import list_graphs
 
 
 
 @pytest.fixture(scope="module")
 def run(tiny_world: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
-    from pipelines.run import run_pipeline
+    from pipelines.flows.run import run_pipeline
 
     root = tmp_path_factory.mktemp("evaluate")
     result = run_pipeline(load_config("smoke", ["gbdt.n_estimators=10"]), tiny_world, work_dir=root / "work", models=["gbdt", "feature"],
@@ -90,7 +90,7 @@ def test_evaluate_command_scores_the_run_and_writes_its_folder(run, tiny_world: 
     combined = record["combined"]
     assert combined[CEILING]["complete"] and combined[CEILING]["value"] > combined["heuristic:random"]["value"]
     # the submission's rows are the run's: scoring them directly gives the same figures
-    from pipelines.submission import read_submission
+    from pipelines.data.submission import read_submission
 
     direct = evaluate_rows(tiny_world, {SUBMISSION: read_submission(submissions / run_id / "submission.csv")})
     assert direct.collection_scores(SUBMISSION) == {k: v[SUBMISSION] for k, v in record["collections"].items()}
@@ -103,8 +103,8 @@ def test_evaluate_command_scores_the_run_and_writes_its_folder(run, tiny_world: 
 
 
 def test_scoring_some_collections_reuses_the_runs_stages_and_gives_its_scores(run, tiny_world: Path) -> None:
-    from pipelines.evaluate import evaluate_collection_runs
-    from pipelines.run import train_and_blend
+    from pipelines.flows.evaluate import evaluate_collection_runs
+    from pipelines.flows.run import train_and_blend
 
     submissions, run_id = run
     evaluate_run(run_id, tiny_world, submissions_dir=submissions)
@@ -125,14 +125,14 @@ def test_scoring_some_collections_reuses_the_runs_stages_and_gives_its_scores(ru
 
 
 def test_each_run_seed_is_scored_alone_and_the_ensemble_is_checked_against_their_spread(run, tiny_world: Path) -> None:
-    from pipelines.evaluate import (
+    from pipelines.flows.evaluate import (
         SeedCheck,
         evaluate_collection_runs,
         evaluate_collection_seeds,
         seed_checks,
         seed_entry,
     )
-    from pipelines.run import train_and_blend
+    from pipelines.flows.run import train_and_blend
 
     submissions, _ = run
     chosen = ["layout:nlp:random"]
@@ -166,7 +166,7 @@ def test_each_run_seed_is_scored_alone_and_the_ensemble_is_checked_against_their
 
 
 def test_the_gap_of_two_entries_is_paired_over_the_test_graphs_both_score() -> None:
-    from pipelines.evaluate import paired_graph_gap
+    from pipelines.flows.evaluate import paired_graph_gap
 
     def frame(scores):
         return pl.DataFrame({"graph": [f"g{i}" for i in range(len(scores))], "score": scores})
@@ -203,7 +203,7 @@ def test_a_world_without_hidden_labels_is_refused(run, tiny_world: Path, tmp_pat
 
 
 def test_a_run_made_for_another_world_is_refused(run, tmp_path: Path) -> None:
-    from pipelines.errors import SubmissionError
+    from pipelines.core.errors import SubmissionError
     from pipelines.synth import generate_world
 
     submissions, run_id = run
@@ -215,8 +215,8 @@ def test_a_run_made_for_another_world_is_refused(run, tmp_path: Path) -> None:
 
 def test_hidden_label_weight_curve_ends_are_the_models_and_the_run_weight_is_its_submission(
         run, tiny_world: Path, tmp_path: Path) -> None:
-    from pipelines import analysis
-    from pipelines.ensemble import AVERAGED
+    from pipelines.reports import analysis
+    from pipelines.training.ensemble import AVERAGED
 
     submissions, run_id = run
     record, _ = evaluate_run(run_id, tiny_world, submissions_dir=submissions)

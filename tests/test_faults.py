@@ -30,16 +30,16 @@ import numpy as np
 import polars as pl
 import pytest
 
-import pipelines.prune as prune_module
+import pipelines.data.prune as prune_module
 from pipelines.cli import main
-from pipelines.collections import LAYOUT_XLA_DEFAULT, TILE_XLA
-from pipelines.config import load_config
-from pipelines.engine import TMP_PREFIX, list_stages
-from pipelines.errors import FormatError, PipelineError
-from pipelines.folds import FOLDS_TABLE
-from pipelines.prepare import prepare
-from pipelines.prune import GRAPHS_TABLE
-from pipelines.tpugraphs import list_graphs
+from pipelines.core.collection import LAYOUT_XLA_DEFAULT, TILE_XLA
+from pipelines.config.settings import load_config
+from pipelines.core.engine import TMP_PREFIX, list_stages
+from pipelines.core.errors import FormatError, PipelineError
+from pipelines.data.folds import FOLDS_TABLE
+from pipelines.flows.prepare import prepare
+from pipelines.data.prune import GRAPHS_TABLE
+from pipelines.data.tpugraphs import list_graphs
 
 ROOT = Path(__file__).resolve().parent.parent
 RUN_TIMEOUT_S = 300
@@ -222,7 +222,7 @@ def test_a_full_disk_in_the_middle_of_a_stage_is_a_clear_error_and_leaves_no_out
 def test_a_writer_error_without_errno_is_reported_as_disk_full_only_when_the_disk_is(tiny_world, tmp_path,
                                                                                     monkeypatch):
     """Some writers (polars' parquet sink) fail on a full disk with their own error and no errno."""
-    import pipelines.engine as engine
+    import pipelines.core.engine as engine
 
     def failing_save(path: Path, graph, compress: str = "auto") -> None:
         raise RuntimeError("parquet: File out of specification: Invalid thrift: transport error")
@@ -263,7 +263,7 @@ def test_a_read_only_work_dir_is_a_clear_error_and_nothing_is_written(tiny_world
 
 def test_a_full_submissions_disk_is_a_clear_error_and_leaves_no_run_folder(tiny_world, tmp_path, monkeypatch,
                                                                             capsys):
-    import pipelines.submission as submission
+    import pipelines.data.submission as submission
 
     def disk_full(*args, **kwargs):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), "submission.csv")
@@ -343,8 +343,8 @@ def test_a_real_full_disk_is_a_clear_error_and_leaves_no_partial_output(tiny_wor
 # and sleeps until the test kills it. Patched before the pipeline modules import run_stage.
 _KILLABLE = """
 import sys, time
-import pipelines.engine as engine
-from pipelines.atomic import write_text_atomic
+import pipelines.core.engine as engine
+from pipelines.core.atomic import write_text_atomic
 stage, when, marker = sys.argv[1:4]
 original = engine.run_stage
 
@@ -456,7 +456,7 @@ def test_sigterm_stops_a_run_as_ctrl_c_does_and_discards_the_running_stage(tiny_
 # Jobs that record their worker's pid and then outlast the test; SIGTERM arrives while they run.
 _SLOW_JOBS = """
 import os, sys, time
-from pipelines.parallel import map_in_order, terminate_as_interrupt
+from pipelines.core.parallel import map_in_order, terminate_as_interrupt
 
 def job(folder):
     open(os.path.join(folder, str(os.getpid())), "w").close()
@@ -474,8 +474,8 @@ if __name__ == "__main__":
 # workers, the second stage waits for one.
 _SLOW_STAGES = """
 import os, sys, time
-from pipelines.parallel import terminate_as_interrupt
-from pipelines.run import _train_sharing_workers
+from pipelines.core.parallel import terminate_as_interrupt
+from pipelines.flows.run import _train_sharing_workers
 
 def job(folder):
     open(os.path.join(folder, str(os.getpid())), "w").close()
@@ -536,7 +536,7 @@ def test_a_fold_job_finishing_while_a_concurrent_run_removes_the_partial_folder_
     """A run that finished the stage removes ``.folds-<key>/`` while the other run saves the same fold
     job: the rename meets a half-removed twin (not empty, no fold.json). The job's result stands; it
     just cannot be resumed from (seen once in CI as "Directory not empty")."""
-    from pipelines.train import FOLD_RESULT, FoldResult, fold_job_name, load_fold_result, save_fold_result
+    from pipelines.training.fit import FOLD_RESULT, FoldResult, fold_job_name, load_fold_result, save_fold_result
 
     result = FoldResult(1, 0, pl.DataFrame({"graph": ["g"], "score": [0.5]}), pl.DataFrame({"graph": ["g"]}),
                         None, {"epochs": 1}, 1.5, {"model.txt": b"weights"})

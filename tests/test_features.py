@@ -8,7 +8,7 @@ import numpy as np
 import polars as pl
 import pytest
 
-from pipelines.features import (
+from pipelines.data.features import (
     config_feature_table,
     graph_aggregates,
     graph_feature_table,
@@ -18,10 +18,10 @@ from pipelines.features import (
     tile_config_features,
     value_frequencies,
 )
-from pipelines.layout_geometry import config_pairs
-from pipelines.node_arrays import (NODE_FEATURE_DIM, make_graph_arrays, node_feature_names, shape_and_layout,
+from pipelines.data.layout_geometry import config_pairs
+from pipelines.data.node_arrays import (NODE_FEATURE_DIM, make_graph_arrays, node_feature_names, shape_and_layout,
                                    transform_node_feat)
-from pipelines.prune import PrunedGraph
+from pipelines.data.prune import PrunedGraph
 
 F32 = 13  # node_feat column of the one-hot f32 element type (2 + index 11)
 DOT, ADD = 34, 2
@@ -152,7 +152,7 @@ def test_pack_blocks_writes_each_block_as_base_7_digits_across_chunks() -> None:
 
 
 def test_block_codes_and_padding_table_agree_with_the_blocks() -> None:
-    from pipelines.layout_geometry import block_codes, layout_codes, padding_table, slot_pairs, tile_padding
+    from pipelines.data.layout_geometry import block_codes, layout_codes, padding_table, slot_pairs, tile_padding
 
     rng = np.random.default_rng(4)
     configs = rng.integers(-1, 2, size=(30, 4, 18)).astype(np.int8)
@@ -175,7 +175,7 @@ def test_feature_names_and_chunking_agree(monkeypatch, layout_features) -> None:
     graph = three_node_layout_graph()
     assert list(layout_features) == layout_feature_names(True)
     assert "f_freq_mean" not in layout_config_features(graph, value_frequency=False)
-    monkeypatch.setattr("pipelines.features.CELLS_PER_CHUNK", 2)  # one config per chunk, one cell per group
+    monkeypatch.setattr("pipelines.data.features.CELLS_PER_CHUNK", 2)  # one config per chunk, one cell per group
     chunked = layout_config_features(graph, value_frequency=True)
     for name, values in layout_features.items():
         np.testing.assert_allclose(chunked[name], values, err_msg=name)
@@ -264,7 +264,7 @@ def test_tile_graph_arrays_keep_raw_configs() -> None:
 
 
 def test_tile_output_is_the_shaped_node_behind_a_tuple_root():
-    from pipelines.features import output_node, tile_config_features
+    from pipelines.data.features import output_node, tile_config_features
 
     node_feat = np.zeros((3, 140), dtype=np.float32)
     node_feat[1, 21:23] = [100, 300]  # the real output, shape (100, 300)
@@ -324,7 +324,7 @@ def chain_graph() -> PrunedGraph:
 
 
 def test_chain_ends_stop_at_the_first_non_passable_node() -> None:
-    from pipelines.layout_geometry import chain_ends
+    from pipelines.data.layout_geometry import chain_ends
 
     graph = chain_graph()
     elementwise = np.isin(graph.node_opcode, [ADD])

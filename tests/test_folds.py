@@ -5,8 +5,8 @@ from __future__ import annotations
 import polars as pl
 import pytest
 
-from pipelines.errors import ConfigError
-from pipelines.folds import assign_folds, program_family
+from pipelines.core.errors import ConfigError
+from pipelines.data.folds import assign_folds, program_family
 
 
 @pytest.mark.parametrize(

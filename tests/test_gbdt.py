@@ -9,8 +9,8 @@ import polars as pl
 import pytest
 from scipy.stats import kendalltau
 
-from pipelines.errors import ConfigError
-from pipelines.metric import tile_score, tile_top_k
+from pipelines.core.errors import ConfigError
+from pipelines.core.metric import tile_score, tile_top_k
 from pipelines.models.gbdt import (
     GBDTRanker,
     group_rows,
@@ -24,7 +24,7 @@ from pipelines.models.gbdt import (
     top5_score,
     within_graph_ranks,
 )
-from pipelines.models.gbdt_config import OBJECTIVES, GBDTConfig
+from pipelines.config.gbdt import OBJECTIVES, GBDTConfig
 
 FAST = dict(n_estimators=40, early_stopping_rounds=10, num_leaves=7, min_child_samples=5, learning_rate=0.2,
             pairs_per_graph=300, pairwise_references=16)

@@ -14,8 +14,8 @@ import pytest
 import torch
 from scipy.stats import kendalltau
 
-from pipelines.config import config_from_dict, resolve_for_collection
-from pipelines.errors import ConfigError, FormatError
+from pipelines.config.settings import config_from_dict, resolve_for_collection
+from pipelines.core.errors import ConfigError, FormatError
 from pipelines.models.gnn import GNNRanker
 from pipelines.models.gnn.batch import (LayoutConfigs, collate, compact_configs, distinct_blocks, gather_configs,
                                         layout_physics, pack_blocks, prepare_graph)
@@ -25,8 +25,8 @@ from pipelines.models.gnn.model import GNNModel, segment_sum
 import pipelines.models.gnn.trainer as trainer
 from pipelines.models.gnn.trainer import configs_per_chunk, pass_order, scoring_passes
 from pipelines.models.gnn.pretrain import encoder_parameters, pretrain_encoder
-from pipelines.models.gnn_config import GNNConfig
-from pipelines.node_arrays import NODE_FEATURE_DIM, GraphArrays, transform_node_feat
+from pipelines.config.gnn import GNNConfig
+from pipelines.data.node_arrays import NODE_FEATURE_DIM, GraphArrays, transform_node_feat
 
 FEAT = NODE_FEATURE_DIM  # layout graphs must carry node_arrays' columns (shapes, layouts)
 # no per-collection overrides and one pass per epoch: the tests' hyperparameters are the ones they pass,
@@ -125,7 +125,7 @@ def easy_world(seed: int, kind: str, count: int) -> list[GraphArrays]:
 
 
 def test_config_import_does_not_import_torch():
-    code = "import sys, pipelines.models.gnn_config; assert 'torch' not in sys.modules"
+    code = "import sys, pipelines.config.gnn; assert 'torch' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
@@ -838,7 +838,7 @@ def test_pretraining_changes_only_the_encoder(caplog):
 
 
 def test_stage_adapter_flattens_predictions_in_index_order(monkeypatch):
-    from pipelines.collections import LAYOUT_XLA_RANDOM
+    from pipelines.core.collection import LAYOUT_XLA_RANDOM
     from pipelines.models.gnn import adapter as adapter_module
 
     graphs = {g.stem: g for g in easy_world(7, "layout", 3)}
@@ -990,7 +990,7 @@ def test_prediction_runs_in_deterministic_mode_when_asked(monkeypatch):
 
 
 def test_gpu_config_asks_for_auto_and_runs_anywhere():
-    from pipelines.config import load_config
+    from pipelines.config.settings import load_config
     from pipelines.models.gnn.device import resolve_device
 
     gnn = load_config("gpu").gnn

@@ -7,13 +7,13 @@ import numpy as np
 import pytest
 import torch
 
-from pipelines.features import layout_config_features
+from pipelines.data.features import layout_config_features
 from pipelines.models.gnn import GNNRanker
 from pipelines.models.gnn.batch import CHAIN_DIM, chain_layouts, collate, distinct_blocks, gather_configs, prepare_graph
 from pipelines.models.gnn.model import GNNModel
-from pipelines.models.gnn_config import GNNConfig
-from pipelines.node_arrays import NODE_FEATURE_DIM, load_graph_arrays, make_graph_arrays, save_graph_arrays
-from pipelines.prune import PrunedGraph
+from pipelines.config.gnn import GNNConfig
+from pipelines.data.node_arrays import NODE_FEATURE_DIM, load_graph_arrays, make_graph_arrays, save_graph_arrays
+from pipelines.data.prune import PrunedGraph
 from tests.test_features import ADD, DEFAULT, DOT, block, chain_graph, node
 
 from tests.test_gnn import FAST, _one_torch_thread

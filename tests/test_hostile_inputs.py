@@ -20,14 +20,14 @@ import numpy as np
 import pytest
 
 from pipelines.cli import main
-from pipelines.collections import LAYOUT_NLP_RANDOM, TILE_XLA
-from pipelines.config import load_config
-from pipelines.errors import ConfigError, FormatError, SubmissionError
-from pipelines.prepare import prepare
-from pipelines.run import run_pipeline
-from pipelines.run_folders import SUBMISSION_FILE
-from pipelines.submission import validate_submission
-from pipelines.tpugraphs import TileGraph, collection_dir, list_graphs, load_graph, save_graph
+from pipelines.core.collection import LAYOUT_NLP_RANDOM, TILE_XLA
+from pipelines.config.settings import load_config
+from pipelines.core.errors import ConfigError, FormatError, SubmissionError
+from pipelines.flows.prepare import prepare
+from pipelines.flows.run import run_pipeline
+from pipelines.outputs.run_folders import SUBMISSION_FILE
+from pipelines.data.submission import validate_submission
+from pipelines.data.tpugraphs import TileGraph, collection_dir, list_graphs, load_graph, save_graph
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -200,9 +200,9 @@ def write_edge_bomb(path: Path, edges: int) -> None:
 
 PEAK_RSS_PROBE = """
 import json, resource, sys
-from pipelines.collections import TILE_XLA
-from pipelines.errors import FormatError
-from pipelines.tpugraphs import load_graph
+from pipelines.core.collection import TILE_XLA
+from pipelines.core.errors import FormatError
+from pipelines.data.tpugraphs import load_graph
 before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 try:
     load_graph(sys.argv[1], TILE_XLA)
@@ -346,20 +346,20 @@ def test_09_publishing_debris_is_cleaned_and_a_manifestless_run_is_named_incompl
     for command in (["report", csv_only.name], ["ensemble", "--runs", csv_only.name]):
         assert main([*command, "--submissions-dir", str(subs)]) == 1
         assert "incomplete run folder" in capsys.readouterr().err
-    from pipelines.run_folders import tidy_submissions
+    from pipelines.outputs.run_folders import tidy_submissions
 
     assert tidy_submissions(subs) == [{"run_id": csv_only.name, "path": str(csv_only), "state": "incomplete",
                                        "files": [SUBMISSION_FILE]}]
 
 
 def test_09_extra_an_interrupted_publish_leaves_no_run_folder(published, tmp_path, monkeypatch):
-    import pipelines.run_folders as run_folders
+    import pipelines.outputs.run_folders as run_folders
 
     def killed(*args, **kwargs):
         raise KeyboardInterrupt
 
     monkeypatch.setattr(run_folders, "write_json_atomic", killed)
-    from pipelines.submission import read_submission
+    from pipelines.data.submission import read_submission
 
     rows = read_submission(published["result"].submission)
     with pytest.raises(KeyboardInterrupt):

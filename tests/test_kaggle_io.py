@@ -14,11 +14,11 @@ import pytest
 import requests
 
 from pipelines.cli import main
-from pipelines.errors import PipelineError, SubmissionError
-from pipelines.kaggle_io import (
+from pipelines.core.errors import PipelineError, SubmissionError
+from pipelines.outputs.kaggle_io import (
     COMPETITION, MARKER_NAME, RULES_URL, expected_directories, find_credentials, safe_member_path,
 )
-from pipelines.tpugraphs import npz_root
+from pipelines.data.tpugraphs import npz_root
 
 REPO = Path(__file__).resolve().parents[1]
 CREDENTIAL_VARS = ("KAGGLE_USERNAME", "KAGGLE_KEY", "KAGGLE_API_TOKEN", "KAGGLE_CONFIG_DIR", "XDG_CONFIG_HOME")
@@ -370,7 +370,7 @@ def test_submit_uploads_and_reports(fake, tmp_path, capsys):
 
 
 def test_submit_validates_before_uploading(fake, tmp_path, capsys, monkeypatch):
-    import pipelines.submission
+    import pipelines.data.submission
 
     submission = tmp_path / "submission.csv"
     submission.write_text("ID,TopConfigs\n")
@@ -380,7 +380,7 @@ def test_submit_validates_before_uploading(fake, tmp_path, capsys, monkeypatch):
         seen.append((Path(path), Path(data_root), split))
         return 894
 
-    monkeypatch.setattr(pipelines.submission, "validate_submission", accept)
+    monkeypatch.setattr(pipelines.data.submission, "validate_submission", accept)
     assert main(["submit", str(submission), "-m", "checked", "--data-root", str(tmp_path / "data")]) == 0
     assert seen == [(submission, tmp_path / "data", "test")]
     assert "valid submission with 894 rows" in capsys.readouterr().out
@@ -388,7 +388,7 @@ def test_submit_validates_before_uploading(fake, tmp_path, capsys, monkeypatch):
     def reject(path, data_root, split="test"):
         raise SubmissionError(path, ["row 3: unknown ID"])
 
-    monkeypatch.setattr(pipelines.submission, "validate_submission", reject)
+    monkeypatch.setattr(pipelines.data.submission, "validate_submission", reject)
     uploads = len([c for c in fake.calls if c[0] == "submit"])
     assert main(["submit", str(submission), "-m", "bad", "--data-root", str(tmp_path / "data")]) == 1
     assert "row 3: unknown ID" in capsys.readouterr().err

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from pipelines import machine
-from pipelines.machine import (available_cores, available_memory, cgroup_cpu_limit, cgroup_memory_available,
+from pipelines.core import machine
+from pipelines.core.machine import (available_cores, available_memory, cgroup_cpu_limit, cgroup_memory_available,
                                meminfo_bytes)
 
 GIB = 2**30

@@ -9,8 +9,8 @@ import polars as pl
 import pytest
 from scipy.stats import kendalltau
 
-from pipelines.errors import FormatError
-from pipelines.metric import (
+from pipelines.core.errors import FormatError
+from pipelines.core.metric import (
     COLLECTION_NAMES,
     GraphScore,
     combine_collection_scores,
@@ -25,7 +25,7 @@ from pipelines.metric import (
     tile_score,
     tile_top_k,
 )
-from pipelines.predictions import prediction_frame
+from pipelines.core.predictions import prediction_frame
 
 
 def brute_pairs(x: np.ndarray, y: np.ndarray) -> tuple[int, int, int, int, int]:

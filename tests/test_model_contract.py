@@ -8,11 +8,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pipelines.collections import parse_collection
-from pipelines.config import load_config
+from pipelines.core.collection import parse_collection
+from pipelines.config.settings import load_config
 from pipelines.models.registry import MODELS, get_adapter
-from pipelines.predictions import prediction_frame, validate_predictions
-from pipelines.prepare import prepare
+from pipelines.core.predictions import prediction_frame, validate_predictions
+from pipelines.flows.prepare import prepare
 
 COLLECTIONS = ("tile:xla", "layout:xla:random")
 # On top of the smoke config: the GNN a little smaller still, so every check stays in seconds.

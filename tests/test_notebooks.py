@@ -1,5 +1,5 @@
 """The analysis notebooks: every one executes as a real notebook (jupytext -> nbclient, the venv's
-Python kernel) in smoke mode on the tiny world, and the shared helpers of pipelines.analysis compute
+Python kernel) in smoke mode on the tiny world, and the shared helpers of pipelines.reports.analysis compute
 what they claim on hand-made frames."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import numpy as np
 import polars as pl
 import pytest
 
-from pipelines import analysis
-from pipelines.predictions import prediction_frame
+from pipelines.reports import analysis
+from pipelines.core.predictions import prediction_frame
 
 REPO = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((REPO / "notebooks").glob("[0-9][0-9]-*.py"))
@@ -141,8 +141,8 @@ def test_notebook_executes_in_smoke_mode(path, smoke_env, monkeypatch):
 
 def test_gbdt_exclude_features_drops_f_columns_by_prefix_only():
     """The switch the feature ablation uses: gbdt.exclude_features removes f_* columns by prefix."""
-    from pipelines.collections import parse_collection
-    from pipelines.config import load_config
+    from pipelines.core.collection import parse_collection
+    from pipelines.config.settings import load_config
     from pipelines.models.gbdt import GBDTAdapter
 
     frame = pl.DataFrame({"graph": ["g"], "config_index": [0], "target": [1.0], "f_pad_waste": [1.0],

@@ -6,8 +6,8 @@ import pytest
 
 from benchmarks.paired_arms import (default_settings, find_arms, finished_stages, hidden_test_pair, load_arm, main,
                                     matching_stages, paired_cells, stage_manifest, stage_pair, toml_value)
-from pipelines.evaluate import CEILING, Evaluation
-from pipelines.metric import GraphScore, summarize
+from pipelines.flows.evaluate import CEILING, Evaluation
+from pipelines.core.metric import GraphScore, summarize
 
 
 def find_stage(work, model, collection, wanted, key, value):
@@ -21,7 +21,7 @@ def write_stage(work, key, settings, seeds, finished, cell_scores, model="gnn"):
     """A finished training stage: manifest and the per-graph OOF scores (two graphs per (fold, seed) cell)."""
     folder = work / f"train-{model}" / key
     folder.mkdir(parents=True)
-    # what each model's fold job records of its fit (pipelines.train adds wall_s to every one)
+    # what each model's fold job records of its fit (pipelines.training.fit adds wall_s to every one)
     facts = {"gnn": {"train_seconds": 10.0, "epochs_run": 20}, "gbdt": {"best_iteration": 40}}[model]
     models = [{"fold": f, "seed": s, "wall_s": 12.0, **facts} for (f, s) in cell_scores]
     rows = [{"fold": f, "seed": s, "split": "oof", "graph": f"g{f}{i}", "score": score + d}

@@ -12,15 +12,16 @@ import numpy as np
 import polars as pl
 import pytest
 
-import pipelines.train as train
+import pipelines.training.fit as train
 from pipelines.cli import main
-from pipelines.collections import TILE_XLA, parse_collection
-from pipelines.config import load_config
-from pipelines.errors import ConfigError, PipelineError
-from pipelines.predict import predict_run
-from pipelines.prepare import prepare
-from pipelines.run import run_pipeline
-from pipelines.submission import validate_submission
+from pipelines.core.collection import TILE_XLA, parse_collection
+from pipelines.config.settings import load_config
+from pipelines.core.errors import ConfigError, PipelineError
+from pipelines.flows.predict import predict_run
+from pipelines.flows.prepare import prepare
+from pipelines.reports.report import write_run_report
+from pipelines.flows.run import run_pipeline
+from pipelines.data.submission import validate_submission
 
 # On top of the smoke config: a GNN small enough for seconds per fold on one core, trained a few epochs.
 TINY_GNN = ["gnn.epochs=3", "gnn.patience=0", "gnn.hidden=8", "gnn.free_layers=1", "gnn.configs_per_graph=4",
@@ -59,12 +60,13 @@ def test_predict_on_the_original_data_root_reproduces_the_csv_byte_for_byte(run,
     assert again.run_id != source.run_id
     assert again.submission.read_bytes() == source.submission.read_bytes()
     assert again.manifest["kind"] == "predict" and again.manifest["source_run"] == source.run_id
+    write_run_report(again.run_id, run["base"] / "subs")
     report = (again.run_dir / "report.html").read_text(encoding="utf-8")
     assert f"ranked by the saved fold models and blend weights of run {source.run_id}" in report
 
 
 def test_predict_ranks_a_new_data_root_holding_only_test_graphs(run, tmp_path):
-    from pipelines.tpugraphs import collection_dir
+    from pipelines.data.tpugraphs import collection_dir
 
     new_root = tmp_path / "mine"
     shutil.copytree(run["root"], new_root)
@@ -171,7 +173,7 @@ def test_fold_jobs_keep_their_threads_when_resumed_or_bound_by_memory(tiny_world
 
 def test_predict_loads_fold_models_with_the_threads_their_stage_used(tiny_world, tmp_path, monkeypatch):
     from pipelines.models.gnn import GNNRanker
-    from pipelines.predict import predict_test
+    from pipelines.flows.predict import predict_test
 
     config = load_config("smoke", TINY_GNN + ["gnn.num_threads=2"])
     prepared = prepare(config, tiny_world, tmp_path / "work", [TILE_XLA])[TILE_XLA.name]

@@ -9,11 +9,11 @@ import polars as pl
 import pytest
 
 from pipelines.cli import main
-from pipelines.collections import LAYOUT_XLA_DEFAULT, TILE_XLA
-from pipelines.config import load_config
-from pipelines.node_arrays import NODE_FEATURE_DIM
-from pipelines.prepare import prepare
-from pipelines.tpugraphs import LayoutGraph, TileGraph, save_graph
+from pipelines.core.collection import LAYOUT_XLA_DEFAULT, TILE_XLA
+from pipelines.config.settings import load_config
+from pipelines.data.node_arrays import NODE_FEATURE_DIM
+from pipelines.flows.prepare import prepare
+from pipelines.data.tpugraphs import LayoutGraph, TileGraph, save_graph
 
 LAYOUT_STEMS = {
     "train": ["resnet50.4x4.fp16", "resnet50.2x2.fp32", "unet_3d.4x4.bf16", "inception_v3_batch_128_train"],
@@ -178,7 +178,7 @@ def stage_bytes(prepared: dict) -> dict[str, bytes]:
 
 
 def test_data_stages_write_the_same_bytes_with_any_number_of_workers(world: Path, tmp_path: Path, monkeypatch) -> None:
-    monkeypatch.setattr("pipelines.features.TILE_GRAPHS_PER_PART", 2)  # tile tables in several parts
+    monkeypatch.setattr("pipelines.data.features.TILE_GRAPHS_PER_PART", 2)  # tile tables in several parts
     runs = {}
     for jobs in (1, 3):
         config = load_config(None, ["folds.k=2", "features.max_configs_per_graph=7", f"run.n_jobs={jobs}"])
@@ -193,7 +193,7 @@ def test_data_stages_write_the_same_bytes_with_any_number_of_workers(world: Path
 def test_errors_raised_in_a_worker_process_keep_their_file_and_problem(tmp_path: Path) -> None:
     import pickle
 
-    from pipelines.errors import FormatError, SubmissionError
+    from pipelines.core.errors import FormatError, SubmissionError
 
     error = pickle.loads(pickle.dumps(FormatError(tmp_path / "a.npz", "truncated archive")))
     assert isinstance(error, FormatError) and error.path == tmp_path / "a.npz" and error.problem == "truncated archive"
@@ -204,9 +204,9 @@ def test_errors_raised_in_a_worker_process_keep_their_file_and_problem(tmp_path:
 
 def test_tile_feature_tables_in_parts_read_back_as_each_graph_s_own_table(world: Path, tmp_path: Path,
                                                                           monkeypatch) -> None:
-    import pipelines.features as features_module
-    from pipelines.errors import PipelineError
-    from pipelines.features import config_feature_table, read_feature_rows
+    import pipelines.data.features as features_module
+    from pipelines.core.errors import PipelineError
+    from pipelines.data.features import config_feature_table, read_feature_rows
 
     config = load_config(None, ["folds.k=2"])
     loaded = {}

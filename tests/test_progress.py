@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import logging
 
-from pipelines.logs import tagged
-from pipelines.progress import Progress, format_duration
+from pipelines.core.logs import tagged
+from pipelines.core.progress import Progress, format_duration
 
 
 def test_progress_logs_at_most_once_per_interval_with_an_eta_and_a_closing_line(caplog):

@@ -10,9 +10,9 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from pipelines.engine import StageOutput
-from pipelines.errors import ConfigError, FormatError
-from pipelines.prune import (
+from pipelines.core.engine import StageOutput
+from pipelines.core.errors import ConfigError, FormatError
+from pipelines.data.prune import (
     configs_path,
     configs_storage,
     deduplicate_configs,
@@ -27,7 +27,7 @@ from pipelines.prune import (
     save_pruned,
     tile_as_pruned,
 )
-from pipelines.tpugraphs import LayoutGraph, TileGraph
+from pipelines.data.tpugraphs import LayoutGraph, TileGraph
 
 
 def random_layout_graph(rng: np.random.Generator, n: int = 14, configs: int = 6) -> LayoutGraph:
@@ -250,7 +250,7 @@ def test_a_missing_truncated_corrupt_or_foreign_configs_file_is_a_format_error_n
 
 
 def test_hash_collisions_fall_back_to_exact_grouping(monkeypatch) -> None:
-    monkeypatch.setattr("pipelines.prune._row_hashes", lambda data: np.zeros(data.shape[0], dtype=np.uint64))
+    monkeypatch.setattr("pipelines.data.prune._row_hashes", lambda data: np.zeros(data.shape[0], dtype=np.uint64))
     rows, values = deduplicate_configs(ROWS, RUNTIMES, "mean")
     np.testing.assert_array_equal(rows, [0, 1, 3])
     np.testing.assert_allclose(values, [17, 11, 7])
@@ -260,7 +260,7 @@ def test_chunked_hashing_and_checks_agree(monkeypatch) -> None:
     rng = np.random.default_rng(9)
     configs = rng.integers(-1, 2, size=(200, 3, 18)).astype(np.int8)[rng.integers(0, 40, 200)]
     expected = deduplicate_configs(configs, np.arange(200.0), "min")
-    monkeypatch.setattr("pipelines.prune.CHUNK_CELLS", 60)  # one row per chunk
+    monkeypatch.setattr("pipelines.data.prune.CHUNK_CELLS", 60)  # one row per chunk
     rows, values = deduplicate_configs(configs, np.arange(200.0), "min")
     np.testing.assert_array_equal(rows, expected[0])
     np.testing.assert_array_equal(values, expected[1])
@@ -305,8 +305,8 @@ def test_compress_configs_always_stores_random_configs_with_zstd_and_reads_them_
 
 
 def test_compress_configs_is_part_of_the_layout_prune_key_only() -> None:
-    from pipelines.collections import parse_collection
-    from pipelines.config import load_config
+    from pipelines.core.collection import parse_collection
+    from pipelines.config.settings import load_config
 
     for name in ("tile:xla", "layout:xla:random"):
         collection = parse_collection(name)

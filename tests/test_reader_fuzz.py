@@ -12,9 +12,9 @@ import zipfile
 import numpy as np
 import pytest
 
-from pipelines.collections import LAYOUT_XLA_RANDOM, TILE_XLA
-from pipelines.errors import FormatError
-from pipelines.tpugraphs import LayoutGraph, TileGraph, load_graph
+from pipelines.core.collection import LAYOUT_XLA_RANDOM, TILE_XLA
+from pipelines.core.errors import FormatError
+from pipelines.data.tpugraphs import LayoutGraph, TileGraph, load_graph
 from tests.test_tpugraphs import layout_arrays, make_layout, make_tile, tile_arrays
 
 DTYPES = [np.float16, np.float32, np.float64, np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint64,

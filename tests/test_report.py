@@ -10,9 +10,10 @@ import polars as pl
 import pytest
 
 from pipelines.cli import main
-from pipelines.config import load_config
-from pipelines.errors import PipelineError
-from pipelines.report import REPORT_FILE, Section, cv_table, graph_scores_table, render_html, worst_graphs
+from pipelines.config.settings import load_config
+from pipelines.core.errors import PipelineError
+from pipelines.reports.report import (REPORT_FILE, Section, cv_table, graph_scores_table, render_html, worst_graphs,
+                                      write_run_report)
 
 FAST = ["run.seeds=[0, 1]", "gbdt.n_estimators=10"]  # on top of the smoke config
 
@@ -47,11 +48,12 @@ def test_render_html_escapes_text_and_inlines_figures():
 
 @pytest.fixture(scope="module")
 def demo_run(tiny_world, tmp_path_factory):
-    from pipelines.run import run_pipeline
+    from pipelines.flows.run import run_pipeline
 
     root = tmp_path_factory.mktemp("report")
     result = run_pipeline(load_config("smoke", FAST), tiny_world, work_dir=root / "work", models=["gbdt", "feature"],
                           submissions_dir=root / "submissions")
+    write_run_report(result.run_id, root / "submissions")
     return root, result
 
 
@@ -78,16 +80,16 @@ def test_report_names_a_missing_run_and_a_deleted_cache(demo_run, tmp_path):
     root, result = demo_run
     assert main(["report", "no-such-run", "--submissions-dir", str(root / "submissions")]) == 1  # a data error
     with pytest.raises(PipelineError, match="stage output it names is gone"):
-        from pipelines.report import write_report
+        from pipelines.reports.report import write_report
 
         write_report(result.run_id, submissions_dir=root / "submissions", work_dir=tmp_path, out=tmp_path / "r.html")
     assert not (tmp_path / "r.html").exists()
 
 
-def test_every_run_writes_its_report_with_the_summary_first(demo_run):
+def test_a_run_report_puts_the_summary_first(demo_run):
     root, result = demo_run
     path = result.run_dir / REPORT_FILE
-    text = path.read_text(encoding="utf-8")  # written by run_pipeline itself, not by the report command
+    text = path.read_text(encoding="utf-8")
     assert text.index("<h2>Summary</h2>") < text.index("<h2>Run</h2>") < text.index("<h2>Worst graphs</h2>")
     combined = result.manifest["combined_oof"]["ensemble"]["value"]
     assert f"<b>{combined:.4f}</b>" in text
@@ -96,7 +98,7 @@ def test_every_run_writes_its_report_with_the_summary_first(demo_run):
 
 
 def test_summary_table_has_spread_over_seeds_and_folds():
-    from pipelines.report import summary_table
+    from pipelines.reports.report import summary_table
 
     manifest = {"cv_scores": {
         "tile:xla": {"training": {"gbdt": {"oof_score": 0.9, "oof_score_std": 0.01,
@@ -115,10 +117,11 @@ def test_summary_table_has_spread_over_seeds_and_folds():
 
 
 def test_a_reblended_run_reports_its_source_runs(demo_run):
-    from pipelines.run import ensemble_runs
+    from pipelines.flows.run import ensemble_runs
 
     root, result = demo_run
     again = ensemble_runs([result.run_id], submissions_dir=root / "submissions", method="rank")
+    write_run_report(again.run_id, root / "submissions")
     text = (again.run_dir / REPORT_FILE).read_text(encoding="utf-8")
     assert f"re-blend of 1 run(s), training nothing: {result.run_id} (2 folds x seeds [0, 1])" in text
     assert "None folds" not in text

@@ -12,16 +12,16 @@ import numpy as np
 import polars as pl
 import pytest
 
-import pipelines.train as train
+import pipelines.training.fit as train
 from pipelines.cli import main
-from pipelines.collections import TILE_XLA
-from pipelines.config import load_config
-from pipelines.errors import ConfigError, FormatError, PipelineError, SubmissionError
-from pipelines.predictions import prediction_frame, read_predictions
-from pipelines.run import (ensemble_runs, indexed_stage_count, resolve_models, run_pipeline, stage_index,
+from pipelines.core.collection import TILE_XLA
+from pipelines.config.settings import load_config
+from pipelines.core.errors import ConfigError, FormatError, PipelineError, SubmissionError
+from pipelines.core.predictions import prediction_frame, read_predictions
+from pipelines.flows.run import (ensemble_runs, indexed_stage_count, resolve_models, run_pipeline, stage_index,
                            stages_wall_time, submission_rows, train_and_blend)
-from pipelines.run_folders import SUBMISSION_FILE, new_run_id, publish_submission
-from pipelines.submission import read_submission, validate_submission
+from pipelines.outputs.run_folders import SUBMISSION_FILE, new_run_id, publish_submission
+from pipelines.data.submission import read_submission, validate_submission
 from tests.conftest import logged_messages
 
 
@@ -184,7 +184,7 @@ def test_invalid_rows_are_refused_and_leave_no_run_folder(runs, tmp_path):
 
 
 def test_a_taken_run_id_gets_a_new_folder_never_the_old_one(runs, tmp_path, monkeypatch):
-    import pipelines.run_folders as run_folders
+    import pipelines.outputs.run_folders as run_folders
 
     monkeypatch.setattr(run_folders, "new_run_id", lambda payload, now: "20260101T000000Z-deadbeef")
     taken = tmp_path / "subs" / "20260101T000000Z-deadbeef"
@@ -250,7 +250,7 @@ def test_ensemble_names_the_missing_stage_folder_when_the_cache_is_gone(runs, tm
 
 
 def test_lightgbm_predictions_do_not_depend_on_the_thread_count(tiny_world, tmp_path):
-    from pipelines.prepare import prepare
+    from pipelines.flows.prepare import prepare
 
     frames = []
     for threads in (1, 2):
@@ -263,9 +263,9 @@ def test_lightgbm_predictions_do_not_depend_on_the_thread_count(tiny_world, tmp_
 
 
 def test_training_stages_sharing_workers_give_the_results_of_stages_run_alone(tiny_world, tmp_path):
-    from pipelines.collections import parse_collection
-    from pipelines.prepare import prepare
-    from pipelines.run import train_models
+    from pipelines.core.collection import parse_collection
+    from pipelines.flows.prepare import prepare
+    from pipelines.flows.run import train_models
 
     config = fast_config("run.n_jobs=2", "gbdt.num_threads=0", "gnn.num_threads=0")  # smoke fixes 1 thread
     prepared = prepare(config, tiny_world, tmp_path / "work", [parse_collection("layout:xla:default")])  # fast fits
@@ -297,26 +297,36 @@ def test_run_command_prints_the_table_and_the_submission_path_last(runs, tmp_pat
 
 
 def test_demo_runs_the_pipeline_on_a_generated_world(runs, tmp_path, capsys):
-    from pipelines.demo import run_demo
-
-    code = run_demo(runs["root"], "tiny", 0, submissions_dir=tmp_path / "subs", work_dir=runs["work"],
-                    config="smoke", overrides=["run.models=['gbdt']", "ensemble.models=['gbdt']"])
+    subs = tmp_path / "subs"
+    code = main(["demo", "--data-root", str(runs["root"]), "--scale", "tiny", "--seed", "0", "--submissions-dir",
+                 str(subs), "--work-dir", str(runs["work"]), "--config", "smoke",
+                 "--set", "run.models=['gbdt']", "--set", "ensemble.models=['gbdt']"])
     assert code == 0
     lines = capsys.readouterr().out.splitlines()  # the result is printed (also with --quiet), not logged
     path = Path(lines[-1])
     assert validate_submission(path, runs["root"]) > 0
     assert any("stages reused" in line for line in lines)
     assert lines[-2].startswith("combined OOF score")
+    assert (path.parent / "report.html").is_file()  # the command draws the report after the flow
 
 
 # ----------------------------------------------------------------------------- CLI papercuts
 
 
 def test_demo_data_root_follows_the_scale(monkeypatch, tmp_path):
-    import pipelines.demo as demo
+    import pipelines.flows.demo as demo
+    import pipelines.reports.report as report
 
     seen = {}
-    monkeypatch.setattr(demo, "run_demo", lambda **kwargs: seen.update(kwargs) or 0)
+    class Published:  # what the command reads of the demo's result
+        run_id, submission, manifest, computed = "r", Path("s.csv"), {"stages": {}}, ()
+
+        def describe(self) -> str:
+            return ""
+
+    monkeypatch.setattr(demo, "run_demo", lambda **kwargs: seen.update(kwargs) or Published())
+    monkeypatch.setattr(demo, "demo_summary", lambda *args: "")
+    monkeypatch.setattr(report, "write_run_report", lambda *args: None)
     assert main(["demo", "--scale", "tiny"]) == 0
     assert seen["data_root"] == Path("data/synthetic-tiny") and seen["scale"] == "tiny"
     assert main(["demo", "--scale", "tiny", "--data-root", str(tmp_path / "w")]) == 0

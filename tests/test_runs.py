@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from pipelines import runs
+from pipelines.outputs import runs_table as runs
 from pipelines.cli import main
-from pipelines.config import load_config
-from pipelines.kaggle_io import COMPETITION
-from pipelines.run import run_pipeline
+from pipelines.config.settings import load_config
+from pipelines.outputs.kaggle_io import COMPETITION
+from pipelines.flows.run import run_pipeline
 from tests.test_kaggle_io import fake, no_credentials  # noqa: F401  (fixtures: a fake kaggle package)
 
 

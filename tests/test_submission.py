@@ -10,11 +10,11 @@ from typing import Callable
 import numpy as np
 import pytest
 
-from pipelines.baseline import baseline_rows, layout_costs, tile_costs
+from pipelines.models.baseline import baseline_rows, layout_costs, tile_costs
 from pipelines.cli import main
-from pipelines.collections import ALL_COLLECTIONS, LAYOUT_XLA_DEFAULT, TILE_XLA
-from pipelines.errors import ConfigError, FormatError, PipelineError, SubmissionError
-from pipelines.submission import (
+from pipelines.core.collection import ALL_COLLECTIONS, LAYOUT_XLA_DEFAULT, TILE_XLA
+from pipelines.core.errors import ConfigError, FormatError, PipelineError, SubmissionError
+from pipelines.data.submission import (
     HEADER,
     format_submission,
     read_submission,
@@ -22,7 +22,7 @@ from pipelines.submission import (
     validate_submission,
     write_submission,
 )
-from pipelines.tpugraphs import LayoutGraph, TileGraph, collection_dir, count_configs, save_graph
+from pipelines.data.tpugraphs import LayoutGraph, TileGraph, collection_dir, count_configs, save_graph
 
 # configs per graph, by split: tile test holds a 3-config graph (c < 5), layout graphs have distinct runtimes.
 TILE_SIZES = {"train": [6], "valid": [7, 4], "test": [6, 3]}
@@ -221,7 +221,7 @@ def test_write_without_hard_links_still_never_overwrites(tmp_path, monkeypatch):
     def no_links(src, dst):
         raise PermissionError("hard links not supported")
 
-    monkeypatch.setattr("pipelines.submission.os.link", no_links)
+    monkeypatch.setattr("pipelines.data.submission.os.link", no_links)
     path = write_submission(tmp_path / "sub.csv", {"tile:xla:a": [0, 1]})
     assert path.read_text() == f"{HEADER}\ntile:xla:a,0;1\n"
     with pytest.raises(PipelineError, match="already exists"):

@@ -16,12 +16,12 @@ import numpy as np
 import pytest
 from scipy.stats import kendalltau
 
-from pipelines.collections import ALL_COLLECTIONS, LAYOUT_NLP_RANDOM, LAYOUT_XLA_DEFAULT, LAYOUT_XLA_RANDOM, TILE_XLA
-from pipelines.errors import ConfigError
+from pipelines.core.collection import ALL_COLLECTIONS, LAYOUT_NLP_RANDOM, LAYOUT_XLA_DEFAULT, LAYOUT_XLA_RANDOM, TILE_XLA
+from pipelines.core.errors import ConfigError
 from pipelines.synth import costmodel, generate_world, searches
 from pipelines.synth.programs import Family, Variant, build_program, build_tile_kernel
-from pipelines.folds import program_family
-from pipelines.tpugraphs import list_graphs, load_graph
+from pipelines.data.folds import program_family
+from pipelines.data.tpugraphs import list_graphs, load_graph
 
 SEED = 3
 

@@ -10,10 +10,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pipelines import tpugraphs
-from pipelines.collections import LAYOUT_NLP_RANDOM, LAYOUT_XLA_DEFAULT, TILE_XLA
-from pipelines.errors import FormatError
-from pipelines.tpugraphs import LayoutGraph, TileGraph, load_graph, save_graph
+from pipelines.data import tpugraphs
+from pipelines.core.collection import LAYOUT_NLP_RANDOM, LAYOUT_XLA_DEFAULT, TILE_XLA
+from pipelines.core.errors import FormatError
+from pipelines.data.tpugraphs import LayoutGraph, TileGraph, load_graph, save_graph
 
 
 def _chain_edges(n: int) -> np.ndarray:

@@ -14,15 +14,15 @@ import numpy as np
 import polars as pl
 import pytest
 
-from pipelines.collections import LAYOUT_XLA_RANDOM, TILE_XLA, Collection
-from pipelines.config import PipelineConfig, load_config
-from pipelines.errors import ConfigError, PipelineError
-from pipelines.metric import score_predictions
+from pipelines.core.collection import LAYOUT_XLA_RANDOM, TILE_XLA, Collection
+from pipelines.config.settings import PipelineConfig, load_config
+from pipelines.core.errors import ConfigError, PipelineError
+from pipelines.core.metric import score_predictions
 from pipelines.models.reference import FeatureRanker, RandomRanker
 from pipelines.models.registry import get_adapter
-from pipelines.predictions import read_predictions
-from pipelines.tpugraphs import LayoutGraph, save_graph
-from pipelines.train import (
+from pipelines.core.predictions import read_predictions
+from pipelines.data.tpugraphs import LayoutGraph, save_graph
+from pipelines.training.fit import (
     IMPORTANCE_FILE,
     PREDICTIONS_FILE,
     SCORES_FILE,
@@ -56,7 +56,7 @@ def feature_frame(graphs: list[str], n_configs: int, seed: int) -> pl.DataFrame:
 
 @dataclass
 class MemoryPrepared:
-    """The part of pipelines.prepare.Prepared the training stage uses, held in memory."""
+    """The part of pipelines.data.prepared.Prepared the training stage uses, held in memory."""
 
     collection: Collection
     table: pl.DataFrame
@@ -286,7 +286,7 @@ def test_cli_train_end_to_end_on_a_tiny_world(tmp_path: Path, capsys):
 
 
 def test_a_gnn_trains_on_another_collections_graphs_when_the_config_names_it(tiny_world: Path, tmp_path: Path):
-    from pipelines.prepare import prepare
+    from pipelines.flows.prepare import prepare
 
     one_pass = ["run.seeds=[0]", 'gnn.collections."layout:xla:random".passes_per_epoch=1']
     extra = ['gnn.collections."layout:xla:random".extra_train_collections=["layout:nlp:random"]']

@@ -9,16 +9,16 @@ from pathlib import Path
 import pytest
 
 from pipelines.cli import main
-from pipelines.config import load_config, resolve_for_collection
-from pipelines.errors import ConfigError, PipelineError
-from pipelines.tune import search_space, trial_overrides, tune
+from pipelines.config.settings import load_config, resolve_for_collection
+from pipelines.core.errors import ConfigError, PipelineError
+from pipelines.flows.tune import search_space, trial_overrides, tune
 
 FAST = ["gbdt.n_estimators=10"]  # on top of the smoke config
 COLLECTION = "layout:xla:random"
 
 
 def test_search_spaces_are_declared_for_both_models_and_fit_their_configs() -> None:
-    from pipelines.collections import parse_collection
+    from pipelines.core.collection import parse_collection
 
     for model in ("gbdt", "gnn"):
         space = search_space(model)
@@ -43,7 +43,7 @@ def test_two_trials_write_a_config_that_run_accepts(tiny_world: Path, tmp_path: 
     assert manifest["trials_complete"] == 2 and manifest["model"] == "gbdt" and manifest["collection"] == COLLECTION
     assert manifest["storage"] == f"sqlite:///{(work / 'tune' / 'studies.db').resolve()}"
     assert set(manifest["best_params"]) == set(search_space("gbdt"))
-    assert config_file.read_text().startswith("# written by pipelines.tune")
+    assert config_file.read_text().startswith("# written by pipelines.flows.tune")
 
     # the file is a complete config: the tuned values for this collection, the base's values elsewhere
     tuned = load_config(str(config_file))
@@ -54,8 +54,8 @@ def test_two_trials_write_a_config_that_run_accepts(tiny_world: Path, tmp_path: 
     assert tuned.folds.k == 2 and tuned.gbdt.n_estimators == 10
 
     # its best trial is an ordinary cached training stage whose OOF score is the study's best value
-    from pipelines.prepare import prepare
-    from pipelines.train import train_model
+    from pipelines.flows.prepare import prepare
+    from pipelines.training.fit import train_model
 
     item = prepare(tuned, tiny_world, work, [COLLECTION])[COLLECTION]
     output = train_model(tuned, item, model="gbdt", work_dir=work)

@@ -11,8 +11,8 @@ from typing import Iterator
 import numpy as np
 import pytest
 
-from pipelines import zip_member
-from pipelines.zip_member import MemberReader
+from pipelines.data import zip_member
+from pipelines.data.zip_member import MemberReader
 
 
 def _payloads() -> dict[str, bytes]:

@@ -10,7 +10,7 @@ A model is two small classes. The **ranker** holds the learning (scikit-learn sh
     Ranker.load(folder, name, *, num_threads=None) -> Ranker   # what save wrote, ready to predict
 
 Learned state lives in attributes ending in ``_``. The **adapter** tells the training stage
-(:mod:`pipelines.train`) how to feed it, and never changes the stage's loop::
+(:mod:`pipelines.training.fit`) how to feed it, and never changes the stage's loop::
 
     name: str; ranker_class: type[Ranker]
     settings(config, collection) -> dict    # resolved hyperparameters, JSON-able (part of the stage key)

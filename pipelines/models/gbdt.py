@@ -1,10 +1,10 @@
 """LightGBM ranker over the per-config feature tables: one model per collection, fold and seed.
 
-Input frames follow the feature-table contract of :mod:`pipelines.prepare`: one row per (graph,
+Input frames follow the feature-table contract of :mod:`pipelines.flows.prepare`: one row per (graph,
 config) with ``graph``, ``config_index``, ``target`` (runtime, or runtime/normalizer for tile; 0 on
 test), per-config features ``f_*`` and graph aggregates ``g_*``. Rows of one graph need not be
 contiguous; the ranker groups them itself and returns costs aligned with the input rows
-(LOWER = predicted FASTER, the convention of :mod:`pipelines.predictions`).
+(LOWER = predicted FASTER, the convention of :mod:`pipelines.core.predictions`).
 
 Objectives (``objective=``):
 
@@ -50,12 +50,12 @@ from typing import Any, Callable, Mapping
 import numpy as np
 import polars as pl
 
-from pipelines.atomic import write_text_atomic
-from pipelines.collections import Collection, parse_collection
-from pipelines.config import config_from_dict, config_to_dict, resolve_for_collection
-from pipelines.errors import FormatError
+from pipelines.core.atomic import write_text_atomic
+from pipelines.core.collection import Collection, parse_collection
+from pipelines.config.settings import config_from_dict, config_to_dict, resolve_for_collection
+from pipelines.core.errors import FormatError
 from pipelines.models.feature_table import FeatureTableAdapter
-from pipelines.models.gbdt_config import GBDTConfig
+from pipelines.config.gbdt import GBDTConfig
 
 # Pair-feature rows built at once when scoring pairwise (bounds memory on graphs with 10k configs).
 PAIR_ROWS_PER_BLOCK = 1 << 16
@@ -209,7 +209,7 @@ def pairwise_costs(x: np.ndarray, offsets: np.ndarray, diff_columns: np.ndarray,
 
 def top5_score(cost: np.ndarray, y: np.ndarray, offsets: np.ndarray) -> float:
     """Mean over groups of the tile metric ``2 - min(y of the 5 lowest-cost rows) / min(y)``; ties in
-    cost are broken by row order (as :func:`pipelines.metric.tile_top_k` breaks them by index)."""
+    cost are broken by row order (as :func:`pipelines.core.metric.tile_top_k` breaks them by index)."""
     sizes = np.diff(offsets)
     gid = np.repeat(np.arange(len(sizes)), sizes)
     order = np.lexsort((cost, gid))  # groups stay in place, rows sorted by cost within each

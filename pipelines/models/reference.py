@@ -13,10 +13,10 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from pipelines.atomic import write_text_atomic
-from pipelines.collections import Collection, parse_collection
-from pipelines.config import PipelineConfig, resolve_for_collection
-from pipelines.errors import FormatError
+from pipelines.core.atomic import write_text_atomic
+from pipelines.core.collection import Collection, parse_collection
+from pipelines.config.settings import PipelineConfig, resolve_for_collection
+from pipelines.core.errors import FormatError
 from pipelines.models.feature_table import FeatureTableAdapter
 from pipelines.models.gbdt import group_rows, pair_accuracy, sample_pairs, top5_score
 

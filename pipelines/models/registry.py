@@ -11,7 +11,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from pipelines.errors import ConfigError
+from pipelines.core.errors import ConfigError
 
 MODELS: dict[str, str] = {
     "gbdt": "pipelines.models.gbdt:GBDTAdapter",

@@ -2,7 +2,7 @@
 
 ``programs`` builds HLO-like program graphs and their node features, ``costmodel`` turns configs
 into runtimes (documented, physically motivated), ``searches`` draws configs, ``world`` names,
-sizes and writes everything through :mod:`pipelines.tpugraphs`.
+sizes and writes everything through :mod:`pipelines.data.tpugraphs`.
 """
 
 from pipelines.synth.world import SCALES, generate_world

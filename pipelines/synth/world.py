@@ -1,7 +1,7 @@
 """Scales, naming and writing of a synthetic TpuGraphs world (the I/O shell around the generators).
 
 A world is written exactly like the Kaggle download (``npz_all/npz/...`` plus
-``sample_submission.csv``), through :func:`pipelines.tpugraphs.save_graph`.
+``sample_submission.csv``), through :func:`pipelines.data.tpugraphs.save_graph`.
 
 Scales (graphs per split and sizes):
 
@@ -32,7 +32,7 @@ Names. Tile train/valid stems are ``<model>_<train|inference>_batch_<b>_<signed 
 xla stems follow one of the real patterns per family (``resnet50.4x4.fp16``,
 ``inception_v3_batch_128_train``, ``mlperf_bert_batch_24_2x2``, ...); nlp stems are
 ``<model>_batch_size_<b>_<train|test>``; test stems are anonymous 32-hex. The family (the stem
-without batch, precision, topology, mode and hash parts, see :func:`pipelines.folds.program_family`) fixes a program's
+without batch, precision, topology, mode and hash parts, see :func:`pipelines.data.folds.program_family`) fixes a program's
 skeleton; its variants change sizes and add backward passes.
 
 Hidden labels. Next to ``npz_all/`` (never inside it) a world holds ``labels/``: per graph of
@@ -40,7 +40,7 @@ every split, test included, ``labels/npz/<collection dir>/<split>/<stem>.npz`` w
 (int64, the measured runtimes; for train/valid exactly the file's ``config_runtime``),
 ``noise_free`` (float64, the cost model's runtime before measurement noise, same units) and, for
 tile, ``normalizer`` (int64, measured); and ``labels/labels.json`` (scale, seed, variant and the
-cost-model constants of the world). ``pipelines.evaluate`` reads them; the reader never does, and
+cost-model constants of the world). ``pipelines.flows.evaluate`` reads them; the reader never does, and
 the real-format files are the same bytes with or without them.
 
 Variants. ``variant`` picks the cost model's constants (:func:`costmodel.variant_params`; 0 is
@@ -68,12 +68,12 @@ from pathlib import Path
 
 import numpy as np
 
-from pipelines.atomic import chmod_like_new_file, write_text_atomic
-from pipelines.collections import ALL_COLLECTIONS, SPLITS, TILE_XLA, Collection, parse_collections
-from pipelines.errors import ConfigError, FormatError
+from pipelines.core.atomic import chmod_like_new_file, write_text_atomic
+from pipelines.core.collection import ALL_COLLECTIONS, SPLITS, TILE_XLA, Collection, parse_collections
+from pipelines.core.errors import ConfigError, FormatError
 from pipelines.synth import costmodel, searches
 from pipelines.synth.programs import Family, Variant, build_program, build_tile_kernel
-from pipelines.tpugraphs import LayoutGraph, TileGraph, save_graph
+from pipelines.data.tpugraphs import LayoutGraph, TileGraph, save_graph
 
 SYNTH_VERSION = 1
 MARKER = "synth.json"

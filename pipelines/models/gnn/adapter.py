@@ -1,4 +1,4 @@
-"""How the training stage (``pipelines.train``) drives the GNN: its entry in
+"""How the training stage (``pipelines.training.fit``) drives the GNN: its entry in
 :mod:`pipelines.models.registry`, imported only when the GNN is trained (torch is heavy)."""
 
 from __future__ import annotations
@@ -9,10 +9,10 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from pipelines.collections import Collection
+from pipelines.core.collection import Collection
 from pipelines.models.gnn.batch import compact_configs
 from pipelines.models.gnn.ranker import GNNRanker
-from pipelines.node_arrays import NODE_FEATURE_DIM, GraphArrays
+from pipelines.data.node_arrays import NODE_FEATURE_DIM, GraphArrays
 
 # job_memory: configurable nodes per layout graph assumed, tensors alive in a step, torch's own footprint
 AVG_CONFIG_NODES = 64
@@ -40,7 +40,7 @@ class GNNAdapter:
     long_jobs = True  # fold jobs of many epochs: a run starts these stages first (run.train_models)
 
     def settings(self, config: Any, collection: Collection) -> dict[str, Any]:
-        from pipelines.config import config_to_dict, resolve_for_collection
+        from pipelines.config.settings import config_to_dict, resolve_for_collection
 
         # resolved, with its empty `collections` kept: the ranker must not apply its defaults' tables again
         return config_to_dict(resolve_for_collection(config.gnn, collection))

@@ -25,9 +25,9 @@ import numpy as np
 import polars as pl
 import torch
 
-from pipelines.errors import FormatError
-from pipelines.node_arrays import NODE_FEATURE_DIM, GraphArrays, shape_and_layout
-from pipelines.tpugraphs import GraphSize
+from pipelines.core.errors import FormatError
+from pipelines.data.node_arrays import NODE_FEATURE_DIM, GraphArrays, shape_and_layout
+from pipelines.data.tpugraphs import GraphSize
 
 LAYOUT_VALUE_OFFSET = 1  # layout config values -1..5 become embedding ids 0..6
 LAYOUT_NUM_VALUES = 7

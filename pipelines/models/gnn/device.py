@@ -19,7 +19,7 @@ from typing import Iterator
 
 import torch
 
-from pipelines.errors import ConfigError
+from pipelines.core.errors import ConfigError
 
 # cuBLAS needs a fixed workspace to be deterministic (CUDA >= 10.2); read when cuBLAS starts
 CUBLAS_DETERMINISTIC = ":4096:8"

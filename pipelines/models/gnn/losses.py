@@ -11,7 +11,7 @@ from typing import Callable
 
 import torch
 
-from pipelines.errors import ConfigError
+from pipelines.core.errors import ConfigError
 
 Loss = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 

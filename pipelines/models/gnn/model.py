@@ -61,7 +61,7 @@ from torch import nn
 from pipelines.models.gnn.batch import (CHAIN_DIM, LAYOUT_NUM_VALUES, PHYSICS_DIM, ChainLayouts, ConfigBatch,
                                          GraphBatch, Level, chain_layouts, layout_physics)
 from pipelines.models.gnn.device import full_precision
-from pipelines.models.gnn_config import GNNConfig
+from pipelines.config.gnn import GNNConfig
 
 NUM_OPCODES = 121  # opcode ids 0..120
 MASK_OPCODE = NUM_OPCODES  # extra embedding row: the "masked" token of pre-training

@@ -24,7 +24,7 @@ from torch import nn
 
 from pipelines.models.gnn.batch import PreparedGraph, collate
 from pipelines.models.gnn.model import MASK_OPCODE, NUM_OPCODES, GNNModel
-from pipelines.models.gnn_config import GNNConfig
+from pipelines.config.gnn import GNNConfig
 
 logger = logging.getLogger(__name__)
 

@@ -12,16 +12,16 @@ from typing import Any, Callable, Iterator, Mapping
 import numpy as np
 import torch
 
-from pipelines.collections import Collection, parse_collection
-from pipelines.config import config_from_dict, config_to_dict, resolve_for_collection
-from pipelines.errors import ConfigError, FormatError
+from pipelines.core.collection import Collection, parse_collection
+from pipelines.config.settings import config_from_dict, config_to_dict, resolve_for_collection
+from pipelines.core.errors import ConfigError, FormatError
 from pipelines.models.gnn.batch import PreparedGraph, graph_kind, prepare_graph
 from pipelines.models.gnn.device import deterministic, heap_reuse_on, resolve_device, rng_devices
 from pipelines.models.gnn.model import GNNModel
 from pipelines.models.gnn.pretrain import pretrain_encoder
 from pipelines.models.gnn.trainer import atomic_torch_save, score_graph, train_model
-from pipelines.models.gnn_config import GNNConfig
-from pipelines.node_arrays import GraphArrays
+from pipelines.config.gnn import GNNConfig
+from pipelines.data.node_arrays import GraphArrays
 
 MODEL_FORMAT = 2  # 2: saved by name into a folder, config resolved for its collection
 

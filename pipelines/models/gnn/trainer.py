@@ -22,13 +22,13 @@ import numpy as np
 import torch
 from torch import nn
 
-from pipelines.errors import ConfigError
-from pipelines.metric import kendall_tau_b, tile_score, tile_top_k
+from pipelines.core.errors import ConfigError
+from pipelines.core.metric import kendall_tau_b, tile_score, tile_top_k
 from pipelines.models.gnn.batch import GraphBatch, PreparedGraph, collate, gather_configs
 from pipelines.models.gnn.device import autocast
 from pipelines.models.gnn.losses import Loss, make_loss
 from pipelines.models.gnn.model import GNNModel
-from pipelines.models.gnn_config import GNNConfig
+from pipelines.config.gnn import GNNConfig
 
 CHECKPOINT_FORMAT = 1
 # Epoch lines are DEBUG: a fold job usually runs in a worker process, where nothing is printed, and

@@ -1,0 +1,457 @@
+"""Score a run's test submission on a synthetic world's hidden labels, next to a floor and a ceiling.
+
+``python -m pipelines evaluate RUN_ID --data-root WORLD`` needs a world written by ``synth`` (it
+carries the ``labels/`` sidecar, see :mod:`pipelines.synth.world`); the real data has no test
+labels and is refused. Every test graph is scored with the competition metric
+(:mod:`pipelines.core.metric`: top-5 slowdown for tile, Kendall tau-b for layout) against the measured
+runtimes, for:
+
+* ``submission``: the run's ``submission.csv`` (the ensemble);
+* each model of the run alone (its test predictions from the run's training stages, normalised per
+  fold model and averaged over folds and seeds exactly as the ensemble does before blending);
+* the heuristics, no learning and no runtime read: ``identity`` (file order), ``random`` (a
+  permutation seeded by the graph's stem), ``baseline`` (:mod:`pipelines.models.baseline`), and the
+  single hand-made features of :mod:`pipelines.data.features` that price a layout by what it wastes:
+  ``violation_ratio`` (layout) and ``padding_waste`` (layout ``f_pad_waste``, tile
+  ``f_tile_waste``). The **floor** of a collection is its best heuristic. It is picked on the test
+  labels themselves, so it is an optimistic floor: a model has to beat the best of them in
+  hindsight;
+* the **ceiling**: configs ranked by their noise-free runtime, scored against the measured ones
+  (the best any predictor can do in expectation; below 1 because of measurement noise).
+
+The ratio ``submission / ceiling`` is reported per collection and for the combined score (the
+unweighted mean of the five collections). The result goes to ``<run folder>/evaluation.json``,
+written atomically; a file of that name this module did not write is never replaced.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import zlib
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import polars as pl
+
+from pipelines.core.collection import ALL_COLLECTIONS, Collection
+from pipelines.core.errors import FormatError, PipelineError
+from pipelines.core.metric import GraphScore, ScoreReport, best_scoring, score_submission_row, summarize
+from pipelines.data.tpugraphs import Graph, list_graphs, load_ref
+
+if TYPE_CHECKING:
+    from pipelines.core.engine import StageOutput
+    from pipelines.flows.run import CollectionRun
+
+EVALUATION_FILE = "evaluation.json"
+GENERATOR = "pipelines.flows.evaluate"
+EVALUATION_VERSION = 1
+SUBMISSION = "submission"
+CEILING = "ceiling"
+FLOOR = "floor"
+HEURISTIC = "heuristic:"  # entry-name prefix of the heuristics (a model may be called "random" too)
+
+Heuristic = Callable[[Graph], np.ndarray]
+
+
+# ----------------------------------------------------------------------------- heuristics (pure)
+
+
+def _identity(graph: Graph) -> np.ndarray:
+    return np.arange(graph.num_configs, dtype=np.float64)
+
+
+def _random(graph: Graph) -> np.ndarray:
+    return np.random.default_rng(zlib.crc32(graph.stem.encode())).random(graph.num_configs)
+
+
+def _layout_feature(column: str) -> Heuristic:
+    def costs(graph: Graph) -> np.ndarray:
+        from pipelines.data.features import layout_config_features
+        from pipelines.data.prune import prune_layout_graph
+
+        pruned, _ = prune_layout_graph(graph, 0, "config_only")  # these features read configurable nodes only
+        return layout_config_features(pruned, value_frequency=False)[column].astype(np.float64)
+    return costs
+
+
+def _tile_feature(column: str) -> Heuristic:
+    def costs(graph: Graph) -> np.ndarray:
+        from pipelines.data.features import tile_config_features
+
+        return tile_config_features(graph.config_feat, graph.node_feat)[column].astype(np.float64)
+    return costs
+
+
+def _baseline(graph: Graph) -> np.ndarray:
+    from pipelines.models.baseline import baseline_costs
+
+    return baseline_costs(graph)
+
+
+def heuristics(collection: Collection) -> dict[str, Heuristic]:
+    """The non-learned rankers of a collection (costs: lower = predicted faster; ties by index)."""
+    out: dict[str, Heuristic] = {"identity": _identity, "random": _random, "baseline": _baseline}
+    if collection.is_tile:
+        out["padding_waste"] = _tile_feature("f_tile_waste")
+    else:
+        out["violation_ratio"] = _layout_feature("f_violation_ratio")
+        out["padding_waste"] = _layout_feature("f_pad_waste")
+    return out
+
+
+# ----------------------------------------------------------------------------- scoring (pure)
+
+
+def truth_of(collection: Collection, runtime: np.ndarray, normalizer: np.ndarray | None) -> np.ndarray:
+    """What the metric ranks: runtime / normalizer (tile), the runtime itself (layout)."""
+    if collection.is_tile:
+        return runtime.astype(np.float64) / normalizer.astype(np.float64)
+    return runtime
+
+
+def costs_row(collection: Collection, costs: np.ndarray) -> list[int]:
+    from pipelines.data.submission import submission_row
+
+    return submission_row(collection, costs)
+
+
+# ----------------------------------------------------------------------------- the evaluation
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """Per entry (submission, models, heuristics, floor, ceiling): a score report over the test split."""
+
+    reports: dict[str, ScoreReport]
+    floor_by_collection: dict[str, str]  # collection -> name of its best heuristic
+    heuristic_names: tuple[str, ...]
+    model_names: tuple[str, ...]
+
+    def collection_scores(self, entry: str) -> dict[str, float]:
+        frame = self.reports[entry].per_collection
+        return dict(zip(frame["collection"].to_list(), frame["score"].to_list()))
+
+    def graph_gap(self, entry: str, baseline: str, collection: str) -> tuple[float, float]:
+        """:func:`paired_graph_gap` of two entries on one collection's test graphs."""
+        def graphs(name: str) -> pl.DataFrame:
+            frame = self.reports[name].per_graph
+            return frame.filter(frame["collection"] == collection)
+        return paired_graph_gap(graphs(entry), graphs(baseline))
+
+    def to_dict(self) -> dict[str, Any]:
+        ceiling = self.collection_scores(CEILING)
+        rows: dict[str, dict[str, Any]] = {}
+        for name in ceiling:
+            row: dict[str, Any] = {entry: self.collection_scores(entry).get(name) for entry in self.reports}
+            row["floor_heuristic"] = self.floor_by_collection[name]
+            row["ratio_to_ceiling"] = {entry: _ratio(row[entry], ceiling[name]) for entry in self.reports}
+            row["graphs"] = int(self.reports[CEILING].per_collection.filter(
+                self.reports[CEILING].per_collection["collection"] == name)["graphs"][0])
+            rows[name] = row
+        combined = {entry: {"value": r.combined.value, "complete": r.combined.complete}
+                    for entry, r in self.reports.items()}
+        return {"collections": rows, "combined": combined,
+                "combined_ratio_to_ceiling": {e: _ratio(c["value"], combined[CEILING]["value"])
+                                              for e, c in combined.items()},
+                "heuristics": list(self.heuristic_names), "models": list(self.model_names)}
+
+    def to_text(self) -> str:
+        entries = [FLOOR, *self.model_names, SUBMISSION, CEILING]
+        width = max(12, *(len(e) for e in entries))
+        lines = [f"{'collection':<20} " + " ".join(f"{e:>{width}}" for e in entries)
+                 + f" {'sub/ceiling':>11}  floor heuristic"]
+        scores = {e: self.collection_scores(e) for e in entries}
+        for name in scores[CEILING]:
+            cells = " ".join(f"{_num(scores[e].get(name)):>{width}}" for e in entries)
+            lines.append(f"{name:<20} {cells} {_num(_ratio(scores[SUBMISSION].get(name), scores[CEILING][name])):>11}"
+                         f"  {self.floor_by_collection[name]}")
+        combined = {e: self.reports[e].combined for e in entries}
+        cells = " ".join(f"{_num(combined[e].value):>{width}}" for e in entries)
+        ratio = _ratio(combined[SUBMISSION].value, combined[CEILING].value)
+        note = "" if combined[CEILING].complete else "  (NOT the competition score: collections missing)"
+        lines.append(f"{'combined':<20} {cells} {_num(ratio):>11}{note}")
+        heur = ", ".join(f"{h} {_num(self.reports[HEURISTIC + h].combined.value)}" for h in self.heuristic_names)
+        lines.append(f"heuristics (combined, over the collections each applies to): {heur}")
+        return "\n".join(lines)
+
+
+def paired_graph_gap(scores: pl.DataFrame, baseline: pl.DataFrame) -> tuple[float, float]:
+    """Mean per-graph ``score`` of one entry minus another's, and that gap's standard error, paired over
+    the graphs (``graph``) both score (undefined, NaN, left out): how far the test's own sample of graphs
+    can tell two entries apart (pure)."""
+    from pipelines.training.ensemble import paired_gain
+
+    joined = scores.select("graph", "score").join(
+        baseline.select("graph", pl.col("score").alias("baseline")), on="graph", how="inner")
+    return paired_gain(joined["score"].to_numpy(), joined["baseline"].to_numpy())
+
+
+def _ratio(score: float | None, ceiling: float | None) -> float | None:
+    if score is None or ceiling is None or math.isnan(score) or math.isnan(ceiling) or ceiling == 0:
+        return None
+    return score / ceiling
+
+
+def _num(value: float | None) -> str:
+    return "-" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:.4f}"
+
+
+def require_sidecar(data_root: Path | str) -> dict[str, Any]:
+    """The world's label record; a data root without the sidecar (e.g. the real data) is refused."""
+    from pipelines.synth.world import LABELS_DIR, LABELS_MARKER, labels_marker
+
+    marker = labels_marker(data_root)
+    if marker is None:
+        raise PipelineError(
+            f"{data_root}: no hidden test labels ({LABELS_DIR}/{LABELS_MARKER} is missing): evaluate needs a "
+            "synthetic world written by `python -m pipelines synth` (the real data has no test labels; "
+            "re-running synth on an older world of the same arguments adds the sidecar)")
+    return marker
+
+
+def evaluate_rows(data_root: Path | str, rows: Mapping[str, Mapping[str, Sequence[int]]], *,
+                  collections: Sequence[Collection] = ALL_COLLECTIONS,
+                  heuristic_sets: Callable[[Collection], dict[str, Heuristic]] = heuristics) -> Evaluation:
+    """Score submission rows (``rows[entry][submission_id]``) plus heuristics and the ceiling on the
+    test split of a world with hidden labels. Graphs are loaded one at a time."""
+    from pipelines.synth.world import read_labels
+
+    require_sidecar(data_root)
+    scored: dict[str, list[GraphScore]] = {entry: [] for entry in rows}
+    scored[CEILING] = []
+    heuristic_names: list[str] = []
+    for collection in collections:
+        named = heuristic_sets(collection)
+        heuristic_names += [h for h in named if h not in heuristic_names]
+        for ref in list_graphs(data_root, collection, "test"):
+            labels = read_labels(data_root, collection, "test", ref.stem)
+            graph = load_ref(ref)
+            if labels.runtime.shape[0] != graph.num_configs:
+                raise FormatError(ref.path, f"{graph.num_configs} configs but {labels.runtime.shape[0]} hidden labels")
+            truth = truth_of(collection, labels.runtime, labels.normalizer)
+
+            def score(indices: Sequence[int]) -> GraphScore:
+                return score_submission_row(collection.name, ref.stem, indices, truth)
+
+            for entry, entry_rows in rows.items():
+                if ref.submission_id not in entry_rows:
+                    raise PipelineError(f"{entry}: no row for test graph {ref.submission_id}")
+                scored[entry].append(score(entry_rows[ref.submission_id]))
+            scored[CEILING].append(score(costs_row(collection, labels.noise_free)))
+            for name, costs in named.items():
+                scored.setdefault(HEURISTIC + name, []).append(score(costs_row(collection, costs(graph))))
+    reports = {entry: summarize(graph_scores) for entry, graph_scores in scored.items()}
+    floor_by_collection: dict[str, str] = {}
+    floor_scores: list[GraphScore] = []
+    for collection in collections:
+        applicable = list(heuristic_sets(collection))
+        means = {h: reports[HEURISTIC + h].collection_score(collection.name) for h in applicable}
+        best = best_scoring(means)
+        floor_by_collection[collection.name] = best
+        floor_scores += [g for g in scored[HEURISTIC + best] if g.collection == collection.name]
+    reports[FLOOR] = summarize(floor_scores)
+    models = tuple(e for e in rows if e != SUBMISSION)  # everything else the caller passed
+    return Evaluation(reports, floor_by_collection, tuple(heuristic_names), models)
+
+
+# ----------------------------------------------------------------------------- a run's entries
+
+
+def model_rows(manifest: Mapping[str, Any], work_dir: Path | None, *,
+               per_seed: bool = False) -> dict[str, dict[str, list[int]]]:
+    """Submission rows of each model of a run alone (with ``per_seed``: of each of its run seeds alone), from
+    its saved training stages (see module doc)."""
+    from pipelines.core.engine import load_stage
+
+    method = (manifest.get("config") or {}).get("ensemble", {}).get("method", "minmax")
+    outputs: list[tuple[str, StageOutput]] = []
+    for collection, stages in manifest["stages"].items():
+        for model, where in stages.get("train", {}).items():
+            folder = work_dir if work_dir is not None else Path(where["work_dir"])
+            try:
+                outputs.append((model, load_stage(folder, where["stage"], where["key"])))
+            except PipelineError:
+                raise PipelineError(f"the saved {model} training output of {collection} is gone: "
+                                    f"{folder / where['stage'] / where['key']} (pass --work-dir, or re-run)") from None
+    return trained_rows(outputs, method, per_seed=per_seed)
+
+
+def trained_rows(outputs: Sequence[tuple[str, StageOutput]], method: str, *,
+                  per_seed: bool = False) -> dict[str, dict[str, list[int]]]:
+    """Submission rows of each (model name, training output) alone, its test scores normalised as a blend would;
+    with ``per_seed``, of each of its run seeds alone instead (entries :func:`seed_entry`)."""
+    from pipelines.training.ensemble import prepare_model_scores
+    from pipelines.flows.run import submission_rows
+    from pipelines.training.fit import load_predictions
+
+    out: dict[str, dict[str, list[int]]] = {}
+    for model, output in outputs:
+        test = load_predictions(output)
+        test = test.filter(test["split"] == "test").with_columns(pl.lit(model).alias("model"))
+        parts = ([(seed_entry(model, seed), test.filter(test["seed"] == seed))
+                  for seed in sorted(test["seed"].unique().to_list())] if per_seed else [(model, test)])
+        for entry, part in parts:
+            out.setdefault(entry, {}).update(submission_rows(prepare_model_scores(part, method)))
+    return out
+
+
+_SEED = " seed "
+
+
+def seed_entry(model: str, seed: int) -> str:
+    """The entry of one run seed of a model (its fold models of that seed averaged) in a seed evaluation."""
+    return f"{model}{_SEED}{seed}"
+
+
+def evaluate_collection_runs(runs: Sequence[CollectionRun], data_root: Path | str, *, method: str) -> Evaluation:
+    """Score some collections of a run that was not published (``pipelines.flows.run.train_and_blend``) on a
+    world's hidden labels: each model alone and the blend (as ``submission``), floor and ceiling. The
+    combined figures are then over these collections only."""
+    from pipelines.training.ensemble import load_blended_test
+    from pipelines.flows.run import submission_rows
+
+    rows: dict[str, Mapping[str, Sequence[int]]] = dict(
+        trained_rows([(model, output) for run in runs for model, output in run.trained.items()], method))
+    blended: dict[str, list[int]] = {}
+    for run in runs:
+        blended.update(submission_rows(load_blended_test(run.ensemble)))
+    rows[SUBMISSION] = blended
+    return evaluate_rows(data_root, rows, collections=[run.collection for run in runs])
+
+
+def evaluate_collection_seeds(runs: Sequence[CollectionRun], data_root: Path | str, *, method: str) -> Evaluation:
+    """Each model of :func:`evaluate_collection_runs` scored once per run seed (entries :func:`seed_entry`):
+    how far its seeds alone spread, which is what the ensemble's distance to the best model is judged by."""
+    rows = trained_rows([(model, output) for run in runs for model, output in run.trained.items()], method,
+                         per_seed=True)
+    return evaluate_rows(data_root, rows, collections=[run.collection for run in runs])
+
+
+@dataclass(frozen=True)
+class SeedCheck:
+    """One collection: the ensemble against the model that scores best on test, and that model's seed spread."""
+
+    collection: str
+    best_model: str
+    best_score: float
+    seed_scores: tuple[float, ...]  # the best model's run seeds alone, in seed order
+    ensemble_score: float
+    gap_se: float = math.nan  # the standard error of ``gap`` paired over the test graphs (nan: not known)
+
+    @property
+    def spread(self) -> float:
+        """max - min of the seed scores (0 with one seed, nan with none: not known)."""
+        return max(self.seed_scores) - min(self.seed_scores) if self.seed_scores else math.nan
+
+    @property
+    def gap(self) -> float:
+        """ensemble - best single model (negative: below it)."""
+        return self.ensemble_score - self.best_score
+
+    @property
+    def within_spread(self) -> bool:
+        """At or above the best model, or below it by at most the spread (not known: False)."""
+        return self.gap >= 0 or self.gap >= -self.spread
+
+
+def seed_checks(evaluation: Evaluation, seeds: Evaluation) -> list[SeedCheck]:
+    """Per collection of ``evaluation`` (models and ensemble), the :class:`SeedCheck` against ``seeds``
+    (:func:`evaluate_collection_seeds` or ``model_rows(..., per_seed=True)`` of the same runs)."""
+    checks = []
+    for collection, ensemble in evaluation.collection_scores(SUBMISSION).items():
+        scores = {m: evaluation.collection_scores(m).get(collection, math.nan) for m in evaluation.model_names}
+        best = best_scoring(scores)
+        best_seeds = sorted((int(seed), entry) for entry in seeds.model_names
+                            for model, _, seed in [entry.rpartition(_SEED)] if model == best and seed.isdigit())
+        _, gap_se = evaluation.graph_gap(SUBMISSION, best, collection)
+        checks.append(SeedCheck(collection, best, scores[best],
+                                tuple(seeds.collection_scores(entry)[collection] for _, entry in best_seeds), ensemble,
+                                gap_se))
+    return checks
+
+
+def evaluate_run(run_id: str, data_root: Path | str, *, submissions_dir: Path | str = "submissions",
+                 work_dir: Path | str | None = None, with_models: bool = True) -> tuple[Evaluation, Path]:
+    """Evaluate a run on a world with hidden labels and write ``evaluation.json`` into its folder."""
+    from pipelines.outputs.run_folders import RUN_MANIFEST, SUBMISSION_FILE, read_run_manifest
+    from pipelines.data.submission import read_submission, validate_submission
+
+    data_root = Path(data_root)
+    marker = require_sidecar(data_root)
+    run_dir = Path(submissions_dir) / run_id
+    manifest = read_run_manifest(submissions_dir, run_id)
+    submission = run_dir / SUBMISSION_FILE
+    if not submission.is_file():
+        raise PipelineError(f"{submission}: the run has no submission file")
+    out = run_dir / EVALUATION_FILE
+    _check_ours(out)
+    validate_submission(submission, data_root, split="test")  # other IDs: the run was made for another world
+    rows: dict[str, Mapping[str, Sequence[int]]] = {}
+    if with_models:
+        rows.update(model_rows(manifest, None if work_dir is None else Path(work_dir)))
+    rows[SUBMISSION] = read_submission(submission)
+    evaluation = evaluate_rows(data_root, rows)
+    record = {
+        "generator": GENERATOR, "version": EVALUATION_VERSION, "run_id": run_id,
+        "run_manifest": RUN_MANIFEST, "submission_sha256": (manifest.get("submission") or {}).get("sha256"),
+        "data_root": str(data_root.resolve()),
+        "world": {k: marker.get(k) for k in ("scale", "seed", "variant", "limit", "collections")},
+        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        **evaluation.to_dict(),
+    }
+    _write_evaluation(out, record)
+    return evaluation, out
+
+
+def _check_ours(path: Path) -> None:
+    """An existing evaluation file may be replaced only when this module wrote it."""
+    if not path.exists():
+        return
+    try:
+        found = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        found = None
+    if not isinstance(found, dict) or found.get("generator") != GENERATOR:
+        raise PipelineError(f"{path}: exists and was not written by `evaluate`; refusing to overwrite it")
+
+
+def _write_evaluation(path: Path, record: dict[str, Any]) -> None:
+    from pipelines.core.engine import write_json_atomic
+
+    _check_ours(path)
+    write_json_atomic(path, record)
+
+
+def read_evaluation(run_dir: Path | str) -> dict[str, Any] | None:
+    """A run folder's evaluation record, or None when it has none (for the report)."""
+    path = Path(run_dir) / EVALUATION_FILE
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:
+        raise FormatError(path, f"unreadable evaluation ({exc})") from None
+    return record if isinstance(record, dict) and record.get("generator") == GENERATOR else None
+
+
+def evaluation_table(record: Mapping[str, Any]) -> pl.DataFrame:
+    """One row per collection (and ``combined``): floor, each model, submission, ceiling, ratio."""
+    models = list(record.get("models") or [])
+    entries = [FLOOR, *models, SUBMISSION, CEILING]
+    rows = []
+    for name, row in (record.get("collections") or {}).items():
+        rows.append({"collection": name, **{e: row.get(e) for e in entries},
+                     "submission/ceiling": (row.get("ratio_to_ceiling") or {}).get(SUBMISSION),
+                     "floor heuristic": row.get("floor_heuristic")})
+    combined = record.get("combined") or {}
+    rows.append({"collection": "combined", **{e: (combined.get(e) or {}).get("value") for e in entries},
+                 "submission/ceiling": (record.get("combined_ratio_to_ceiling") or {}).get(SUBMISSION),
+                 "floor heuristic": "-"})
+    schema = {"collection": pl.Utf8, **{e: pl.Float64 for e in entries}, "submission/ceiling": pl.Float64,
+              "floor heuristic": pl.Utf8}
+    return pl.DataFrame(rows, schema=schema)

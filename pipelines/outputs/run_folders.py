@@ -1,0 +1,157 @@
+"""Run folders under a submissions folder: their ids, publishing one atomically, tidying what an
+interrupted publish left, and reading a run's manifest.
+
+A run folder ``<submissions_dir>/<run-id>/`` holds ``submission.csv`` and ``manifest.json`` (and,
+later, ``report.html``, ``evaluation.json``, ``submitted.json``). It is published in one rename of a
+locked staging folder, so it is seen complete or not at all, and an existing folder is never replaced.
+Only the standard library and the engine are imported at module level (``runs list`` imports this).
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import json
+import logging
+import os
+import re
+import shutil
+from collections.abc import Mapping, Sequence
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from pipelines.core.engine import fingerprint, write_json_atomic
+from pipelines.core.errors import FormatError, PipelineError
+
+logger = logging.getLogger(__name__)
+
+SUBMISSION_FILE = "submission.csv"
+RUN_MANIFEST = "manifest.json"
+RUN_ID_ATTEMPTS = 100  # suffixes tried when two runs of one config start in the same second
+_RUN_ID = re.compile(r"\d{8}T\d{6}Z-[0-9a-f]{8}(-\d+)?")
+# Files an interrupted publish of an earlier version could leave in a run folder (never a submission).
+_PUBLISH_DEBRIS = re.compile(r"\.(submission\.csv\.draft|(submission\.csv|manifest\.json)\..*\.tmp|lock)")
+
+
+def new_run_id(payload: Any, now: datetime) -> str:
+    """``<UTC time>-<8 hex of the payload's fingerprint>`` (config and stage keys of the run)."""
+    return f"{now.astimezone(timezone.utc):%Y%m%dT%H%M%SZ}-{fingerprint(payload)[:8]}"
+
+
+def _publish_run_folder(staging: Path, submissions_dir: Path, base: str, manifest: dict[str, Any]) -> tuple[str, Path]:
+    """Write the manifest (with its run-id) into the finished staging folder and rename it to
+    ``<base>`` (or ``<base>-N`` when taken): one atomic step, so a run folder is seen complete or not
+    at all; an existing non-empty folder (or file) is never replaced."""
+    for attempt in range(RUN_ID_ATTEMPTS):
+        run_id = base if attempt == 0 else f"{base}-{attempt + 1}"
+        target = submissions_dir / run_id
+        if target.exists() or target.is_symlink():
+            continue
+        manifest["run_id"] = run_id
+        write_json_atomic(staging / RUN_MANIFEST, manifest)
+        try:
+            os.rename(staging, target)
+        except OSError as exc:
+            if exc.errno in (errno.EEXIST, errno.ENOTEMPTY, errno.ENOTDIR, errno.EISDIR):
+                continue  # taken meanwhile by a concurrent run
+            raise
+        return run_id, target
+    raise PipelineError(f"{submissions_dir}: could not create a new run folder for {base} (all suffixes taken)")
+
+
+def tidy_submissions(submissions_dir: Path | str) -> list[dict[str, Any]]:
+    """Clean what interrupted publishes left in ``submissions_dir`` and list the incomplete run folders.
+
+    Removed: staging folders of dead runs (``.tmp-*`` whose lock nobody holds) and run folders that
+    hold only publishing debris (no CSV, no manifest). Kept, and listed with ``state="incomplete"``:
+    a run folder with files but no manifest (e.g. a CSV): it is never deleted, never counted as a run.
+    """
+    from pipelines.core.engine import clean_abandoned
+
+    submissions_dir = Path(submissions_dir)
+    if not submissions_dir.is_dir():
+        return []
+    clean_abandoned(submissions_dir)
+    incomplete = []
+    for entry in sorted(submissions_dir.iterdir()):
+        if not _RUN_ID.fullmatch(entry.name) or entry.is_symlink() or not entry.is_dir():
+            continue
+        if (entry / RUN_MANIFEST).is_file():
+            continue
+        names = sorted(child.name for child in entry.iterdir())
+        if all(_PUBLISH_DEBRIS.fullmatch(name) for name in names):
+            shutil.rmtree(entry, ignore_errors=True)
+            continue
+        incomplete.append({"run_id": entry.name, "path": str(entry), "state": "incomplete", "files": names})
+    return incomplete
+
+
+def publish_submission(rows: Mapping[str, Sequence[int]], manifest: dict[str, Any], *, data_root: Path,
+                       submissions_dir: Path,
+                       split: str = "test") -> tuple[str, Path, dict[str, Any]]:
+    """Validate ``rows`` against the test split of ``data_root``, then publish them with the manifest.
+
+    Returns ``(run_id, submission path, final manifest)``. The CSV and the manifest are written and
+    validated in a locked staging folder ``.tmp-run-*`` of ``submissions_dir``, which is then renamed
+    to the new run folder: a run folder always holds both, a killed publish leaves only a staging
+    folder that the next publish (or ``status``) removes.
+    """
+    from pipelines.core.engine import make_locked_folder
+    from pipelines.data.submission import format_submission, validate_submission, write_submission
+
+    text = format_submission(rows)
+    try:
+        submissions_dir.mkdir(parents=True, exist_ok=True)
+        tidy_submissions(submissions_dir)
+        staging = make_locked_folder(submissions_dir, "run")
+    except OSError as exc:
+        raise PipelineError(f"{submissions_dir}: cannot create a run folder: {exc.strerror or exc}") from None
+    base = new_run_id({"config": manifest.get("config"), "stages": manifest.get("stages")}, datetime.now(timezone.utc))
+    try:
+        path = write_submission(staging.path / SUBMISSION_FILE, rows)
+        count = validate_submission(path, data_root, split=split)
+        manifest = {**manifest, "run_id": base,
+                    "submission": {"file": SUBMISSION_FILE, "rows": count, "validated_against": str(data_root),
+                                   "sha256": hashlib.sha256(text.encode("ascii")).hexdigest()}}
+        try:
+            run_id, run_dir = _publish_run_folder(staging.path, submissions_dir, base, manifest)
+        except OSError as exc:
+            if exc.errno not in (errno.ENOSPC, errno.EROFS, errno.EDQUOT, errno.EACCES, errno.EPERM):
+                raise
+            raise PipelineError(f"{submissions_dir}: cannot write the run folder: {exc.strerror or exc}") from None
+    except BaseException:
+        staging.discard()
+        raise
+    staging.release(run_dir)
+    path = run_dir / SUBMISSION_FILE
+    logger.info(f"submission {path}: {count} rows, valid")
+    return run_id, path, manifest
+
+
+def read_run_manifest(submissions_dir: Path | str, run_id: str) -> dict[str, Any]:
+    if not run_id or run_id in (".", "..") or Path(run_id).name != run_id:
+        raise PipelineError(f"{run_id!r} is not a run-id (a folder name under {submissions_dir})")
+    path = Path(submissions_dir) / run_id / RUN_MANIFEST
+    try:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        if _RUN_ID.fullmatch(run_id) and path.parent.is_dir():
+            raise PipelineError(f"{path.parent}: incomplete run folder (no {RUN_MANIFEST}: its publishing was "
+                                "interrupted); it is not a validated run, run the pipeline again") from None
+        raise PipelineError(f"{path}: no such run manifest (is {run_id!r} a run-id under {submissions_dir}?)") from None
+    except (OSError, ValueError) as exc:
+        raise FormatError(path, f"unreadable run manifest ({exc})") from None
+    if not isinstance(manifest, dict) or not isinstance(manifest.get("stages"), dict):
+        raise FormatError(path, "not a run manifest (no 'stages' table)")
+    return manifest
+
+
+def training_stage_dir(ref: Mapping[str, Any], manifest: Mapping[str, Any], work_dir: Path | str | None = None) -> Path:
+    """The work dir holding a training stage that a run manifest names (``ref``, one of its
+    ``stages.<collection>.train`` entries): ``work_dir`` when given (the cache moved), else the folder
+    the run recorded for that stage (a re-blend of several runs reads stages from several work dirs),
+    else the run's own work dir."""
+    if work_dir is not None:
+        return Path(work_dir)
+    return Path(ref.get("work_dir") or manifest["work_dir"])
