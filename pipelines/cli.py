@@ -19,7 +19,7 @@ from typing import Callable
 
 from pipelines.core import paths
 from pipelines.core.errors import ConfigError, PipelineError, redact_credentials
-from pipelines.models.registry import MODELS
+from pipelines.config.registry import MODELS, tunable_models
 
 _DISK_ERRNOS = frozenset({errno.ENOSPC, errno.EROFS, getattr(errno, "EDQUOT", errno.ENOSPC)})
 
@@ -228,7 +228,7 @@ def _run_train(args: argparse.Namespace) -> int:
     from pipelines.core.collection import parse_collections
     from pipelines.config.settings import load_config
     from pipelines.flows.prepare import prepare
-    from pipelines.models.registry import get_adapter
+    from pipelines.config.registry import get_adapter
     from pipelines.training.fit import format_summary, train_model
 
     config = load_config(args.config, args.overrides)
@@ -540,7 +540,7 @@ def _add_tune(sub: argparse._SubParsersAction) -> None:
     p = _parser(sub, "tune", "Optuna search over a model's hyperparameters for one collection (objective: the "
                              "grouped-CV OOF score); writes the best trial as a config file",
                 "tune --model gbdt --collection layout:xla:random --trials 20 --data-root data/synthetic-small")
-    p.add_argument("--model", required=True, choices=("gbdt", "gnn"))
+    p.add_argument("--model", required=True, choices=tunable_models())
     p.add_argument("--collection", required=True, metavar="NAME", help="e.g. layout:xla:random")
     p.add_argument("--trials", type=int, required=True, help="trials to add to the study in this call")
     p.add_argument("--data-root", type=Path, required=True)

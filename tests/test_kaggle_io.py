@@ -430,7 +430,7 @@ def test_real_package_without_credentials_or_network(tmp_path):
     assert not root.exists()
 
     # The package's own exit(1) on missing credentials becomes a PipelineError.
-    code = ("from pipelines import kaggle_io\n"
+    code = ("from pipelines.outputs import kaggle_io\n"
             "kaggle_io.require_credentials = lambda: 'a test that skips our own check'\n"
             "try:\n    kaggle_io.kaggle_api()\n"
             "except kaggle_io.PipelineError as exc:\n    print('PipelineError:', exc)\n")

@@ -10,7 +10,7 @@ import pytest
 
 from pipelines.core.collection import parse_collection
 from pipelines.config.settings import load_config
-from pipelines.models.registry import MODELS, get_adapter
+from pipelines.config.registry import MODELS, get_adapter
 from pipelines.core.predictions import prediction_frame, validate_predictions
 from pipelines.flows.prepare import prepare
 

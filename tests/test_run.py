@@ -337,7 +337,7 @@ def test_help_lists_every_model_carries_an_example_and_the_exit_codes(monkeypatc
     import sys
 
     from pipelines.cli import build_parser
-    from pipelines.models.registry import MODELS
+    from pipelines.config.registry import MODELS
     monkeypatch.setattr(sys, "argv", ["/usr/local/bin/tpugraphs", "train", "--help"])
     parser = build_parser()
     for command in ("train", "run", "runs", "predict", "submit", "demo", "score"):

@@ -19,7 +19,7 @@ from pipelines.config.settings import PipelineConfig, load_config
 from pipelines.core.errors import ConfigError, PipelineError
 from pipelines.core.metric import score_predictions
 from pipelines.models.reference import FeatureRanker, RandomRanker
-from pipelines.models.registry import get_adapter
+from pipelines.config.registry import get_adapter
 from pipelines.core.predictions import read_predictions
 from pipelines.data.tpugraphs import LayoutGraph, save_graph
 from pipelines.training.fit import (

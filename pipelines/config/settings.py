@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 import json
 import math
 import re
@@ -35,10 +36,7 @@ from typing import Any, Literal, Mapping, Sequence, TypeVar, Union
 from pipelines.core.collection import Collection, parse_collection
 from pipelines.core.engine import to_jsonable
 from pipelines.core.errors import ConfigError
-from pipelines.config.gbdt import GBDTConfig
-from pipelines.config.gnn import GNNConfig
-
-MODEL_NAMES = ("gbdt", "gnn")
+from pipelines.config import registry
 # A section field with this name maps collection names to overrides of the section's other fields.
 PER_COLLECTION_FIELD = "collections"
 BASE_NAME = "base"
@@ -108,8 +106,8 @@ class EnsembleConfig:
     # gain expected at the test's average over every fold model and seed (``ensemble.gain_at_runs``).
     gain_at: str = field(default="test-runs", metadata={"choices": ("oof", "test-runs")})
     models: list[str] = field(
-        default_factory=lambda: list(MODEL_NAMES),
-        metadata={"choices": MODEL_NAMES, "min_items": 1, "unique": True},
+        default_factory=registry.default_models,
+        metadata={"choices": registry.configurable_models, "min_items": 1, "unique": True},
     )
 
 
@@ -119,25 +117,33 @@ class RunConfig:
 
     seeds: list[int] = field(default_factory=lambda: [0, 1], metadata={"min_items": 1, "unique": True})
     models: list[str] = field(
-        default_factory=lambda: list(MODEL_NAMES),
-        metadata={"choices": MODEL_NAMES, "min_items": 1, "unique": True},
+        default_factory=registry.default_models,
+        metadata={"choices": registry.configurable_models, "min_items": 1, "unique": True},
     )
     n_jobs: int = field(default=2, metadata={"min": 1})
     scheduler: str = "local"  # "local", or later the address of a Dask scheduler
 
 
-@dataclass
-class PipelineConfig:
-    """The whole resolved configuration: one field per TOML section."""
+SECTIONS_BEFORE_MODELS = (("data", DataConfig), ("prune", PruneConfig), ("features", FeaturesConfig),
+                          ("folds", FoldsConfig))
+SECTIONS_AFTER_MODELS = (("ensemble", EnsembleConfig), ("run", RunConfig))
 
-    data: DataConfig = field(default_factory=DataConfig)
-    prune: PruneConfig = field(default_factory=PruneConfig)
-    features: FeaturesConfig = field(default_factory=FeaturesConfig)
-    folds: FoldsConfig = field(default_factory=FoldsConfig)
-    gbdt: GBDTConfig = field(default_factory=GBDTConfig)
-    gnn: GNNConfig = field(default_factory=GNNConfig)
-    ensemble: EnsembleConfig = field(default_factory=EnsembleConfig)
-    run: RunConfig = field(default_factory=RunConfig)
+
+@functools.lru_cache(maxsize=None)
+def _config_class(model_sections: tuple[tuple[str, type], ...]) -> type:
+    sections = (*SECTIONS_BEFORE_MODELS, *model_sections, *SECTIONS_AFTER_MODELS)
+    return dataclasses.make_dataclass(
+        "PipelineConfig", [(name, cls, field(default_factory=cls)) for name, cls in sections],
+        namespace={"__doc__": "The whole resolved configuration: one field per TOML section (the models' "
+                              "sections come from pipelines.config.registry).", "__module__": __name__})
+
+
+def pipeline_config_class() -> type:
+    """The config class for the models registered now: the fixed sections plus one per model with settings."""
+    return _config_class(registry.model_sections())
+
+
+PipelineConfig = pipeline_config_class()  # the built-in models' config
 
 
 # ----------------------------------------------------------------------------- public API
@@ -154,7 +160,7 @@ def load_config(path_or_name: str | Path | None = None, overrides: Sequence[str]
     merged: dict = {}
     for source, data in chain:
         merged = _layer(merged, data)
-        config = _build(PipelineConfig, merged, source, "")
+        config = _build(pipeline_config_class(), merged, source, "")
     return apply_overrides(config, overrides)
 
 
@@ -184,6 +190,12 @@ def resolve_for_collection(section_config: T, collection_name: str | Collection)
     plain[PER_COLLECTION_FIELD] = {}
     section = type(section_config).__name__
     return _build(type(section_config), _deep_merge(plain, overrides), f"overrides for {name}", section)
+
+
+def model_settings(config: Any, model: str, collection_name: str | Collection) -> dict[str, Any]:
+    """The settings a model trains ``collection_name`` with: its section with that collection's overrides
+    applied, as plain data (what a training stage's key and its saved models record)."""
+    return config_to_dict(resolve_for_collection(getattr(config, model), collection_name))
 
 
 def config_to_dict(config: Any) -> dict:
@@ -409,13 +421,20 @@ def _restrict(full: dict, given: Mapping[str, Any]) -> dict:
     }
 
 
+def field_choices(meta: Mapping[str, Any]) -> tuple:
+    """A field's allowed values: a tuple, or a function giving them now (the registered models)."""
+    choices = meta["choices"]
+    return tuple(choices() if callable(choices) else choices)
+
+
 def _check_value(tp: Any, value: Any, meta: Mapping[str, Any], where: str, path: str) -> Any:
     value = _coerce(tp, value, where, path)
     items = value if isinstance(value, (list, tuple)) else [value]
     if "choices" in meta:
+        choices = field_choices(meta)
         for item in items:
-            if item not in meta["choices"]:
-                allowed = ", ".join(repr(c) for c in meta["choices"])
+            if item not in choices:
+                allowed = ", ".join(repr(c) for c in choices)
                 raise ConfigError(f"{where}: {path}: {item!r} is not one of {allowed}")
     for bound, relation, bad in (("min", ">=", lambda x, b: x < b), ("max", "<=", lambda x, b: x > b),
                                  ("below", "<", lambda x, b: x >= b)):

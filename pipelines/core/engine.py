@@ -32,6 +32,7 @@ import dataclasses
 import enum
 import errno
 import functools
+import importlib.util
 import hashlib
 import importlib.metadata
 import json
@@ -174,7 +175,7 @@ def _code_fingerprint(roots: tuple[str, ...], shallow: tuple[str, ...]) -> str:
 @functools.lru_cache(maxsize=None)
 def _module_source(name: str) -> tuple[str, tuple[str, ...]]:
     """(digest of the module's docstring-free syntax tree, the ``pipelines`` modules it imports)."""
-    path = _module_file(name)
+    path = _module_file(name) or _plugin_file(name)
     if path is None:
         raise PipelineError(f"cannot fingerprint the code of {name!r}: no such module in {_PACKAGE_DIR}")
     tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
@@ -223,6 +224,17 @@ def _module_file(name: str) -> Path | None:
         if candidate is not None and candidate.is_file():
             return candidate
     return None
+
+
+def _plugin_file(name: str) -> Path | None:
+    """The source file of a model module registered from outside the package (its own source counts;
+    its imports outside ``pipelines`` are not followed, like any library's)."""
+    try:
+        spec = importlib.util.find_spec(name)
+    except (ImportError, ValueError):
+        return None
+    origin = Path(spec.origin) if spec is not None and spec.origin else None
+    return origin if origin is not None and origin.suffix == ".py" and origin.is_file() else None
 
 
 def data_fingerprint(paths: Iterable[Path], root: Path) -> str:

@@ -55,7 +55,7 @@ def fold_models(output: StageOutput, *, num_threads: int = 0) -> list[tuple[int,
 
     ``num_threads`` 0: the threads the stage's fold jobs predicted with (its ``threads_per_job``); a
     GNN's last bits depend on the thread count, so that is what reproduces the stage's predictions."""
-    from pipelines.models.registry import get_adapter
+    from pipelines.config.registry import get_adapter
     from pipelines.training.fit import model_file_name
 
     config = output.manifest.get("config") or {}

@@ -244,7 +244,7 @@ def train_models(config: PipelineConfig, prepared: Mapping[str, Any], models: Se
         with ThreadPoolExecutor(max_workers=len(tasks), thread_name_prefix="train") as threads:
             outputs = list(threads.map(one, tasks))
     elif backend == "loky" and config.run.n_jobs > 1 and len(tasks) > 1:
-        from pipelines.models.registry import get_adapter
+        from pipelines.config.registry import get_adapter
 
         scheduled = sorted(tasks, key=lambda task: not getattr(get_adapter(task[1]), "long_jobs", False))
         by_task = dict(zip(scheduled, _train_sharing_workers(one, scheduled, config.run.n_jobs)))
@@ -310,7 +310,7 @@ def _raise_first_failure(futures: Sequence[Future]) -> None:
 
 def checked_models(config: PipelineConfig, models: Sequence[str] | None) -> list[str]:
     """:func:`resolve_models`, each of them a registered model: an unknown name fails before any work."""
-    from pipelines.models.registry import get_adapter
+    from pipelines.config.registry import get_adapter
 
     names = resolve_models(config, models)
     for name in names:

@@ -4,9 +4,8 @@ Each trial is one ordinary training stage (:func:`pipelines.training.fit.train_m
 CV over the shared folds, every seed of ``run.seeds``) of the config with the trial's values set as
 per-collection overrides (``[<model>.collections."<C>"]``); its objective is the stage's OOF score
 (mean over seeds of the mean over graphs of the competition metric), maximised. Trials are cached
-stages like any other, so a repeated trial costs nothing. The search space of a model is declared
-next to its config (``SEARCH_SPACE`` in :mod:`pipelines.config.gbdt` and
-:mod:`pipelines.config.gnn`).
+stages like any other, so a repeated trial costs nothing. The search space of a model is its registry
+entry's (:mod:`pipelines.config.registry`; the built-in ones are ``SEARCH_SPACE`` next to each config).
 
 The study lives in an Optuna storage: by default the SQLite file ``<work dir>/tune/studies.db``;
 ``--storage URL`` takes any database Optuna supports (``postgresql://...``, ``mysql://...``), so
@@ -35,6 +34,7 @@ from typing import Any
 
 from pipelines.core.atomic import write_text_atomic
 from pipelines.core.collection import Collection
+from pipelines.config.registry import search_space
 from pipelines.core.errors import ConfigError, PipelineError
 from pipelines.core.logs import silenced
 
@@ -42,20 +42,8 @@ TUNE_DIR = "tune"
 STUDIES_DB = "studies.db"
 HEADER = "# written by pipelines.flows.tune"
 MANIFEST_SUFFIX = ".json"
-TUNABLE_MODELS = ("gbdt", "gnn")
 
 logger = logging.getLogger(__name__)
-
-
-def search_space(model: str) -> dict[str, tuple]:
-    """The declared search space of ``model`` (see the module docstring)."""
-    if model == "gbdt":
-        from pipelines.config.gbdt import SEARCH_SPACE
-    elif model == "gnn":
-        from pipelines.config.gnn import SEARCH_SPACE
-    else:
-        raise ConfigError(f"no search space for model {model!r}; tunable models: {', '.join(TUNABLE_MODELS)}")
-    return dict(SEARCH_SPACE)
 
 
 def suggest(trial: Any, space: Mapping[str, tuple]) -> dict[str, Any]:
@@ -123,7 +111,7 @@ def tune(config_ref: str | None, overrides: Sequence[str], *, model: str, collec
     from pipelines.config.settings import apply_overrides, config_to_dict, load_config
     from pipelines.core.engine import fingerprint
     from pipelines.flows.prepare import prepare
-    from pipelines.models.registry import get_adapter
+    from pipelines.config.registry import get_adapter
     from pipelines.training.fit import train_model
 
     if trials < 1:

@@ -1,4 +1,4 @@
-"""The one model contract: what every registered model (:mod:`pipelines.models.registry`) provides.
+"""The one model contract: what every registered model (:mod:`pipelines.config.registry`) provides.
 
 A model is two small classes. The **ranker** holds the learning (scikit-learn shape):
 

@@ -52,7 +52,7 @@ import polars as pl
 
 from pipelines.core.atomic import write_text_atomic
 from pipelines.core.collection import Collection, parse_collection
-from pipelines.config.settings import config_from_dict, config_to_dict, resolve_for_collection
+from pipelines.config.settings import config_from_dict, config_to_dict, model_settings, resolve_for_collection
 from pipelines.core.errors import FormatError
 from pipelines.models.feature_table import FeatureTableAdapter
 from pipelines.config.gbdt import GBDTConfig
@@ -479,7 +479,7 @@ class GBDTAdapter(FeatureTableAdapter):
 
     def settings(self, config: Any, collection: Collection) -> dict[str, Any]:
         # resolved, with its empty `collections` kept: the ranker must not apply its defaults' tables again
-        return config_to_dict(resolve_for_collection(config.gbdt, collection))
+        return model_settings(config, "gbdt", collection)
 
     def load(self, prepared: Any, graphs: list[str], *, settings: dict[str, Any], fit: bool,
              seed: int) -> pl.DataFrame:

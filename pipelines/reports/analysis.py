@@ -480,8 +480,8 @@ def variant_summary(trained: Sequence[Trained]) -> pl.DataFrame:
 
 
 def registered_models() -> list[str]:
-    """Model names the training stage can train now (``pipelines.models.registry.MODELS``)."""
-    from pipelines.models.registry import MODELS
+    """Model names the training stage can train now (``pipelines.config.registry.MODELS``)."""
+    from pipelines.config.registry import MODELS
 
     return list(MODELS)
 
@@ -495,7 +495,7 @@ def choose_models(settings: NotebookSettings, wanted: Sequence[str]) -> list[str
     skipped = [m for m in wanted if m not in chosen]
     if skipped:
         logger.warning(f"warning: skipped model(s) {', '.join(skipped)} (not registered in "
-                       "pipelines.models.registry.MODELS, or left out by the settings: run.models)")
+                       "pipelines.config.registry.MODELS, or left out by the settings: run.models)")
     if not chosen:
         raise ConfigError(f"none of the models {list(wanted)} can be trained here")
     return chosen

@@ -24,7 +24,7 @@ collection + seeds + upstream stage keys):
 
 Models
 ------
-Every registered model (:mod:`pipelines.models.registry`) follows :mod:`pipelines.models.contract`:
+Every registered model (:mod:`pipelines.config.registry`) follows :mod:`pipelines.models.contract`:
 an adapter says which upstream outputs the model reads and how to load them, builds the ranker from
 the config and reports on it; the loop above never changes. A model's settings may carry ``seed``:
 an offset added to every run seed (``gbdt.seed``, ``gnn.seed``).
@@ -54,7 +54,7 @@ from pipelines.core.engine import Code, StageOutput, rename_if_free, run_stage, 
 from pipelines.core.errors import PipelineError
 from pipelines.core.machine import available_cores, available_memory
 from pipelines.models.contract import ModelAdapter, Ranker
-from pipelines.models.registry import adapter_module, get_adapter
+from pipelines.config.registry import adapter_module, get_adapter
 from pipelines.core.parallel import JobPool
 from pipelines.core.predictions import PREDICTION_SCHEMA, prediction_frame
 from pipelines.core.progress import format_duration

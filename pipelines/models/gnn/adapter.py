@@ -1,5 +1,5 @@
 """How the training stage (``pipelines.training.fit``) drives the GNN: its entry in
-:mod:`pipelines.models.registry`, imported only when the GNN is trained (torch is heavy)."""
+:mod:`pipelines.config.registry`, imported only when the GNN is trained (torch is heavy)."""
 
 from __future__ import annotations
 
@@ -40,10 +40,10 @@ class GNNAdapter:
     long_jobs = True  # fold jobs of many epochs: a run starts these stages first (run.train_models)
 
     def settings(self, config: Any, collection: Collection) -> dict[str, Any]:
-        from pipelines.config.settings import config_to_dict, resolve_for_collection
+        from pipelines.config.settings import model_settings
 
         # resolved, with its empty `collections` kept: the ranker must not apply its defaults' tables again
-        return config_to_dict(resolve_for_collection(config.gnn, collection))
+        return model_settings(config, "gnn", collection)
 
     def inputs(self, prepared: Any) -> dict[str, str]:
         return {"node_arrays": prepared.stages["node_arrays"].key, "folds": prepared.stages["folds"].key}
