@@ -65,7 +65,7 @@ def default_settings(model: str, collection: str) -> dict[str, Any]:
     """The model's default settings for ``collection``, as a stage manifest stores them (JSON values)."""
     from pipelines.core.collection import parse_collection
     from pipelines.config.settings import PipelineConfig
-    from pipelines.models.registry import get_adapter
+    from pipelines.config.registry import get_adapter
 
     return json.loads(json.dumps(get_adapter(model).settings(PipelineConfig(), parse_collection(collection))))
 

@@ -72,7 +72,7 @@ from pipelines.data.node_arrays import run_node_arrays
 from pipelines.data.prune import read_graph_table, run_prune
 from pipelines.core.collection import parse_collection
 from pipelines.config.settings import load_config
-from pipelines.models.registry import get_adapter
+from pipelines.config.registry import get_adapter
 from pipelines.training.fit import PREDICT_BATCH_GRAPHS, _predict_graphs
 config = load_config({config!r}, {overrides!r})
 root, work = {root!r}, Path({work!r})

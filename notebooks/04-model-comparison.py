@@ -22,7 +22,7 @@
 # the optimiser steps for the same validations). Every number is a mean +- spread
 # over folds x seeds, read from the training stages' `scores.parquet`. The ensemble is blended seed
 # by seed from the saved out-of-fold predictions (`predictions.parquet`), weights fitted on them.
-# When the GNN is not registered in `pipelines.models.registry.MODELS`, its rows are skipped and the
+# When the GNN is not registered in `pipelines.config.registry.MODELS`, its rows are skipped and the
 # ensemble blends the GBDT with the best single feature instead.
 
 # %%
@@ -109,4 +109,4 @@ if has_gnn:
     fig = analysis.errorbar_plot(gnn_summary, x="variant", title="GNN options", xlabel="GNN variant")
     analysis.save_figure(fig, figures / "04-gnn-options.png", close=False)
 else:
-    print("the GNN is not registered in pipelines.models.registry.MODELS: no GNN options to compare")
+    print("the GNN is not registered in pipelines.config.registry.MODELS: no GNN options to compare")
