@@ -996,3 +996,29 @@ def test_gpu_config_asks_for_auto_and_runs_anywhere():
     gnn = load_config("gpu").gnn
     assert gnn.device == "auto" and gnn.precision == "fp32"
     assert resolve_device(gnn.device).type in ("cpu", "cuda")
+
+
+class _Planted:
+    """Unpickling this runs code: it creates the marker file (what a planted model or checkpoint does)."""
+
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return (open, (self.marker, "w"))
+
+
+def test_a_planted_model_or_checkpoint_file_runs_no_code(tmp_path):
+    """Model files and epoch checkpoints are data: loading one that holds a program refuses it unrun."""
+    marker = tmp_path / "ran"
+    torch.save({"format": 1, "payload": _Planted(marker)}, tmp_path / "evil.pt")
+    with pytest.raises(FormatError, match="evil.pt"):
+        GNNRanker.load(tmp_path, "evil")
+    assert not marker.exists()
+    graphs = easy_world(4, "tile", 6)
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    torch.save({"format": 1, "payload": _Planted(marker)}, ckpt / "gnn_seed0.pt")
+    with pytest.raises(ConfigError, match="gnn_seed0.pt"):
+        gnn("tile", epochs=1).fit(graphs, seed=0, checkpoint_dir=ckpt)
+    assert not marker.exists()

@@ -243,7 +243,7 @@ def save_checkpoint(path: Path, fingerprint: str, model: nn.Module, optimizer, s
 def load_checkpoint(path: Path, fingerprint: str, model: nn.Module, optimizer, scheduler,
                     rng: np.random.Generator) -> TrainState:
     try:
-        saved = torch.load(path, map_location="cpu", weights_only=False)
+        saved = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # torch raises several types for a truncated or foreign file
         raise ConfigError(f"{path}: cannot read GNN checkpoint ({exc})") from None
     if saved.get("format") != CHECKPOINT_FORMAT or saved.get("fingerprint") != fingerprint:
