@@ -15,7 +15,9 @@ an edit to one stage's module recomputes that stage and its consumers only; so a
 and the engine wherever they are imported (:data:`NOT_FOLLOWED`).
 
 A folder counts as complete only when its ``manifest.json`` names the same stage and key and every output file it lists is present with the
-recorded size; the manifest is the last thing written, before the folder is renamed into place.
+recorded size and SHA-256; the manifest is the last thing written, before the folder is renamed into place.
+The content hashes are checked every time a cached output is reused or loaded, so a flipped bit in a
+cached file (same size) is never served: the stage is recomputed with a warning naming the file.
 
 Work happens in ``<work_dir>/<stage>/.tmp-<key>-<random>/``. The running process holds an exclusive
 ``flock`` on ``.lock`` inside that folder for as long as it works there, so a later run can tell an
@@ -600,7 +602,17 @@ def _read_complete(path: Path, stage: str, key: str) -> dict | None:
         try:
             if (path / item["path"]).stat().st_size != item["bytes"]:
                 return None
+            item["sha256"]  # an output recorded without its hash is not trusted
         except (OSError, KeyError, TypeError):
+            return None
+    for item in outputs:  # sizes first (cheap): only a folder that could be complete is read through
+        try:
+            actual = file_sha256(path / item["path"])
+        except OSError:
+            return None
+        if actual != item["sha256"]:
+            logger.warning(with_tag(f"[{stage}] {path / item['path']}: content does not match its manifest "
+                                    f"(SHA-256 {actual[:12]}, recorded {str(item['sha256'])[:12]}); not served"))
             return None
     return manifest
 
@@ -614,7 +626,7 @@ def _list_outputs(folder: Path) -> list[dict]:
             rel = full.relative_to(folder).as_posix()
             if rel in (MANIFEST, LOCK):
                 continue
-            outputs.append({"path": rel, "bytes": full.stat().st_size})
+            outputs.append({"path": rel, "bytes": full.stat().st_size, "sha256": file_sha256(full)})
     return outputs
 
 
