@@ -39,6 +39,8 @@ from pipelines.config.gbdt import GBDTConfig
 from pipelines.config.gnn import GNNConfig
 
 MODEL_NAMES = ("gbdt", "gnn")
+# Every seed: numpy, torch and LightGBM take [0, 2^32); a larger one aliases a smaller one (2**40 trains seed 0).
+SEED_BOUNDS = {"min": 0, "below": 2**32}
 # A section field with this name maps collection names to overrides of the section's other fields.
 PER_COLLECTION_FIELD = "collections"
 BASE_NAME = "base"
@@ -82,7 +84,7 @@ class FeaturesConfig:
 
     # Cap of configs kept per TRAINING graph (sampled with `seed`); test graphs are never capped.
     max_configs_per_graph: int = field(default=20000, metadata={"min": 1})
-    seed: int = 0
+    seed: int = field(default=0, metadata=SEED_BOUNDS)
 
 
 @dataclass
@@ -90,7 +92,7 @@ class FoldsConfig:
     """Graph-level cross-validation folds, assigned once and shared by every model."""
 
     k: int = field(default=5, metadata={"min": 2})
-    seed: int = 0
+    seed: int = field(default=0, metadata=SEED_BOUNDS)
     # False: CV over train+valid graphs together; True: CV over train only, valid kept as a holdout.
     holdout_valid: bool = False
 
@@ -117,7 +119,7 @@ class EnsembleConfig:
 class RunConfig:
     """What a full run trains and how it is scheduled."""
 
-    seeds: list[int] = field(default_factory=lambda: [0, 1], metadata={"min_items": 1, "unique": True})
+    seeds: list[int] = field(default_factory=lambda: [0, 1], metadata={"min_items": 1, "unique": True, **SEED_BOUNDS})
     models: list[str] = field(
         default_factory=lambda: list(MODEL_NAMES),
         metadata={"choices": MODEL_NAMES, "min_items": 1, "unique": True},
