@@ -1022,3 +1022,23 @@ def test_a_planted_model_or_checkpoint_file_runs_no_code(tmp_path):
     with pytest.raises(ConfigError, match="gnn_seed0.pt"):
         gnn("tile", epochs=1).fit(graphs, seed=0, checkpoint_dir=ckpt)
     assert not marker.exists()
+
+
+def test_a_checkpoint_folder_removed_by_a_concurrent_run_mid_save_is_no_failure(tmp_path, monkeypatch):
+    """Issue 71, class 6: two runs on one work dir; the one that finished the fold first removed its
+    checkpoint folder while the other was saving there, and the other failed renaming its temporary file."""
+    import shutil
+    folder = tmp_path / "f0-s0.ckpt"
+    real_save = torch.save
+
+    def save_then_lose_the_folder(obj, target):
+        real_save(obj, target)
+        shutil.rmtree(folder)  # what the other run's cleanup does between the write and the rename
+
+    monkeypatch.setattr(trainer.torch, "save", save_then_lose_the_folder)
+    model = GNNModel(GNNConfig(**FAST), FEAT, "tile")
+    optimizer = torch.optim.AdamW(model.parameters())
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+    trainer.save_checkpoint(folder / "gnn_seed0.pt", "x", model, optimizer, scheduler, trainer.TrainState(),
+                            np.random.default_rng(0))
+    assert not folder.exists()

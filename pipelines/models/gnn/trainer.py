@@ -231,6 +231,16 @@ def atomic_torch_save(obj: dict, path: Path) -> None:
 def save_checkpoint(path: Path, fingerprint: str, model: nn.Module, optimizer, scheduler, state: TrainState,
                     rng: np.random.Generator) -> None:
     device = model_device(model)
+    try:
+        _save_checkpoint_file(path, fingerprint, model, optimizer, scheduler, state, rng, device)
+    except FileNotFoundError:
+        # Another run on this work dir finished the same fold and removed its checkpoint folder while this
+        # one was writing: a checkpoint only saves time, and the fold's result is the other run's.
+        logger.info(f"{path.parent}: checkpoint folder removed by a concurrent run; checkpoint not saved")
+
+
+def _save_checkpoint_file(path: Path, fingerprint: str, model: nn.Module, optimizer, scheduler, state: TrainState,
+                          rng: np.random.Generator, device) -> None:
     atomic_torch_save({
         "format": CHECKPOINT_FORMAT, "fingerprint": fingerprint, "model": model.state_dict(),
         "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "state": state.__dict__,
