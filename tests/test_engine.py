@@ -244,7 +244,7 @@ def test_a_flipped_bit_in_a_cached_output_of_the_same_size_is_never_served(tmp_p
     data[0] ^= 1  # one bit, same size
     target.write_bytes(bytes(data))
     assert {"path", "bytes", "sha256"} <= set(first.manifest["outputs"][0])
-    with pytest.raises(PipelineError, match="incomplete"):
+    with pytest.raises(PipelineError, match=r"damaged: .*data\.bin"):
         load_stage(tmp_path, "feat", first.key)
     compute = Counter()
     with caplog.at_level(logging.WARNING, logger="pipelines.core.engine"):
@@ -417,3 +417,19 @@ def test_permission_errors_inside_compute_propagate_unchanged(tmp_path):
 
     with pytest.raises(PermissionError):  # a read failure, not the work folder's fault
         run(tmp_path, unreadable)
+
+
+def test_load_stage_says_which_file_is_damaged_or_missing(tmp_path):
+    """Issue 71, class 7: a resized or altered output was reported as if the stage were gone."""
+    out = run(tmp_path)
+    with pytest.raises(PipelineError, match="absent"):
+        load_stage(tmp_path, "feat", "0" * 16)
+    (out.path / "data.bin").write_bytes(b"hello, longer")
+    with pytest.raises(PipelineError, match=r"damaged: .*data\.bin has 13 bytes, its manifest recorded 5"):
+        load_stage(tmp_path, "feat", out.key)
+    (out.path / "data.bin").write_bytes(b"jello")
+    with pytest.raises(PipelineError, match=r"damaged: .*data\.bin: content does not match"):
+        load_stage(tmp_path, "feat", out.key)
+    (out.path / "data.bin").unlink()
+    with pytest.raises(PipelineError, match=r"incomplete: .*data\.bin is missing"):
+        load_stage(tmp_path, "feat", out.key)

@@ -423,10 +423,9 @@ def load_stage(work_dir: Path, stage: str, key: str) -> StageOutput:
     """The complete output of ``stage`` with ``key``; PipelineError if absent or incomplete."""
     _check_stage_name(stage)
     path = Path(work_dir) / stage / key
-    manifest = _read_complete(path, stage, key)
+    manifest, why = _check_complete(path, stage, key)
     if manifest is None:
-        state = "incomplete" if path.exists() else "absent"
-        raise PipelineError(f"{path}: no complete output of stage {stage!r} with key {key} ({state})")
+        raise PipelineError(f"{path}: no complete output of stage {stage!r} with key {key} ({why})")
     return StageOutput(stage, key, path, manifest)
 
 
@@ -589,32 +588,45 @@ def _check_seeds(manifest: dict, seeds: dict | None) -> None:
 
 def _read_complete(path: Path, stage: str, key: str) -> dict | None:
     """The manifest of ``path`` if it is a complete output of ``stage``/``key``, else None."""
+    return _check_complete(path, stage, key)[0]
+
+
+def _check_complete(path: Path, stage: str, key: str) -> tuple[dict | None, str]:
+    """(the manifest, "") if ``path`` is a complete output of ``stage``/``key``, else (None, why not)."""
+    if not path.exists():
+        return None, "absent"
     try:
         manifest = json.loads((path / MANIFEST).read_text(encoding="utf-8"))
     except (OSError, ValueError):
-        return None
+        return None, f"incomplete: {path / MANIFEST} is missing or unreadable"
     if not isinstance(manifest, dict) or manifest.get("stage") != stage or manifest.get("key") != key:
-        return None
+        return None, f"incomplete: {path / MANIFEST} names another stage or key"
     outputs = manifest.get("outputs")
     if not isinstance(outputs, list):
-        return None
+        return None, f"incomplete: {path / MANIFEST} lists no outputs"
     for item in outputs:
         try:
-            if (path / item["path"]).stat().st_size != item["bytes"]:
-                return None
+            target = path / item["path"]
+            size = target.stat().st_size
             item["sha256"]  # an output recorded without its hash is not trusted
-        except (OSError, KeyError, TypeError):
-            return None
-    for item in outputs:  # sizes first (cheap): only a folder that could be complete is read through
-        try:
-            actual = file_sha256(path / item["path"])
         except OSError:
-            return None
+            return None, f"incomplete: {target} is missing"
+        except (KeyError, TypeError):
+            return None, f"incomplete: {path / MANIFEST} lists an output without its size and SHA-256"
+        if size != item["bytes"]:
+            return None, f"damaged: {target} has {size} bytes, its manifest recorded {item['bytes']}"
+    for item in outputs:  # sizes first (cheap): only a folder that could be complete is read through
+        target = path / item["path"]
+        try:
+            actual = file_sha256(target)
+        except OSError:
+            return None, f"incomplete: {target} is unreadable"
         if actual != item["sha256"]:
-            logger.warning(with_tag(f"[{stage}] {path / item['path']}: content does not match its manifest "
-                                    f"(SHA-256 {actual[:12]}, recorded {str(item['sha256'])[:12]}); not served"))
-            return None
-    return manifest
+            why = f"damaged: {target}: content does not match its manifest (SHA-256 {actual[:12]}, " \
+                  f"recorded {str(item['sha256'])[:12]})"
+            logger.warning(with_tag(f"[{stage}] {why}; not served"))
+            return None, why
+    return manifest, ""
 
 
 def _list_outputs(folder: Path) -> list[dict]:
