@@ -340,3 +340,12 @@ def test_seeds_and_sizes_out_of_bounds_are_config_errors_before_any_stage(overri
     with pytest.raises(ConfigError, match=override.split("=")[0].split(".")[-1]):
         load_config(None, [override])
     assert load_config(None, ["run.seeds=[4294967295]"]).run.seeds == [4294967295]
+
+
+def test_a_very_long_extends_chain_is_a_config_error_not_a_recursion_error(tmp_path):
+    (tmp_path / "c0.toml").write_text('extends = "base"\n')
+    for i in range(1, 1200):
+        (tmp_path / f"c{i}.toml").write_text(f'extends = "c{i - 1}.toml"\n')
+    with pytest.raises(ConfigError, match="'extends' chain longer than"):
+        load_config(tmp_path / "c1199.toml")
+    assert load_config(tmp_path / "c10.toml") == load_config("base")

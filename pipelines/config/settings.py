@@ -41,6 +41,8 @@ from pipelines.config.gnn import GNNConfig
 MODEL_NAMES = ("gbdt", "gnn")
 # Every seed: numpy, torch and LightGBM take [0, 2^32); a larger one aliases a smaller one (2**40 trains seed 0).
 SEED_BOUNDS = {"min": 0, "below": 2**32}
+# Files an ``extends`` chain may hold (the loader recurses once per file).
+MAX_EXTENDS = 64
 # A section field with this name maps collection names to overrides of the section's other fields.
 PER_COLLECTION_FIELD = "collections"
 BASE_NAME = "base"
@@ -222,6 +224,8 @@ def _load_chain(ref: str | Path, relative_to: Path | None = None, seen: tuple[st
     source, identity, text, folder = _read_source(ref, relative_to)
     if identity in seen:
         raise ConfigError(f"{source}: 'extends' cycle: {' -> '.join(seen + (identity,))}")
+    if len(seen) >= MAX_EXTENDS:
+        raise ConfigError(f"{source}: 'extends' chain longer than {MAX_EXTENDS} files")
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
