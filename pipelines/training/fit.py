@@ -529,7 +529,13 @@ def _quiet_loky() -> None:
     warns that it counts logical cores, which is what ``available_cores`` gives it anyway."""
     import warnings
 
-    os.environ.setdefault("LOKY_MAX_CPU_COUNT", str(available_cores()))
+    given = os.environ.get("LOKY_MAX_CPU_COUNT")
+    if given is not None and not (given.strip().isdigit() and int(given) > 0):
+        # loky itself would end in a ValueError traceback on it
+        logger.warning(f"LOKY_MAX_CPU_COUNT={given!r} is not a positive integer; using {available_cores()}")
+        given = None
+    if given is None:
+        os.environ["LOKY_MAX_CPU_COUNT"] = str(available_cores())
     warnings.filterwarnings("ignore", message="A worker stopped while some jobs were given to the executor",
                             category=UserWarning)
 
