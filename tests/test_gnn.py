@@ -1019,9 +1019,14 @@ def test_a_planted_model_or_checkpoint_file_runs_no_code(tmp_path):
     ckpt = tmp_path / "ckpt"
     ckpt.mkdir()
     torch.save({"format": 1, "payload": _Planted(marker)}, ckpt / "gnn_seed0.pt")
-    with pytest.raises(ConfigError, match="gnn_seed0.pt"):
-        gnn("tile", epochs=1).fit(graphs, seed=0, checkpoint_dir=ckpt)
+    with pytest.raises(ConfigError, match="gnn_seed0.pt"):  # read anyway: refused unrun
+        trainer.load_checkpoint(ckpt / "gnn_seed0.pt", "x", None, None, None, None)
     assert not marker.exists()
+    # on resume it is not even read: it does not match the hash recorded when a checkpoint is written
+    planted = (ckpt / "gnn_seed0.pt").read_bytes()
+    gnn("tile", epochs=1).fit(graphs, seed=0, checkpoint_dir=ckpt)
+    assert not marker.exists() and (ckpt / "gnn_seed0.pt").read_bytes() != planted
+    assert trainer.checkpoint_is_ours(ckpt / "gnn_seed0.pt")
 
 
 def test_a_checkpoint_folder_removed_by_a_concurrent_run_mid_save_is_no_failure(tmp_path, monkeypatch):
