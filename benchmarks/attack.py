@@ -5,7 +5,8 @@ Usage: python -m benchmarks.attack [--out DIR] [--keep] [--only SUBSTRING] [--ti
 Every case is one hostile input or fault, run as ``python -m pipelines ...`` in a fresh subprocess on
 a private copy of the ``tiny`` synthetic world. Each is classified:
 
-* rejected cleanly: exit code 2, an ``error:`` message, no traceback (plus the case's own check,
+* rejected cleanly: exit code 1 (a data or pipeline error) or 2 (a usage error), as the command line
+  documents (``EXIT_CODES_HELP``), an ``error:`` message, no traceback (plus the case's own check,
   e.g. "the CSV is unchanged", "no stage folder was written", "the message names the path");
 * accepted as intended: exit 0 where that is the right answer (``data.on_bad_file=skip``, ...),
   with the case's check passing;
@@ -661,6 +662,22 @@ def build_bombs(folder: Path, world: Path) -> None:
     zero_bomb(folder / "config-feat-100M.npz", source, "config_feat", (10_000_000, 24), "<f4")
 
 
+# The command line's documented exit codes for a clean rejection (pipelines.cli.EXIT_CODES_HELP).
+REJECTION_CODES = (1, 2)
+
+
+def judge(expect: str, outcome: Outcome, problem: str | None) -> str:
+    """The verdict on one case: ``expect`` is "reject" or "accept"; ``problem`` the case check's complaint."""
+    if outcome.timed_out:
+        return "timeout"
+    if "Traceback (most recent call last)" in outcome.stdout + outcome.stderr:
+        return "traceback"
+    if expect == "reject":
+        clean = outcome.rc in REJECTION_CODES and "error:" in outcome.stderr and not problem
+        return "rejected cleanly" if clean else "accepted wrongly"
+    return "accepted as intended" if outcome.rc == 0 and not problem else "accepted wrongly"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results")
@@ -711,16 +728,7 @@ def main(argv: list[str] | None = None) -> int:
             outcome = run_cli(cli_args, base, args.timeout)
             changed = snapshot(ctx.data) != before or snapshot(world) != pristine
             problem = case.check(ctx, outcome)
-            text = outcome.stdout + outcome.stderr
-            if outcome.timed_out:
-                verdict = "timeout"
-            elif "Traceback (most recent call last)" in text:
-                verdict = "traceback"
-            elif case.expect == "reject":
-                verdict = ("rejected cleanly" if outcome.rc == 2 and "error:" in outcome.stderr and not problem
-                           else "accepted wrongly")
-            else:
-                verdict = "accepted as intended" if outcome.rc == 0 and not problem else "accepted wrongly"
+            verdict = judge(case.expect, outcome, problem)
             message = (outcome.stderr.strip().splitlines() or [""])[0] if outcome.rc else \
                 (outcome.stdout.strip().splitlines() or [""])[-1]
             row = {"item": case.item, "case": case.name, "verdict": verdict, "rc": outcome.rc,

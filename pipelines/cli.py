@@ -44,6 +44,17 @@ def _parser(sub: argparse._SubParsersAction, name: str, help_text: str, example:
     return parser
 
 
+def _seed(text: str) -> int:
+    """A ``--seed`` value: an integer in [0, 2^32), as numpy and LightGBM take (issue 71)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if not 0 <= value < 2**32:
+        raise argparse.ArgumentTypeError(f"must lie in [0, 2^32), got {text}")
+    return value
+
+
 def _prog() -> str:
     """``tpugraphs`` when called through the console script, else ``python -m pipelines``."""
     import os
@@ -61,7 +72,7 @@ def _add_synth(sub: argparse._SubParsersAction) -> None:
                 "synth --out data/synthetic-small --scale small --seed 0")
     p.add_argument("--out", type=Path, required=True, help="data root to create (Kaggle layout)")
     p.add_argument("--scale", choices=("tiny", "small", "medium", "full"), default="small")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=_seed, default=0)
     p.add_argument("--variant", type=int, default=0,
                    help="cost-model variant: 0 = the original constants, N >= 1 = constants drawn from "
                         "documented ranges (pipelines/synth/costmodel.py)")
@@ -140,7 +151,7 @@ def _add_demo(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--data-root", type=Path, default=None,
                    help="where the synthetic world is generated or reused (default: data/synthetic-SCALE)")
     p.add_argument("--scale", choices=("tiny", "small", "full"), default="small")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=_seed, default=0)
     p.add_argument("--work-dir", type=Path, default=paths.WORK_DIR)
     p.add_argument("--submissions-dir", type=Path, default=paths.SUBMISSIONS_DIR)
     p.add_argument("--config", default=None, help="config name (e.g. quick) or TOML file (default: base)")
@@ -553,7 +564,7 @@ def _add_tune(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--study", default=None, help="study name (default: model, collection and a data+config fingerprint)")
     p.add_argument("--out", type=Path, default=None,
                    help="config file for the best trial (default: WORK_DIR/tune/<study>.toml; manifest next to it)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the TPE sampler")
+    p.add_argument("--seed", type=_seed, default=0, help="seed of the TPE sampler")
     p.set_defaults(handler=_run_tune)
 
 

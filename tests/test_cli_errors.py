@@ -61,3 +61,13 @@ def test_argparse_errors_exit_2_with_usage(tmp_path, capsys):
         main(["synthesise"])
     assert raised.value.code == 2
     assert not (tmp_path / "work").exists()
+
+
+@pytest.mark.parametrize("seed", ["-1", "4294967296", "1" * 30])
+def test_a_seed_outside_0_to_2_32_is_a_usage_error(tmp_path, seed, capsys):
+    """Issue 71, class 3: ``synth --seed -1`` ended in numpy's traceback."""
+    from pipelines.cli import main
+    with pytest.raises(SystemExit) as exit_info:
+        main(["synth", "--out", str(tmp_path / "w"), "--scale", "tiny", "--seed", seed])
+    assert exit_info.value.code == 2
+    assert "2^32" in capsys.readouterr().err and not (tmp_path / "w").exists()

@@ -329,3 +329,23 @@ def test_config_command_prints_loadable_toml(tmp_path, capsys):
     assert load_config(write(tmp_path, "printed.toml", text)) == expected
     assert main(["config", "--set", "folds.k=1"]) == 2
     assert "folds.k: must be >= 2" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("override", [
+    "run.seeds=[-1]", "run.seeds=[4294967296]", "folds.seed=-1", "features.seed=18446744073709551616",
+    "gbdt.seed=1099511627776", "gbdt.num_leaves=200000", "gbdt.n_estimators=1000000000000", "gnn.hidden=1000000",
+])
+def test_seeds_and_sizes_out_of_bounds_are_config_errors_before_any_stage(override):
+    """Issue 71: seeds outside [0, 2^32) aliased or crashed; LightGBM's and memory's limits were not checked."""
+    with pytest.raises(ConfigError, match=override.split("=")[0].split(".")[-1]):
+        load_config(None, [override])
+    assert load_config(None, ["run.seeds=[4294967295]"]).run.seeds == [4294967295]
+
+
+def test_a_very_long_extends_chain_is_a_config_error_not_a_recursion_error(tmp_path):
+    (tmp_path / "c0.toml").write_text('extends = "base"\n')
+    for i in range(1, 1200):
+        (tmp_path / f"c{i}.toml").write_text(f'extends = "c{i - 1}.toml"\n')
+    with pytest.raises(ConfigError, match="'extends' chain longer than"):
+        load_config(tmp_path / "c1199.toml")
+    assert load_config(tmp_path / "c10.toml") == load_config("base")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import hashlib
 import json
 import logging
 import os
@@ -180,7 +181,8 @@ def test_manifest_contents(tmp_path):
     assert m["config"] == {"a": 3, "path": "x/y", "pair": [1, 2]}
     assert m["inputs"] == {"raw": "abc"}
     assert m["seeds"] == {"fold": 7}
-    assert m["outputs"] == [{"path": "data.bin", "bytes": 5}, {"path": "sub/more.txt", "bytes": 3}]
+    assert m["outputs"] == [{"path": "data.bin", "bytes": 5, "sha256": hashlib.sha256(b"hello").hexdigest()},
+                            {"path": "sub/more.txt", "bytes": 3, "sha256": hashlib.sha256(b"abc").hexdigest()}]
     assert m["metrics"] == {"score": 0.5, "calls": 1}
     assert set(m["code_version"]) == {"commit", "dirty"}
     assert m["library_versions"]["python"].count(".") == 2 and "numpy" in m["library_versions"]
@@ -233,6 +235,23 @@ def test_damaged_or_foreign_output_is_not_a_cache_hit(tmp_path):
         load_stage(tmp_path, "feat", again.key)
     assert run(tmp_path, compute).manifest["metrics"]["calls"] == 2
     assert entries(tmp_path / "feat") == [first.key]
+
+
+def test_a_flipped_bit_in_a_cached_output_of_the_same_size_is_never_served(tmp_path, caplog):
+    first = run(tmp_path)
+    target = first.path / "data.bin"
+    data = bytearray(target.read_bytes())
+    data[0] ^= 1  # one bit, same size
+    target.write_bytes(bytes(data))
+    assert {"path", "bytes", "sha256"} <= set(first.manifest["outputs"][0])
+    with pytest.raises(PipelineError, match=r"damaged: .*data\.bin"):
+        load_stage(tmp_path, "feat", first.key)
+    compute = Counter()
+    with caplog.at_level(logging.WARNING, logger="pipelines.core.engine"):
+        again = run(tmp_path, compute)
+    assert compute.calls == 1 and again.file("data.bin").read_bytes() == b"hello"
+    assert any("data.bin" in m and "does not match" in m for m in caplog.messages)
+    assert run(tmp_path, compute).cached and compute.calls == 1  # the recomputed output is reused
 
 
 def test_cached_output_with_other_seeds_is_an_error(tmp_path):
@@ -398,3 +417,19 @@ def test_permission_errors_inside_compute_propagate_unchanged(tmp_path):
 
     with pytest.raises(PermissionError):  # a read failure, not the work folder's fault
         run(tmp_path, unreadable)
+
+
+def test_load_stage_says_which_file_is_damaged_or_missing(tmp_path):
+    """Issue 71, class 7: a resized or altered output was reported as if the stage were gone."""
+    out = run(tmp_path)
+    with pytest.raises(PipelineError, match="absent"):
+        load_stage(tmp_path, "feat", "0" * 16)
+    (out.path / "data.bin").write_bytes(b"hello, longer")
+    with pytest.raises(PipelineError, match=r"damaged: .*data\.bin has 13 bytes, its manifest recorded 5"):
+        load_stage(tmp_path, "feat", out.key)
+    (out.path / "data.bin").write_bytes(b"jello")
+    with pytest.raises(PipelineError, match=r"damaged: .*data\.bin: content does not match"):
+        load_stage(tmp_path, "feat", out.key)
+    (out.path / "data.bin").unlink()
+    with pytest.raises(PipelineError, match=r"incomplete: .*data\.bin is missing"):
+        load_stage(tmp_path, "feat", out.key)

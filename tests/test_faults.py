@@ -569,3 +569,22 @@ def test_two_concurrent_runs_on_one_work_dir_both_finish_with_identical_outputs(
     per_stage = pl.DataFrame(rows).group_by("stage").len()
     assert per_stage.filter(pl.col("stage") == "prune")["len"].item() == 5
     assert (work / "prune").is_dir() and all((p / GRAPHS_TABLE).is_file() for p in (work / "prune").iterdir())
+
+
+def test_a_resumed_fold_result_whose_files_were_altered_is_trained_again(tmp_path, caplog):
+    """Issue 71, class 2: negated scores in a finished fold's predictions entered the stage output."""
+    from pipelines.training.fit import FoldResult, fold_job_name, load_fold_result, save_fold_result
+
+    result = FoldResult(1, 0, pl.DataFrame({"graph": ["g"], "score": [0.5]}), pl.DataFrame({"graph": ["g"]}),
+                        None, {"epochs": 1}, 1.5, {"model.txt": b"weights"})
+    partial = tmp_path / ".folds-key"
+    assert save_fold_result(result, partial)
+    folder = partial / fold_job_name(1, 0)
+    assert load_fold_result(folder).predictions["score"].to_list() == [0.5]
+    pl.DataFrame({"graph": ["g"], "score": [-0.5]}).write_parquet(folder / "predictions.parquet")
+    with caplog.at_level("WARNING"):
+        assert load_fold_result(folder) is None
+    assert any("predictions.parquet" in m for m in caplog.messages)
+    assert save_fold_result(result, tmp_path / "other")
+    (tmp_path / "other" / fold_job_name(1, 0) / "model.txt").write_bytes(b"weighty")  # a planted model file
+    assert load_fold_result(tmp_path / "other" / fold_job_name(1, 0)) is None

@@ -413,3 +413,45 @@ def test_tile_vreg_features_by_hand() -> None:
     np.testing.assert_allclose(features["f_tile_log_traffic"], np.log1p(traffic), rtol=1e-6)
     working = np.array([131072 + 5 * kernel_pad + 8192, 300 * in_pad + 30000 * lane * sublane]) * 4.0
     np.testing.assert_allclose(features["f_tile_log_working_set"], np.log1p(working), rtol=1e-6)
+
+
+def _reachable_ends(n, edges, source, passable):
+    """Brute force: non-passable nodes reached from ``source`` through passable nodes (edges [to, from])."""
+    out, seen, stack = set(), set(), [source]
+    while stack:
+        v = stack.pop()
+        for to, frm in edges:
+            if frm == v:
+                if not passable[to]:
+                    out.add(to)
+                elif to not in seen:
+                    seen.add(to)
+                    stack.append(to)
+    return out
+
+
+def test_chain_ends_match_a_brute_force_search_on_random_graphs_with_cycles() -> None:
+    from pipelines.data.layout_geometry import chain_ends
+    rng = np.random.default_rng(0)
+    for _ in range(30):
+        n = int(rng.integers(2, 12))
+        edges = rng.integers(0, n, size=(int(rng.integers(0, 25)), 2))  # self-loops and cycles included
+        passable = rng.random(n) < 0.6
+        sources = rng.choice(n, size=int(rng.integers(1, n + 1)), replace=False)
+        got = chain_ends(n, edges, sources, passable)
+        want = sorted((i, e) for i, s in enumerate(sources) for e in _reachable_ends(n, edges.tolist(), s, passable))
+        assert [tuple(p) for p in got.tolist()] == want
+
+
+def test_chain_ends_are_linear_along_long_chains() -> None:
+    """Issue 71: a union over the whole visited set at every level took 17.9 s for a 500-node chain."""
+    import time
+    from pipelines.data.layout_geometry import chain_ends
+    n = 5000
+    edges = np.stack([np.arange(1, n), np.arange(n - 1)], axis=1)  # [consumer, producer]: 0 -> 1 -> ... -> n-1
+    passable = np.ones(n, bool)
+    passable[-1] = False
+    t0 = time.perf_counter()
+    ends = chain_ends(n, edges, np.arange(n), passable)
+    assert time.perf_counter() - t0 < 2.0
+    np.testing.assert_array_equal(ends, np.stack([np.arange(n - 1), np.full(n - 1, n - 1)], axis=1))

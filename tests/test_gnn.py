@@ -996,3 +996,54 @@ def test_gpu_config_asks_for_auto_and_runs_anywhere():
     gnn = load_config("gpu").gnn
     assert gnn.device == "auto" and gnn.precision == "fp32"
     assert resolve_device(gnn.device).type in ("cpu", "cuda")
+
+
+class _Planted:
+    """Unpickling this runs code: it creates the marker file (what a planted model or checkpoint does)."""
+
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return (open, (self.marker, "w"))
+
+
+def test_a_planted_model_or_checkpoint_file_runs_no_code(tmp_path):
+    """Model files and epoch checkpoints are data: loading one that holds a program refuses it unrun."""
+    marker = tmp_path / "ran"
+    torch.save({"format": 1, "payload": _Planted(marker)}, tmp_path / "evil.pt")
+    with pytest.raises(FormatError, match="evil.pt"):
+        GNNRanker.load(tmp_path, "evil")
+    assert not marker.exists()
+    graphs = easy_world(4, "tile", 6)
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    torch.save({"format": 1, "payload": _Planted(marker)}, ckpt / "gnn_seed0.pt")
+    with pytest.raises(ConfigError, match="gnn_seed0.pt"):  # read anyway: refused unrun
+        trainer.load_checkpoint(ckpt / "gnn_seed0.pt", "x", None, None, None, None)
+    assert not marker.exists()
+    # on resume it is not even read: it does not match the hash recorded when a checkpoint is written
+    planted = (ckpt / "gnn_seed0.pt").read_bytes()
+    gnn("tile", epochs=1).fit(graphs, seed=0, checkpoint_dir=ckpt)
+    assert not marker.exists() and (ckpt / "gnn_seed0.pt").read_bytes() != planted
+    assert trainer.checkpoint_is_ours(ckpt / "gnn_seed0.pt")
+
+
+def test_a_checkpoint_folder_removed_by_a_concurrent_run_mid_save_is_no_failure(tmp_path, monkeypatch):
+    """Issue 71, class 6: two runs on one work dir; the one that finished the fold first removed its
+    checkpoint folder while the other was saving there, and the other failed renaming its temporary file."""
+    import shutil
+    folder = tmp_path / "f0-s0.ckpt"
+    real_save = torch.save
+
+    def save_then_lose_the_folder(obj, target):
+        real_save(obj, target)
+        shutil.rmtree(folder)  # what the other run's cleanup does between the write and the rename
+
+    monkeypatch.setattr(trainer.torch, "save", save_then_lose_the_folder)
+    model = GNNModel(GNNConfig(**FAST), FEAT, "tile")
+    optimizer = torch.optim.AdamW(model.parameters())
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+    trainer.save_checkpoint(folder / "gnn_seed0.pt", "x", model, optimizer, scheduler, trainer.TrainState(),
+                            np.random.default_rng(0))
+    assert not folder.exists()

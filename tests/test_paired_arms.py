@@ -1,4 +1,5 @@
 """benchmarks/paired_arms.py: which training stages form the two arms, and their paired OOF gain."""
+import hashlib
 import json
 
 import polars as pl
@@ -28,9 +29,10 @@ def write_stage(work, key, settings, seeds, finished, cell_scores, model="gnn"):
             for (f, s), score in cell_scores.items() for i, d in enumerate((-0.1, 0.1))]
     scores = folder / "scores.parquet"
     pl.DataFrame(rows).with_columns(pl.col("fold").cast(pl.Int16), pl.col("seed").cast(pl.Int32)).write_parquet(scores)
-    # a complete stage output as the engine writes it: its outputs listed with their sizes
+    # a complete stage output as the engine writes it: its outputs listed with their sizes and hashes
     manifest = {"stage": f"train-{model}", "key": key, "finished": finished, "metrics": {"models": models},
-                "outputs": [{"path": scores.name, "bytes": scores.stat().st_size}],
+                "outputs": [{"path": scores.name, "bytes": scores.stat().st_size,
+                             "sha256": hashlib.sha256(scores.read_bytes()).hexdigest()}],
                 "config": {"collection": "layout:xla:default", "seeds": seeds, "settings": settings}}
     (folder / "manifest.json").write_text(json.dumps(manifest))
 

@@ -236,3 +236,28 @@ def test_finds_kaggle_and_plain_roots_and_lists_sorted_stems(tmp_path, rng):
         tpugraphs.list_graphs(tmp_path / "kaggle", TILE_XLA, "valid")
     with pytest.raises(FormatError, match="no TpuGraphs data here"):
         tpugraphs.npz_root(tmp_path)
+
+
+@pytest.mark.parametrize("case,break_it,expected", [
+    ("self-loop", lambda a: a["edge_index"].__setitem__((3, 1), 4), "no self-loops or cycles"),
+    ("cycle", lambda a: a.update(edge_index=np.concatenate([a["edge_index"], [[2, 7]]])), "u > v"),
+    ("zero runtime", lambda a: a["config_runtime"].__setitem__(5, 0), "config_runtime: 0 in config 5 of a train"),
+    ("all-zero runtimes", lambda a: a["config_runtime"].__setitem__(slice(None), 0), "config_runtime: 0 in config 0"),
+    ("boolean runtimes", lambda a: a.update(config_runtime=a["config_runtime"] > 2**30), "got booleans"),
+])
+@pytest.mark.parametrize("kind", ["tile", "layout"])
+def test_graph_and_runtime_rules_are_checked_by_the_reader_naming_the_file(tmp_path, rng, case, break_it,
+                                                                           expected, kind):
+    """Issue 71: these were accepted (trained on, or crashed a later stage without naming the file)."""
+    arrays = tile_arrays(make_tile(rng, n=12)) if kind == "tile" else layout_arrays(make_layout(rng))
+    break_it(arrays)
+    (tmp_path / "train").mkdir()
+    path = write_raw(tmp_path / "train" / "g.npz", arrays)
+    with pytest.raises(FormatError, match=expected) as info:
+        load_graph(path, TILE_XLA if kind == "tile" else LAYOUT_XLA_DEFAULT)
+    assert str(path) in str(info.value)
+    test_file = arrays | {"config_runtime": np.zeros_like(arrays["config_runtime"], dtype=np.int64)}
+    if "runtime" in case:  # the same runtimes are what a test file holds: all zero is right there
+        (tmp_path / "test").mkdir()
+        assert not load_graph(write_raw(tmp_path / "test" / "g.npz", test_file),
+                              TILE_XLA if kind == "tile" else LAYOUT_XLA_DEFAULT).has_labels

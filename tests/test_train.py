@@ -316,3 +316,17 @@ def test_a_gnn_trains_on_another_collections_graphs_when_the_config_names_it(tin
         bad = load_config("smoke", [f'gnn.collections."layout:xla:random".extra_train_collections=["{wrong}"]'])
         with pytest.raises(ConfigError, match=f"names {wrong}: it must be another layout collection"):
             prepare(bad, tiny_world, tmp_path / "work", ["layout:xla:random"])
+
+
+def test_a_malformed_loky_cpu_count_is_replaced_with_a_warning(monkeypatch, caplog):
+    """Issue 71, class 3: LOKY_MAX_CPU_COUNT=abc ended in loky's ValueError traceback."""
+    import os
+    from pipelines.training import fit as fit_module
+    monkeypatch.setenv("LOKY_MAX_CPU_COUNT", "abc")
+    with caplog.at_level("WARNING"):
+        fit_module._quiet_loky()
+    assert os.environ["LOKY_MAX_CPU_COUNT"].isdigit() and int(os.environ["LOKY_MAX_CPU_COUNT"]) > 0
+    assert any("LOKY_MAX_CPU_COUNT" in m for m in caplog.messages)
+    monkeypatch.setenv("LOKY_MAX_CPU_COUNT", "3")
+    fit_module._quiet_loky()
+    assert os.environ["LOKY_MAX_CPU_COUNT"] == "3"

@@ -27,12 +27,12 @@ class GBDTConfig:
     # regression: pointwise on a per-graph normalised target; pairwise: "which of two is faster".
     objective: str = choice("pairwise", OBJECTIVES)
     # Added to every run seed, to draw a different family of models without new run seeds.
-    seed: int = 0
+    seed: int = bounded(0, 0, below=2**32)  # numpy and LightGBM seeds: [0, 2^32), larger ones alias
     # --- LightGBM trees
-    num_leaves: int = bounded(31, 2)
+    num_leaves: int = bounded(31, 2, 131072)
     learning_rate: float = bounded(0.05, 1e-6, 1.0)
     # Upper bound on boosting rounds; early stopping on the held-out fold picks the number.
-    n_estimators: int = bounded(600, 1)
+    n_estimators: int = bounded(600, 1, 1_000_000)
     early_stopping_rounds: int = bounded(50, 1)
     min_child_samples: int = bounded(20, 1)
     feature_fraction: float = bounded(0.8, 1e-6, 1.0)

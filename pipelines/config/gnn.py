@@ -26,7 +26,7 @@ READOUTS = ("pooled", "pooled+sum")
 @dataclass
 class GNNConfig:
     # --- architecture
-    hidden: int = bounded(64, 1)  # node state width H
+    hidden: int = bounded(64, 1, 8192)  # node state width H
     opcode_dim: int = bounded(32, 1)  # opcode embedding width (projected with the node features to H)
     config_value_dim: int = bounded(8, 1)  # layout: embedding width of each of the 18 config values (-1..5)
     conv: str = choice("sage", CONVS)  # "sage" (bidirectional mean GraphSAGE, fused) or "gat" (GATv2, unfused)

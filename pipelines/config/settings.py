@@ -37,6 +37,11 @@ from pipelines.core.collection import Collection, parse_collection
 from pipelines.core.engine import to_jsonable
 from pipelines.core.errors import ConfigError
 from pipelines.config import registry
+
+# Every seed: numpy, torch and LightGBM take [0, 2^32); a larger one aliases a smaller one (2**40 trains seed 0).
+SEED_BOUNDS = {"min": 0, "below": 2**32}
+# Files an ``extends`` chain may hold (the loader recurses once per file).
+MAX_EXTENDS = 64
 # A section field with this name maps collection names to overrides of the section's other fields.
 PER_COLLECTION_FIELD = "collections"
 BASE_NAME = "base"
@@ -80,7 +85,7 @@ class FeaturesConfig:
 
     # Cap of configs kept per TRAINING graph (sampled with `seed`); test graphs are never capped.
     max_configs_per_graph: int = field(default=20000, metadata={"min": 1})
-    seed: int = 0
+    seed: int = field(default=0, metadata=SEED_BOUNDS)
 
 
 @dataclass
@@ -88,7 +93,7 @@ class FoldsConfig:
     """Graph-level cross-validation folds, assigned once and shared by every model."""
 
     k: int = field(default=5, metadata={"min": 2})
-    seed: int = 0
+    seed: int = field(default=0, metadata=SEED_BOUNDS)
     # False: CV over train+valid graphs together; True: CV over train only, valid kept as a holdout.
     holdout_valid: bool = False
 
@@ -115,7 +120,7 @@ class EnsembleConfig:
 class RunConfig:
     """What a full run trains and how it is scheduled."""
 
-    seeds: list[int] = field(default_factory=lambda: [0, 1], metadata={"min_items": 1, "unique": True})
+    seeds: list[int] = field(default_factory=lambda: [0, 1], metadata={"min_items": 1, "unique": True, **SEED_BOUNDS})
     models: list[str] = field(
         default_factory=registry.default_models,
         metadata={"choices": registry.configurable_models, "min_items": 1, "unique": True},
@@ -232,6 +237,8 @@ def _load_chain(ref: str | Path, relative_to: Path | None = None, seen: tuple[st
     source, identity, text, folder = _read_source(ref, relative_to)
     if identity in seen:
         raise ConfigError(f"{source}: 'extends' cycle: {' -> '.join(seen + (identity,))}")
+    if len(seen) >= MAX_EXTENDS:
+        raise ConfigError(f"{source}: 'extends' chain longer than {MAX_EXTENDS} files")
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:

@@ -15,7 +15,9 @@ an edit to one stage's module recomputes that stage and its consumers only; so a
 and the engine wherever they are imported (:data:`NOT_FOLLOWED`).
 
 A folder counts as complete only when its ``manifest.json`` names the same stage and key and every output file it lists is present with the
-recorded size; the manifest is the last thing written, before the folder is renamed into place.
+recorded size and SHA-256; the manifest is the last thing written, before the folder is renamed into place.
+The content hashes are checked every time a cached output is reused or loaded, so a flipped bit in a
+cached file (same size) is never served: the stage is recomputed with a warning naming the file.
 
 Work happens in ``<work_dir>/<stage>/.tmp-<key>-<random>/``. The running process holds an exclusive
 ``flock`` on ``.lock`` inside that folder for as long as it works there, so a later run can tell an
@@ -433,10 +435,9 @@ def load_stage(work_dir: Path, stage: str, key: str) -> StageOutput:
     """The complete output of ``stage`` with ``key``; PipelineError if absent or incomplete."""
     _check_stage_name(stage)
     path = Path(work_dir) / stage / key
-    manifest = _read_complete(path, stage, key)
+    manifest, why = _check_complete(path, stage, key)
     if manifest is None:
-        state = "incomplete" if path.exists() else "absent"
-        raise PipelineError(f"{path}: no complete output of stage {stage!r} with key {key} ({state})")
+        raise PipelineError(f"{path}: no complete output of stage {stage!r} with key {key} ({why})")
     return StageOutput(stage, key, path, manifest)
 
 
@@ -599,22 +600,45 @@ def _check_seeds(manifest: dict, seeds: dict | None) -> None:
 
 def _read_complete(path: Path, stage: str, key: str) -> dict | None:
     """The manifest of ``path`` if it is a complete output of ``stage``/``key``, else None."""
+    return _check_complete(path, stage, key)[0]
+
+
+def _check_complete(path: Path, stage: str, key: str) -> tuple[dict | None, str]:
+    """(the manifest, "") if ``path`` is a complete output of ``stage``/``key``, else (None, why not)."""
+    if not path.exists():
+        return None, "absent"
     try:
         manifest = json.loads((path / MANIFEST).read_text(encoding="utf-8"))
     except (OSError, ValueError):
-        return None
+        return None, f"incomplete: {path / MANIFEST} is missing or unreadable"
     if not isinstance(manifest, dict) or manifest.get("stage") != stage or manifest.get("key") != key:
-        return None
+        return None, f"incomplete: {path / MANIFEST} names another stage or key"
     outputs = manifest.get("outputs")
     if not isinstance(outputs, list):
-        return None
+        return None, f"incomplete: {path / MANIFEST} lists no outputs"
     for item in outputs:
         try:
-            if (path / item["path"]).stat().st_size != item["bytes"]:
-                return None
-        except (OSError, KeyError, TypeError):
-            return None
-    return manifest
+            target = path / item["path"]
+            size = target.stat().st_size
+            item["sha256"]  # an output recorded without its hash is not trusted
+        except OSError:
+            return None, f"incomplete: {target} is missing"
+        except (KeyError, TypeError):
+            return None, f"incomplete: {path / MANIFEST} lists an output without its size and SHA-256"
+        if size != item["bytes"]:
+            return None, f"damaged: {target} has {size} bytes, its manifest recorded {item['bytes']}"
+    for item in outputs:  # sizes first (cheap): only a folder that could be complete is read through
+        target = path / item["path"]
+        try:
+            actual = file_sha256(target)
+        except OSError:
+            return None, f"incomplete: {target} is unreadable"
+        if actual != item["sha256"]:
+            why = f"damaged: {target}: content does not match its manifest (SHA-256 {actual[:12]}, " \
+                  f"recorded {str(item['sha256'])[:12]})"
+            logger.warning(with_tag(f"[{stage}] {why}; not served"))
+            return None, why
+    return manifest, ""
 
 
 def _list_outputs(folder: Path) -> list[dict]:
@@ -626,7 +650,7 @@ def _list_outputs(folder: Path) -> list[dict]:
             rel = full.relative_to(folder).as_posix()
             if rel in (MANIFEST, LOCK):
                 continue
-            outputs.append({"path": rel, "bytes": full.stat().st_size})
+            outputs.append({"path": rel, "bytes": full.stat().st_size, "sha256": file_sha256(full)})
     return outputs
 
 

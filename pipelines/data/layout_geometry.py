@@ -85,35 +85,66 @@ def chain_ends(num_nodes: int, edge_index: np.ndarray, sources: np.ndarray, pass
     or by a chain through ``passable`` nodes only, and is itself not passable (a path stops there).
 
     ``downstream`` follows producer -> consumer edges, else consumer -> producer. Passable nodes at
-    the end of a chain (nothing further in this graph) end nowhere. Breadth-first over
-    (source, node) pairs, all sources at once; each pair is expanded at most once.
+    the end of a chain (nothing further in this graph) end nowhere. The ends of every passable node
+    are found once, in reverse topological order of the passable nodes (a node's ends are its stopping
+    neighbours plus its passable neighbours' ends, shared, not copied), so the work is linear in the
+    graph plus the pairs returned; a per-(source, node) search repeated every chain's walk for every
+    source, with a union over everything visited at each level (cubic along long chains).
     """
     step_from, step_to = (edge_index[:, 1], edge_index[:, 0]) if downstream else (edge_index[:, 0], edge_index[:, 1])
     order = np.argsort(step_from, kind="stable")
-    targets = step_to[order]
-    starts = np.searchsorted(step_from[order], np.arange(num_nodes + 1))
+    targets = step_to[order].astype(np.int64).tolist()
+    starts = np.searchsorted(step_from[order], np.arange(num_nodes + 1)).tolist()
+    passable = np.asarray(passable, dtype=bool)
+    through = passable.tolist()
 
-    source, node = np.arange(sources.size, dtype=np.int64), sources.astype(np.int64)
-    visited = np.zeros(0, dtype=np.int64)
-    found = []
-    while source.size:
-        degree = starts[node + 1] - starts[node]
-        total = int(degree.sum())
-        if total == 0:
-            break
-        # neighbours of every frontier node, concatenated (vectorised ragged ranges)
-        first = np.repeat(starts[node] - np.cumsum(degree) + degree, degree)
-        nxt = targets[first + np.arange(total)]
-        src = np.repeat(source, degree)
-        stop = ~passable[nxt]
-        found.append(np.stack([src[stop], nxt[stop]], axis=1))
-        keys = np.unique(src[~stop] * num_nodes + nxt[~stop])
-        keys = keys[~np.isin(keys, visited, assume_unique=True)]
-        visited = np.union1d(visited, keys)
-        source, node = keys // num_nodes, keys % num_nodes
-    if not found:
+    # Kahn's order over the passable nodes: a node comes after every passable node it steps to
+    pending = [0] * num_nodes
+    for u in np.flatnonzero(passable).tolist():
+        pending[u] = sum(1 for w in targets[starts[u]:starts[u + 1]] if through[w])
+    ready = [u for u in np.flatnonzero(passable).tolist() if pending[u] == 0]
+    back: list[list[int]] = [[] for _ in range(num_nodes)]  # passable w -> passable nodes stepping to it
+    for u in np.flatnonzero(passable).tolist():
+        for w in targets[starts[u]:starts[u + 1]]:
+            if through[w]:
+                back[w].append(u)
+    ends: dict[int, frozenset] = {}
+    empty: frozenset = frozenset()
+
+    def own_ends(u: int) -> frozenset:
+        stops = [w for w in targets[starts[u]:starts[u + 1]] if not through[w]]
+        shared = [ends[w] for w in targets[starts[u]:starts[u + 1]] if through[w] and ends[w]]
+        if not stops and len(shared) == 1:
+            return shared[0]
+        return frozenset(stops).union(*shared) if (stops or shared) else empty
+
+    while ready:
+        w = ready.pop()
+        ends[w] = own_ends(w)
+        for u in back[w]:
+            pending[u] -= 1
+            if pending[u] == 0:
+                ready.append(u)
+    for u in np.flatnonzero(passable).tolist():  # left over: on or upstream of a cycle (the reader refuses
+        if u in ends:                              # them; kept correct here): a search of its own each
+            continue
+        found, seen, stack = set(), {u}, [u]
+        while stack:
+            v = stack.pop()
+            for w in targets[starts[v]:starts[v + 1]]:
+                if not through[w]:
+                    found.add(w)
+                elif w in ends:
+                    found.update(ends[w])
+                elif w not in seen:
+                    seen.add(w)
+                    stack.append(w)
+        ends[u] = frozenset(found)
+
+    pairs = [(i, e) for i, u in enumerate(np.asarray(sources, dtype=np.int64).tolist()) for e in own_ends(u)]
+    if not pairs:
         return np.zeros((0, 2), dtype=np.int64)
-    return np.unique(np.concatenate(found), axis=0)
+    return np.unique(np.array(pairs, dtype=np.int64), axis=0)
 
 
 def config_pairs(num_nodes: int, edge_index: np.ndarray, config_nodes: np.ndarray,

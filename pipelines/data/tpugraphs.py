@@ -561,16 +561,29 @@ def _common(path: Path, arrays: dict[str, np.ndarray]) -> tuple[np.ndarray, np.n
     if edges.size and (edges.min() < 0 or edges.max() >= num_nodes):
         raise FormatError(path, f"edge_index: node id out of range [0, {num_nodes}) "
                                 f"(found [{edges.min()}, {edges.max()}])")
+    if edges.size and np.any(edges[:, 0] <= edges[:, 1]):
+        # the files' convention (nodes in topological order), which pruning and the chain search rely on;
+        # it also rules out self-loops and cycles
+        row = int(np.argmax(edges[:, 0] <= edges[:, 1]))
+        raise FormatError(path, f"edge_index: row {row} is [{edges[row, 0]}, {edges[row, 1]}]; a consumer must "
+                                "come after its producer (u > v): no self-loops or cycles")
     return node_feat, opcode.astype(np.uint8), edges
 
 
 def _runtimes(path: Path, arrays: dict[str, np.ndarray], key: str, count: int, what: str) -> np.ndarray:
+    if arrays[key].dtype.kind == "b":
+        raise FormatError(path, f"{key}: expected integer nanoseconds, got booleans")
     values = _as_int64(arrays[key], path, key)
     _expect_rank(values, 1, path, key, "(c,)")
     if values.shape[0] != count:
         raise FormatError(path, f"{key}: {values.shape[0]} entries but {what} has {count} configs")
     if values.size and values.min() < 0:
         raise FormatError(path, f"{key}: negative value {values.min()}")
+    labelled = path.parent.name in ("train", "valid")  # test files carry all-zero runtimes
+    if labelled and values.size and values.min() == 0:
+        row = int(np.argmin(values))
+        raise FormatError(path, f"{key}: 0 in config {row} of a {path.parent.name} file (a labelled file's "
+                                "runtimes must all be positive)")
     return values
 
 

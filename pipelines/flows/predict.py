@@ -175,7 +175,10 @@ def predict_run(run_id: str, data_root: Path | str, *, submissions_dir: Path | s
             where = training_stage_dir(ref, source, work_dir)
             try:
                 output = load_stage(where, ref["stage"], ref["key"])
-            except PipelineError:
+            except PipelineError as exc:
+                if (where / ref["stage"] / ref["key"]).exists():  # there, but damaged or unfinished
+                    raise PipelineError(f"run {run_id}: the saved {model} models of {cname} cannot be used: "
+                                        f"{exc}") from None
                 raise PipelineError(f"run {run_id}: the saved {model} models of {cname} are gone: "
                                     f"{where / ref['stage'] / ref['key']} (pass --work-dir where the run's stages "
                                     "are)") from None

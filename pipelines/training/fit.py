@@ -50,7 +50,8 @@ import polars as pl
 
 from pipelines.core.collection import LABELLED, Collection
 from pipelines.config.settings import PipelineConfig
-from pipelines.core.engine import Code, StageOutput, rename_if_free, run_stage, stage_key, write_json_atomic
+from pipelines.core.engine import (Code, StageOutput, file_sha256, rename_if_free, run_stage, stage_key,
+                                   write_json_atomic)
 from pipelines.core.errors import PipelineError
 from pipelines.core.machine import available_cores, available_memory
 from pipelines.models.contract import ModelAdapter, Ranker
@@ -273,8 +274,10 @@ def save_fold_result(result: FoldResult, partial: Path) -> bool:
             result.importance.write_parquet(work / IMPORTANCE_FILE)
         for file, data in result.model_files.items():
             (work / file).write_bytes(data)
+        hashes = {f.name: file_sha256(f) for f in sorted(work.iterdir()) if f.is_file()}
         write_json_atomic(work / FOLD_RESULT, {"fold": result.fold, "seed": result.seed, "facts": result.facts,
-                                              "wall_s": result.wall_s, "model_files": list(result.model_files)})
+                                              "wall_s": result.wall_s, "model_files": list(result.model_files),
+                                              "sha256": hashes})
         if not rename_if_free(work, partial / name):
             shutil.rmtree(work, ignore_errors=True)
             # the twin another process finished is kept; a half-removed one (a concurrent run finished
@@ -294,9 +297,19 @@ def save_fold_result(result: FoldResult, partial: Path) -> bool:
 
 
 def load_fold_result(folder: Path) -> FoldResult | None:
-    """A fold job saved by :func:`save_fold_result`, or None when the folder is not a complete one."""
+    """A fold job saved by :func:`save_fold_result`, or None when the folder is not a complete one (a
+    file missing, or not matching the SHA-256 recorded in ``fold.json``)."""
     try:
         info = json.loads((folder / FOLD_RESULT).read_text(encoding="utf-8"))
+        # every file is checked against the hash recorded when it was written: an altered one is retrained
+        needed = {PREDICTIONS_FILE, SCORES_FILE, *info["model_files"]}
+        if not needed <= set(info["sha256"]):
+            return None
+        for name, digest in info["sha256"].items():
+            if file_sha256(folder / name) != digest:
+                logger.warning(f"{folder / name}: does not match the hash recorded when the fold was saved; "
+                               "the fold is trained again")
+                return None
         predictions = pl.read_parquet(folder / PREDICTIONS_FILE)
         scores = pl.read_parquet(folder / SCORES_FILE)
         importance = pl.read_parquet(folder / IMPORTANCE_FILE) if (folder / IMPORTANCE_FILE).exists() else None
@@ -529,7 +542,13 @@ def _quiet_loky() -> None:
     warns that it counts logical cores, which is what ``available_cores`` gives it anyway."""
     import warnings
 
-    os.environ.setdefault("LOKY_MAX_CPU_COUNT", str(available_cores()))
+    given = os.environ.get("LOKY_MAX_CPU_COUNT")
+    if given is not None and not (given.strip().isdigit() and int(given) > 0):
+        # loky itself would end in a ValueError traceback on it
+        logger.warning(f"LOKY_MAX_CPU_COUNT={given!r} is not a positive integer; using {available_cores()}")
+        given = None
+    if given is None:
+        os.environ["LOKY_MAX_CPU_COUNT"] = str(available_cores())
     warnings.filterwarnings("ignore", message="A worker stopped while some jobs were given to the executor",
                             category=UserWarning)
 

@@ -183,7 +183,7 @@ class GNNRanker:
         """A ranker written by :meth:`save`, ready to predict (on ``gnn.device``)."""
         path = Path(folder) / f"{name}.pt"
         try:
-            saved = torch.load(path, map_location="cpu", weights_only=False)
+            saved = torch.load(path, map_location="cpu", weights_only=True)
         except Exception as exc:  # torch raises several types for a truncated or foreign file
             raise FormatError(path, f"cannot read GNN model ({exc})") from None
         if not isinstance(saved, dict) or saved.get("format") != MODEL_FORMAT:

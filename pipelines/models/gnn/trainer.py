@@ -8,6 +8,7 @@ are stored in the per-epoch checkpoint, so a resumed run continues exactly where
 from __future__ import annotations
 
 import copy
+import hashlib
 import logging
 import math
 import os
@@ -22,6 +23,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from pipelines.core.atomic import write_text_atomic
 from pipelines.core.errors import ConfigError
 from pipelines.core.metric import kendall_tau_b, tile_score, tile_top_k
 from pipelines.models.gnn.batch import GraphBatch, PreparedGraph, collate, gather_configs
@@ -231,6 +233,16 @@ def atomic_torch_save(obj: dict, path: Path) -> None:
 def save_checkpoint(path: Path, fingerprint: str, model: nn.Module, optimizer, scheduler, state: TrainState,
                     rng: np.random.Generator) -> None:
     device = model_device(model)
+    try:
+        _save_checkpoint_file(path, fingerprint, model, optimizer, scheduler, state, rng, device)
+    except FileNotFoundError:
+        # Another run on this work dir finished the same fold and removed its checkpoint folder while this
+        # one was writing: a checkpoint only saves time, and the fold's result is the other run's.
+        logger.info(f"{path.parent}: checkpoint folder removed by a concurrent run; checkpoint not saved")
+
+
+def _save_checkpoint_file(path: Path, fingerprint: str, model: nn.Module, optimizer, scheduler, state: TrainState,
+                          rng: np.random.Generator, device) -> None:
     atomic_torch_save({
         "format": CHECKPOINT_FORMAT, "fingerprint": fingerprint, "model": model.state_dict(),
         "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "state": state.__dict__,
@@ -238,12 +250,28 @@ def save_checkpoint(path: Path, fingerprint: str, model: nn.Module, optimizer, s
         # dropout on a GPU draws from that GPU's generator
         "cuda_rng": torch.cuda.get_rng_state(device) if device.type == "cuda" else None,
     }, path)
+    write_text_atomic(_hash_file(path), hashlib.sha256(path.read_bytes()).hexdigest() + "\n")
+
+
+def _hash_file(path: Path) -> Path:
+    """Where the SHA-256 of checkpoint ``path``, recorded when it was written, is kept."""
+    return path.with_name(path.name + ".sha256")
+
+
+def checkpoint_is_ours(path: Path) -> bool:
+    """True when checkpoint ``path`` matches the hash recorded when this code wrote it (a planted,
+    altered or half-written one does not: it is never read)."""
+    try:
+        recorded = _hash_file(path).read_text(encoding="utf-8").strip()
+        return hashlib.sha256(path.read_bytes()).hexdigest() == recorded
+    except OSError:
+        return False
 
 
 def load_checkpoint(path: Path, fingerprint: str, model: nn.Module, optimizer, scheduler,
                     rng: np.random.Generator) -> TrainState:
     try:
-        saved = torch.load(path, map_location="cpu", weights_only=False)
+        saved = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # torch raises several types for a truncated or foreign file
         raise ConfigError(f"{path}: cannot read GNN checkpoint ({exc})") from None
     if saved.get("format") != CHECKPOINT_FORMAT or saved.get("fingerprint") != fingerprint:
@@ -304,7 +332,12 @@ def train_model(
     train_batches, valid_batches = DeviceBatches(device), DeviceBatches(device)
     pool = [*train, *extra]
 
-    if checkpoint_path is not None and checkpoint_path.exists():
+    resumable = checkpoint_path is not None and checkpoint_path.exists()
+    if resumable and not checkpoint_is_ours(checkpoint_path):
+        logger.warning(f"{checkpoint_path}: does not match the hash recorded when it was written; "
+                       "not resumed from, training starts afresh")
+        resumable = False
+    if resumable:
         state = load_checkpoint(checkpoint_path, fingerprint, model, optimizer, scheduler, rng)
         logger.debug(f"resumed from {checkpoint_path} after epoch {state.epoch}")
     else:
