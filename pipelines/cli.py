@@ -626,5 +626,7 @@ def main(argv: list[str] | None = None) -> int:
         print(redact_credentials(f"error: {where}: {action}: {exc.strerror or exc}"), file=sys.stderr)
         return EXIT_ERROR
     except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
+        # finished stages (and a training stage's finished fold jobs) are kept: the same command resumes
+        print("interrupted: rerun the same command to resume (finished stages are cached and reused)",
+              file=sys.stderr)
         return EXIT_INTERRUPTED

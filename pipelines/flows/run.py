@@ -318,6 +318,36 @@ def checked_models(config: PipelineConfig, models: Sequence[str] | None) -> list
     return names
 
 
+def check_training_root(data_root: Path) -> None:
+    """A data root a run can train on: it exists, holds TpuGraphs files, and has train graphs. A root of
+    test graphs only is for the models of an earlier run (``predict --run``), which this says."""
+    from pipelines.data.tpugraphs import available_collections, npz_root
+
+    npz_root(data_root)  # "data root does not exist" / "no TpuGraphs data here", naming the folder
+    if not available_collections(data_root):
+        raise FormatError(data_root, "no train graphs (a root of test graphs only?): a run trains on train graphs; "
+                                     f"to rank these test graphs with the fold models of an earlier run: "
+                                     f"predict --run RUN_ID --data-root {data_root} (runs list shows the runs)")
+
+
+def check_devices(config: PipelineConfig, models: Sequence[str], collections: Sequence[Collection]) -> None:
+    """The ``gnn.device`` of every collection the GNN trains for, resolved before any stage runs, so
+    ``cuda`` on a machine without a GPU fails at once, not after the data stages. Logs the device."""
+    if not any(m.partition(":")[0] == "gnn" for m in models):
+        return
+    from pipelines.config.settings import resolve_for_collection
+
+    asked = {c.name: resolve_for_collection(config.gnn, c).device for c in collections}
+    if set(asked.values()) == {"cpu"}:
+        logger.info("GNN device: cpu (gnn.device)")
+        return
+    from pipelines.models.gnn.device import resolve_device  # torch: only when a GPU may be used
+
+    resolved = {name: str(resolve_device(device)) for name, device in asked.items()}
+    shown = sorted(set(resolved.values()))
+    logger.info(f"GNN device: {', '.join(shown)} (gnn.device = {', '.join(sorted(set(asked.values())))})")
+
+
 # ----------------------------------------------------------------------------- publishing
 
 
@@ -434,6 +464,7 @@ def run_pipeline(config: PipelineConfig, data_root: Path | str, *, work_dir: Pat
     started = time.perf_counter()
     data_root, work_dir, submissions_dir = Path(data_root), Path(work_dir), Path(submissions_dir)
     models = checked_models(config, models)  # an unknown model is the first error, as it was before the split
+    check_training_root(data_root)
     # A submission needs every collection and exactly the official test IDs: checked before any stage runs.
     check_test_files(data_root)
     check_output_dir(submissions_dir, data_root, "--submissions-dir")
@@ -460,6 +491,7 @@ def train_and_blend(config: PipelineConfig, data_root: Path | str, *, work_dir: 
     # prepare, train per model and ensemble per chosen collection; only the data stages of the others
     # their models train on (gnn.extra_train_collections)
     chosen, companions = collections_to_prepare(config, data_root, collections)
+    check_devices(config, names, chosen)  # a GPU asked for and absent fails before the data stages
     counter = StageCounter(len(chosen) * (len(STAGES) + len(names) + 1) + len(companions) * len(STAGES))
 
     def track(output: StageOutput) -> StageOutput:
