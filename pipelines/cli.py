@@ -351,7 +351,9 @@ def _add_run(sub: argparse._SubParsersAction) -> None:
                 "run --data-root data/kaggle --config quick --models gbdt,gnn")
     p.add_argument("--data-root", type=Path, required=True, help="any data root in the Kaggle layout")
     p.add_argument("--work-dir", type=Path, default=paths.WORK_DIR)
-    p.add_argument("--config", default=None, help="config name (e.g. quick) or TOML file (default: base)")
+    p.add_argument("--config", default=None,
+                   help="config name (e.g. quick) or TOML file (default: the machine's: gpu, base's schedule, "
+                        "where torch sees a CUDA GPU, else cpu; base is sized for a GPU, hours on a CPU)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
                    help="override one config value (repeatable)")
     p.add_argument("--models", default=None,
@@ -366,10 +368,24 @@ def _add_run(sub: argparse._SubParsersAction) -> None:
 
 
 def _run_run(args: argparse.Namespace) -> int:
-    from pipelines.config.settings import load_config
-    from pipelines.flows.run import parse_models, run_pipeline
+    import logging
 
-    config = load_config(args.config, args.overrides)
+    from pipelines.config.settings import load_config
+    from pipelines.flows.run import checked_models, gpu_sized_on_cpu, machine_config, parse_models, run_pipeline
+    from pipelines.models.gnn.device import cuda_summary
+
+    log = logging.getLogger(__name__)
+    gpu = cuda_summary()
+    if args.config is None:  # the schedule for this machine; an explicit --config always wins
+        name, why = machine_config(gpu)
+        log.info(f"config: {name} (no --config given; {why})")
+    else:
+        name = args.config
+        log.info(f"config: {name} (--config)")
+    config = load_config(name, args.overrides)
+    if gpu_sized_on_cpu(config, checked_models(config, parse_models(args.models)), gpu):
+        log.warning(f"warning: config {name}'s GNN schedule is base's, sized for a GPU, and torch sees none: the GNN "
+                    "trains on the CPU (hours at real scale); --config cpu is the CPU's schedule")
     result = run_pipeline(config, args.data_root, work_dir=args.work_dir, models=parse_models(args.models),
                           submissions_dir=args.submissions_dir, scheduler=args.scheduler, force=args.force)
     _report_new_run(result.run_id, args.submissions_dir)

@@ -318,6 +318,37 @@ def checked_models(config: PipelineConfig, models: Sequence[str] | None) -> list
     return names
 
 
+# The schedule `run` picks without --config: base's on a GPU (configs/gpu.toml: base with gnn.device = "auto"),
+# configs/cpu.toml on a CPU (base is sized for a GPU: hours of GNN training per fold on a CPU).
+MACHINE_CONFIGS = {"gpu": "gpu", "cpu": "cpu"}
+# GNN keys that say where and how it runs, not how long it trains (left out when comparing schedules)
+_PLACEMENT_KEYS = ("device", "precision", "num_threads", "progress")
+
+
+def machine_config(gpu: str | None) -> tuple[str, str]:
+    """The config ``run`` uses without ``--config`` on a machine whose CUDA hardware is ``gpu``
+    (:func:`pipelines.models.gnn.device.cuda_summary`; None: none), and why."""
+    if gpu:
+        return MACHINE_CONFIGS["gpu"], (f"torch sees {gpu}, so base's schedule on the GPU: configs/gpu.toml is "
+                                        "base with gnn.device = auto")
+    return MACHINE_CONFIGS["cpu"], ("torch sees no CUDA GPU, so the CPU schedule of configs/cpu.toml; base and gpu "
+                                    "are sized for a GPU and run for hours on a CPU")
+
+
+def gpu_sized_on_cpu(config: PipelineConfig, models: Sequence[str], gpu: str | None) -> bool:
+    """True when the GNN of ``config`` trains on base's (GPU-sized) schedule on a machine without a GPU:
+    its ``gnn`` section equals base's but for where it runs."""
+    from pipelines.config.settings import load_config
+
+    if gpu or not any(m.partition(":")[0] == "gnn" for m in models):
+        return False
+
+    def schedule(c: PipelineConfig) -> dict:
+        return {k: v for k, v in config_to_dict(c.gnn).items() if k not in _PLACEMENT_KEYS}
+
+    return schedule(config) == schedule(load_config("base"))
+
+
 def check_training_root(data_root: Path) -> None:
     """A data root a run can train on: it exists, holds TpuGraphs files, and has train graphs. A root of
     test graphs only is for the models of an earlier run (``predict --run``), which this says."""
@@ -345,7 +376,8 @@ def check_devices(config: PipelineConfig, models: Sequence[str], collections: Se
 
     resolved = {name: str(resolve_device(device)) for name, device in asked.items()}
     shown = sorted(set(resolved.values()))
-    logger.info(f"GNN device: {', '.join(shown)} (gnn.device = {', '.join(sorted(set(asked.values())))})")
+    why = ": torch sees no CUDA GPU" if "auto" in asked.values() and shown == ["cpu"] else ""
+    logger.info(f"GNN device: {', '.join(shown)} (gnn.device = {', '.join(sorted(set(asked.values())))}{why})")
 
 
 # ----------------------------------------------------------------------------- publishing
