@@ -286,11 +286,11 @@ def test_predict_valid_split_needs_held_out_valid_graphs_and_then_score_scores_i
     assert main(["predict", "--run", held_out.run_id, "--data-root", str(tiny_world), "--split", "valid",
                  "--submissions-dir", str(subs)]) == 0
     path = Path(capsys.readouterr().out.strip().splitlines()[-1])
-    assert main(["score", "--data-root", str(tiny_world), "--split", "valid", "--submission", str(path)]) == 0
+    assert main(["score", "--data-root", str(tiny_world), "--split", "valid", str(path)]) == 0
     assert "combined" in capsys.readouterr().out.lower()
 
     # a test submission given to score: says why it cannot be scored and what to do instead
     assert main(["score", "--data-root", str(tiny_world), "--split", "valid",
-                 "--submission", str(held_out.submission)]) == 1
+                 str(held_out.submission)]) == 1
     err = capsys.readouterr().err
     assert "ranks another split" in err and "predict --run RUN_ID --split valid" in err
