@@ -53,7 +53,9 @@ from pipelines.core.engine import (
 )
 from pipelines.training.ensemble import ENSEMBLE_STAGE, ensemble_stage, load_blended_test
 from pipelines.core.errors import ConfigError, FormatError, PipelineError
+from pipelines.core.logs import tagged
 from pipelines.core.parallel import JobPool, fan_out
+from pipelines.core.progress import format_duration
 from pipelines.outputs.run_folders import publish_submission, read_run_manifest, training_stage_dir
 
 logger = logging.getLogger(__name__)
@@ -349,6 +351,17 @@ def gpu_sized_on_cpu(config: PipelineConfig, models: Sequence[str], gpu: str | N
     return schedule(config) == schedule(load_config("base"))
 
 
+def stage_history(work_dir: Path) -> dict[str, list[float]]:
+    """Wall times of the complete stage outputs already in ``work_dir``, by stage name (ETA estimates)."""
+    from pipelines.core.engine import list_stages
+
+    out: dict[str, list[float]] = {}
+    for row in list_stages(work_dir):
+        if row["complete"] and row["wall_time_s"] is not None:
+            out.setdefault(row["stage"], []).append(float(row["wall_time_s"]))
+    return out
+
+
 def check_training_root(data_root: Path) -> None:
     """A data root a run can train on: it exists, holds TpuGraphs files, and has train graphs. A root of
     test graphs only is for the models of an earlier run (``predict --run``), which this says."""
@@ -455,20 +468,57 @@ def _manifest(*, kind: str, config: Any, data_root: Path, work_dir: Path, runs: 
 
 class StageCounter(logging.Filter):
     """Prefixes the engine's "computing" / "cached" line of each stage with ``stage i/N`` (N: every
-    stage of the run, known before it starts), so a log says how far a run is. A filter on the
-    engine's logger for the length of a run (:meth:`counting`)."""
+    stage of the run, known before it starts), so a log says how far a run is, and ends each "done"
+    line with the whole run's ETA. A filter on the engine's logger for the length of a run
+    (:meth:`counting`).
 
-    _START = re.compile(r"\[[\w.:-]+\] (computing|cached) [0-9a-f]+$")
+    The ETA sums an estimate per stage not yet finished (``plan``: how many stages of each name the run
+    has): the mean time of that stage's outputs computed so far in this run, else of its earlier
+    outputs in the work dir (``history``, seconds by stage name), else the mean of every stage this run
+    computed. Cached stages count 0 s, so the estimate is refined as stages finish. Stages that run
+    side by side (training stages sharing workers) are summed: an upper bound then."""
 
-    def __init__(self, total: int):
+    _START = re.compile(r"\[([\w.:-]+)\] (computing|cached) [0-9a-f]+$")
+    _DONE = re.compile(r"\[([\w.:-]+)\] done [0-9a-f]+ in ([0-9.]+)s$")
+
+    def __init__(self, total: int, plan: Mapping[str, int] | None = None,
+                 history: Mapping[str, Sequence[float]] | None = None):
         super().__init__()
         self.total, self.index = total, 0
+        self.left = dict(plan or {})  # stage name -> stages of it not finished yet
+        self.history = {k: list(v) for k, v in (history or {}).items()}
+        self.seconds: dict[str, list[float]] = {}  # stage name -> wall times computed in this run
+
+    def eta(self) -> float | None:
+        """Seconds the stages not finished yet should take; None while nothing is known."""
+        every = [s for times in self.seconds.values() for s in times]
+        total = 0.0
+        for stage, count in self.left.items():
+            known = self.seconds.get(stage) or self.history.get(stage) or every
+            if count and not known:
+                return None
+            total += count * (sum(known) / len(known) if count else 0.0)
+        return total
+
+    def _finished(self, stage: str, seconds: float | None) -> None:
+        if self.left.get(stage, 0) > 0:
+            self.left[stage] -= 1
+        if seconds is not None:
+            self.seconds.setdefault(stage, []).append(seconds)
 
     def filter(self, record: logging.LogRecord) -> bool:
         message = record.getMessage()
-        if self._START.search(message):
+        started, done = self._START.search(message), self._DONE.search(message)
+        if started:
             self.index += 1
+            if started.group(2) == "cached":
+                self._finished(started.group(1), None)
             record.msg, record.args = f"stage {self.index}/{self.total}: {message}", ()
+        elif done:
+            self._finished(done.group(1), float(done.group(2)))
+            eta = self.eta() if any(self.left.values()) else None
+            if eta is not None:
+                record.msg, record.args = f"{message} (run ETA ~{format_duration(eta)})", ()
         return True
 
     @contextmanager
@@ -524,7 +574,13 @@ def train_and_blend(config: PipelineConfig, data_root: Path | str, *, work_dir: 
     # their models train on (gnn.extra_train_collections)
     chosen, companions = collections_to_prepare(config, data_root, collections)
     check_devices(config, names, chosen)  # a GPU asked for and absent fails before the data stages
-    counter = StageCounter(len(chosen) * (len(STAGES) + len(names) + 1) + len(companions) * len(STAGES))
+    plan = {stage: len(chosen) + len(companions) for stage in STAGES}
+    from pipelines.training.fit import stage_name
+
+    for name in names:
+        plan[stage_name(name)] = plan.get(stage_name(name), 0) + len(chosen)
+    plan[ENSEMBLE_STAGE] = len(chosen)
+    counter = StageCounter(sum(plan.values()), plan, stage_history(work_dir))
 
     def track(output: StageOutput) -> StageOutput:
         if not output.cached:
@@ -545,10 +601,11 @@ def train_and_blend(config: PipelineConfig, data_root: Path | str, *, work_dir: 
                 track(output)
         runs = []
         for cname, item in prepared.items():
-            output = track(ensemble_stage(item.collection, item.stages["prune"], trained[cname],
-                                          method=config.ensemble.method, min_gain_se=config.ensemble.min_gain_se,
-                                          gain_at=config.ensemble.gain_at,
-                                          work_dir=work_dir, force=force))
+            with tagged(cname):
+                output = track(ensemble_stage(item.collection, item.stages["prune"], trained[cname],
+                                              method=config.ensemble.method, min_gain_se=config.ensemble.min_gain_se,
+                                              gain_at=config.ensemble.gain_at,
+                                              work_dir=work_dir, force=force))
             runs.append(CollectionRun(item.collection, item.stage_keys, trained[cname], output,
                                       {name: c.stage_keys for name, c in item.companions.items()}))
     return runs, computed

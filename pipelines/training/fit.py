@@ -51,6 +51,7 @@ import polars as pl
 from pipelines.core.collection import LABELLED, Collection
 from pipelines.config.settings import PipelineConfig
 from pipelines.core.engine import Code, StageOutput, rename_if_free, run_stage, stage_key, write_json_atomic
+from pipelines.core.logs import tagged
 from pipelines.core.errors import PipelineError
 from pipelines.core.machine import available_cores, available_memory
 from pipelines.models.contract import ModelAdapter, Ranker
@@ -423,9 +424,10 @@ def train_model(config: PipelineConfig, prepared: Any, *, model: str, work_dir: 
         return _run_folds(adapter, prepared, collection, settings, seeds, n_jobs=config.run.n_jobs,
                           folder=folder, partial=partial, pool=pool)
 
-    output = run_stage(work_dir=Path(work_dir), stage=stage, config=stage_config, code=code,
-                       inputs=inputs, compute=compute, seeds={f"run_{i}": s for i, s in enumerate(seeds)},
-                       force=force)
+    with tagged(collection.name):  # the stage's cached / computing / done lines name the collection
+        output = run_stage(work_dir=Path(work_dir), stage=stage, config=stage_config, code=code,
+                           inputs=inputs, compute=compute, seeds={f"run_{i}": s for i, s in enumerate(seeds)},
+                           force=force)
     shutil.rmtree(partial, ignore_errors=True)  # the stage output holds everything now
     return output
 
