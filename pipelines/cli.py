@@ -265,6 +265,11 @@ def _run_train(args: argparse.Namespace) -> int:
     get_adapter(args.model)  # an unknown model fails before any data is prepared
     names = [n for text in args.collections for n in text.split(",") if n.strip()]
     collections = list(parse_collections(names)) if names else None
+    from pipelines.flows.prepare import collections_to_prepare
+    from pipelines.flows.run import check_devices
+
+    # a GPU asked for and absent fails before the data stages, as in `run`
+    check_devices(config, [args.model], collections_to_prepare(config, args.data_root, collections)[0])
     prepared = prepare(config, args.data_root, args.work_dir, collections)
     for name, item in prepared.items():
         output = train_model(config, item, model=args.model, work_dir=args.work_dir, force=args.force)

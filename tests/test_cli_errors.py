@@ -99,3 +99,13 @@ def test_ctrl_c_says_the_same_command_resumes(monkeypatch, capsys):
     monkeypatch.setattr(cli, "_run_config", interrupted)
     assert main(["config"]) == 130
     assert "rerun the same command to resume" in capsys.readouterr().err
+
+
+def test_train_checks_the_gpu_before_any_stage_too(tiny_world, tmp_path, capsys):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    code = main(["train", "--model", "gnn", "--collection", "tile:xla", "--data-root", str(tiny_world),
+                 "--work-dir", str(tmp_path / "work"), "--config", "smoke", "--set", 'gnn.device="cuda"'])
+    assert code == 2 and "no CUDA GPU" in capsys.readouterr().err and not (tmp_path / "work").exists()
