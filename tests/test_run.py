@@ -366,6 +366,12 @@ def test_stage_counter_adds_a_whole_run_eta_refined_as_stages_finish():
 
     from pipelines.flows.run import StageCounter
 
+    fresh = StageCounter(3, {"prune": 2, "ensemble": 1})
+    record = logging.LogRecord("pipelines.core.engine", logging.INFO, "", 0, "a [prune] done 0123456789abcdef in 10.0s",
+                               (), None)
+    fresh.filter(record)
+    assert record.getMessage().endswith("(run ETA ~10s + 1 stage not timed yet)")  # no ensemble timed anywhere
+
     counter = StageCounter(4, {"prune": 2, "train-gbdt": 2}, history={"train-gbdt": [100.0]})
 
     def log(message: str) -> str:

@@ -474,9 +474,10 @@ class StageCounter(logging.Filter):
 
     The ETA sums an estimate per stage not yet finished (``plan``: how many stages of each name the run
     has): the mean time of that stage's outputs computed so far in this run, else of its earlier
-    outputs in the work dir (``history``, seconds by stage name), else the mean of every stage this run
-    computed. Cached stages count 0 s, so the estimate is refined as stages finish. Stages that run
-    side by side (training stages sharing workers) are summed: an upper bound then."""
+    outputs in the work dir (``history``, seconds by stage name); stages of a name with neither are
+    counted apart ("+ N stages not timed yet"), not guessed from others (a data stage takes seconds,
+    a training stage hours). Cached stages count 0 s, so the estimate is refined as stages finish.
+    Stages that run side by side (training stages sharing workers) are summed: an upper bound then."""
 
     _START = re.compile(r"\[([\w.:-]+)\] (computing|cached) [0-9a-f]+$")
     _DONE = re.compile(r"\[([\w.:-]+)\] done [0-9a-f]+ in ([0-9.]+)s$")
@@ -489,16 +490,16 @@ class StageCounter(logging.Filter):
         self.history = {k: list(v) for k, v in (history or {}).items()}
         self.seconds: dict[str, list[float]] = {}  # stage name -> wall times computed in this run
 
-    def eta(self) -> float | None:
-        """Seconds the stages not finished yet should take; None while nothing is known."""
-        every = [s for times in self.seconds.values() for s in times]
-        total = 0.0
+    def eta(self) -> tuple[float, int]:
+        """Seconds the stages not finished yet should take, and how many of them have no estimate."""
+        total, untimed = 0.0, 0
         for stage, count in self.left.items():
-            known = self.seconds.get(stage) or self.history.get(stage) or every
-            if count and not known:
-                return None
-            total += count * (sum(known) / len(known) if count else 0.0)
-        return total
+            known = self.seconds.get(stage) or self.history.get(stage)
+            if not known:
+                untimed += count
+            elif count:
+                total += count * sum(known) / len(known)
+        return total, untimed
 
     def _finished(self, stage: str, seconds: float | None) -> None:
         if self.left.get(stage, 0) > 0:
@@ -516,9 +517,10 @@ class StageCounter(logging.Filter):
             record.msg, record.args = f"stage {self.index}/{self.total}: {message}", ()
         elif done:
             self._finished(done.group(1), float(done.group(2)))
-            eta = self.eta() if any(self.left.values()) else None
-            if eta is not None:
-                record.msg, record.args = f"{message} (run ETA ~{format_duration(eta)})", ()
+            if any(self.left.values()):
+                seconds, untimed = self.eta()
+                more = f" + {untimed} stage{'s' if untimed != 1 else ''} not timed yet" if untimed else ""
+                record.msg, record.args = f"{message} (run ETA ~{format_duration(seconds)}{more})", ()
         return True
 
     @contextmanager
