@@ -445,15 +445,19 @@ def _run_run(args: argparse.Namespace) -> int:
     from pipelines.models.gnn.device import cuda_summary
 
     log = logging.getLogger(__name__)
-    gpu = cuda_summary()
+    gpu: str | None = None
     if args.config is None:  # the schedule for this machine; an explicit --config always wins
+        gpu = cuda_summary()
         name, why = machine_config(gpu)
         log.info(f"config: {name} (no --config given; {why})")
     else:
         name = args.config
         log.info(f"config: {name} (--config)")
     config = load_config(name, args.overrides)
-    if gpu_sized_on_cpu(config, checked_models(config, parse_models(args.models)), gpu):
+    models = checked_models(config, parse_models(args.models))
+    if args.config is not None and any(m.partition(":")[0] == "gnn" for m in models):
+        gpu = cuda_summary()  # torch only where the GNN trains
+    if gpu_sized_on_cpu(config, models, gpu):
         log.warning(f"warning: config {name}'s GNN schedule is base's, sized for a GPU, and torch sees none: the GNN "
                     "trains on the CPU (hours at real scale); --config cpu is the CPU's schedule")
     if args.collections is not None:  # some collections: their stages and scores, no submission
