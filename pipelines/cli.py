@@ -284,7 +284,8 @@ def _add_status(sub: argparse._SubParsersAction) -> None:
     p = _parser(sub, "status", "list cached stage outputs (complete, incomplete, running, interrupted)",
                 "status --stage train-gbdt")
     p.add_argument("--work-dir", type=Path, default=paths.WORK_DIR)
-    p.add_argument("--stage", action="append", default=[], help="show only this stage (repeatable; default: every stage)")
+    p.add_argument("--stage", action="append", default=[],
+                   help="show only this stage (repeatable; default: every stage)")
     p.add_argument("--submissions-dir", type=Path, default=paths.SUBMISSIONS_DIR,
                    help="also clean interrupted publishes here and list incomplete run folders")
     p.set_defaults(handler=_run_status)

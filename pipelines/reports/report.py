@@ -407,7 +407,8 @@ def build_report(run: RunOutputs) -> list[Section]:
         for model, output in models.items():
             scores.append(pl.read_parquet(output.file(SCORES_FILE)).with_columns(pl.lit(model).alias("model")))
             if (output.path / CURVES_FILE).exists():
-                curves_found.append(pl.read_parquet(output.file(CURVES_FILE)).with_columns(pl.lit(model).alias("model")))
+                curves_found.append(pl.read_parquet(output.file(CURVES_FILE))
+                                    .with_columns(pl.lit(model).alias("model")))
             if (output.path / IMPORTANCE_FILE).exists():
                 importances.append(pl.read_parquet(output.file(IMPORTANCE_FILE))
                                    .with_columns(pl.lit(collection).alias("collection")))
