@@ -450,7 +450,7 @@ def build_cases(bombs: Path) -> list[Case]:
                 for _ in range(100):
                     handle.write(line)
             if command == "score":
-                return ["score", "--data-root", str(ctx.data), "--submission", str(big)]
+                return ["score", "--data-root", str(ctx.data), str(big)]
             return ["validate-submission", "--data-root", str(ctx.data), str(big)]
 
     # 11. config bounds

@@ -127,3 +127,9 @@ if layout.height:
     ax.legend(fontsize=8)
     fig.tight_layout()
     analysis.save_figure(fig, figures / "01-configurable-nodes.png", close=False)
+
+# %% [markdown]
+# ## Where the figures went
+
+# %%
+print(analysis.finish(settings, figures))

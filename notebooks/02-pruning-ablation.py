@@ -88,3 +88,9 @@ axes[0][0].set_ylabel("OOF Kendall tau (mean +- std over cells)")
 axes[0][-1].legend(fontsize=8)
 fig.tight_layout()
 analysis.save_figure(fig, figures / "02-pruning-size-vs-score.png", close=False)
+
+# %% [markdown]
+# ## Where the figures went
+
+# %%
+print(analysis.finish(settings, figures))

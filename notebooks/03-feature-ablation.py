@@ -91,3 +91,9 @@ ax.legend(fontsize=8)
 plt.setp(ax.get_xticklabels(), rotation=20, ha="right")
 fig.tight_layout()
 analysis.save_figure(fig, figures / "03-gain-by-group.png", close=False)
+
+# %% [markdown]
+# ## Where the figures went
+
+# %%
+print(analysis.finish(settings, figures))

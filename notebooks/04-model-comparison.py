@@ -110,3 +110,9 @@ if has_gnn:
     analysis.save_figure(fig, figures / "04-gnn-options.png", close=False)
 else:
     print("the GNN is not registered in pipelines.config.registry.MODELS: no GNN options to compare")
+
+# %% [markdown]
+# ## Where the figures went
+
+# %%
+print(analysis.finish(settings, figures))

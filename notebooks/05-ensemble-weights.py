@@ -135,3 +135,9 @@ else:
         ax.plot(line["weight"].to_numpy(), line["all models"].to_numpy(), color="black", linewidth=0.8)
         ax.axvline(fitted[name], color="grey", linestyle="--", linewidth=1)
     analysis.save_figure(fig, figures / "05-ensemble-weights-test.png", close=False)
+
+# %% [markdown]
+# ## Where the figures went
+
+# %%
+print(analysis.finish(settings, figures))

@@ -30,17 +30,36 @@ EXIT_CODES_HELP = ("exit codes: 0 success, 1 data or pipeline error, 2 usage err
                    "value), 130 interrupted")
 
 
+class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Descriptions and epilogs as written; every option that takes a value shows its default, unless
+    its help already says it in words ("default: ...")."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if "default" in text or not action.option_strings or action.nargs == 0 or action.required \
+                or action.default is argparse.SUPPRESS:
+            return text
+        shown = "none" if action.default in (None, [], "") else "%(default)s"
+        return f"{text} (default: {shown})".lstrip()
+
+
+def _chatter(parser: argparse.ArgumentParser, default: object) -> None:
+    """The ``--verbose``/``--quiet`` switches: on the main parser (default 0) and on every command (no
+    default of its own, so a switch before the command is not reset after it)."""
+    chatter = parser.add_mutually_exclusive_group()
+    chatter.add_argument("-v", "--verbose", dest="verbosity", action="store_const", const=1, default=default,
+                         help="also print debug messages (e.g. GNN epochs of fold jobs run in this process)")
+    chatter.add_argument("-q", "--quiet", dest="verbosity", action="store_const", const=-1, default=default,
+                         help="print warnings, errors and the command's result only, no progress")
+
+
 def _parser(sub: argparse._SubParsersAction, name: str, help_text: str, example: str) -> argparse.ArgumentParser:
     """A subcommand parser whose --help ends with one example (``PROG`` is how it was called), with
     the ``--verbose``/``--quiet`` switches of every command."""
     parser = sub.add_parser(name, help=help_text, description=help_text[:1].upper() + help_text[1:] + ".",
                             epilog=f"example:\n  {_prog()} {example}\n\n{EXIT_CODES_HELP}",
-                            formatter_class=argparse.RawDescriptionHelpFormatter)
-    chatter = parser.add_mutually_exclusive_group()
-    chatter.add_argument("-v", "--verbose", dest="verbosity", action="store_const", const=1, default=0,
-                         help="also print debug messages (e.g. GNN epochs of fold jobs run in this process)")
-    chatter.add_argument("-q", "--quiet", dest="verbosity", action="store_const", const=-1,
-                         help="print warnings, errors and the command's result only, no progress")
+                            formatter_class=_HelpFormatter)
+    _chatter(parser, argparse.SUPPRESS)
     return parser
 
 
@@ -53,6 +72,12 @@ def _seed(text: str) -> int:
     if not 0 <= value < 2**32:
         raise argparse.ArgumentTypeError(f"must lie in [0, 2^32), got {text}")
     return value
+
+
+def _version() -> str:
+    from pipelines import __version__
+
+    return f"pipelines {__version__} (Python {sys.version.split()[0]})"
 
 
 def _prog() -> str:
@@ -77,7 +102,7 @@ def _add_synth(sub: argparse._SubParsersAction) -> None:
                    help="cost-model variant: 0 = the original constants, N >= 1 = constants drawn from "
                         "documented ranges (pipelines/synth/costmodel.py)")
     p.add_argument("--limit", type=int, default=None,
-                   help="write at most this many files per collection and split (for benchmarks)")
+                   help="write at most this many files per collection and split (for benchmarks; default: all)")
     p.add_argument("--collections", default=None, help="comma-separated collection names (default: all)")
     p.add_argument("--jobs", type=int, default=1, help="parallel worker processes")
     p.set_defaults(handler=_run_synth)
@@ -100,7 +125,7 @@ def _add_validate_submission(sub: argparse._SubParsersAction) -> None:
                 "validate-submission --data-root data/kaggle submissions/RUN_ID/submission.csv")
     p.add_argument("--data-root", type=Path, required=True)
     p.add_argument("--split", default="test", choices=("train", "valid", "test"))
-    p.add_argument("file", type=Path)
+    p.add_argument("file", type=Path, metavar="FILE", help="the submission CSV")
     p.set_defaults(handler=_run_validate_submission)
 
 
@@ -115,10 +140,12 @@ def _run_validate_submission(args: argparse.Namespace) -> int:
 def _add_score(sub: argparse._SubParsersAction) -> None:
     p = _parser(sub, "score", "score a submission written for a labelled split (e.g. valid; `predict --split valid` "
                               "writes one)",
-                "score --data-root data/synthetic-small --split valid --submission submissions/RUN_ID/submission.csv")
+                "score --data-root data/synthetic-small --split valid submissions/RUN_ID/submission.csv")
     p.add_argument("--data-root", type=Path, required=True)
     p.add_argument("--split", default="valid", choices=("train", "valid"))
-    p.add_argument("--submission", type=Path, required=True)
+    p.add_argument("file", type=Path, nargs="?", metavar="FILE", help="the submission CSV")
+    p.add_argument("--submission", dest="submission_option", type=Path, default=None,
+                   help=argparse.SUPPRESS)  # the older spelling, still read
     p.set_defaults(handler=_run_score)
 
 
@@ -126,6 +153,9 @@ def _run_score(args: argparse.Namespace) -> int:
     from pipelines.core.errors import SubmissionError
     from pipelines.data.submission import score_submission
 
+    if (args.file is None) == (args.submission_option is None):
+        raise ConfigError("score takes one submission FILE (as validate-submission and submit do)")
+    args.submission = args.file if args.file is not None else args.submission_option
     try:
         report = score_submission(args.submission, args.data_root, split=args.split)
     except SubmissionError as exc:
@@ -156,7 +186,7 @@ def _add_demo(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--submissions-dir", type=Path, default=paths.SUBMISSIONS_DIR)
     p.add_argument("--config", default=None, help="config name (e.g. quick) or TOML file (default: base)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
-                   help="override one config value (repeatable)")
+                   help="override one config value (repeatable; default: none)")
     p.set_defaults(handler=_run_demo)
 
 
@@ -189,7 +219,7 @@ def _add_prepare(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--work-dir", type=Path, default=paths.WORK_DIR)
     p.add_argument("--config", default=None, help="config name (e.g. quick) or TOML file (default: base)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
-                   help="override one config value (repeatable)")
+                   help="override one config value (repeatable; default: none)")
     p.add_argument("--collections", default=None, help="comma-separated collection names (default: all present)")
     p.add_argument("--force", action="store_true", help="recompute even when a cached output exists")
     p.add_argument("--scheduler", default=None, metavar="ADDRESS",
@@ -230,7 +260,7 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--work-dir", type=Path, default=paths.WORK_DIR)
     p.add_argument("--config", default=None, help="config name (e.g. quick) or TOML file (default: base)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
-                   help="override one config value (repeatable)")
+                   help="override one config value (repeatable; default: none)")
     p.add_argument("--force", action="store_true", help="retrain even when a cached output exists (prepare stays cached)")
     p.set_defaults(handler=_run_train)
 
@@ -246,6 +276,11 @@ def _run_train(args: argparse.Namespace) -> int:
     get_adapter(args.model)  # an unknown model fails before any data is prepared
     names = [n for text in args.collections for n in text.split(",") if n.strip()]
     collections = list(parse_collections(names)) if names else None
+    from pipelines.flows.prepare import collections_to_prepare
+    from pipelines.flows.run import check_devices
+
+    # a GPU asked for and absent fails before the data stages, as in `run`
+    check_devices(config, [args.model], collections_to_prepare(config, args.data_root, collections)[0])
     prepared = prepare(config, args.data_root, args.work_dir, collections)
     for name, item in prepared.items():
         output = train_model(config, item, model=args.model, work_dir=args.work_dir, force=args.force)
@@ -260,7 +295,8 @@ def _add_status(sub: argparse._SubParsersAction) -> None:
     p = _parser(sub, "status", "list cached stage outputs (complete, incomplete, running, interrupted)",
                 "status --stage train-gbdt")
     p.add_argument("--work-dir", type=Path, default=paths.WORK_DIR)
-    p.add_argument("--stage", action="append", default=[], help="show only this stage (repeatable)")
+    p.add_argument("--stage", action="append", default=[],
+                   help="show only this stage (repeatable; default: every stage)")
     p.add_argument("--submissions-dir", type=Path, default=paths.SUBMISSIONS_DIR,
                    help="also clean interrupted publishes here and list incomplete run folders")
     p.set_defaults(handler=_run_status)
@@ -273,11 +309,43 @@ def _run_status(args: argparse.Namespace) -> int:
     for item in tidy_submissions(args.submissions_dir):
         print(f"incomplete run folder {item['path']} (no manifest.json: publishing was interrupted; "
               f"not a validated run; holds {', '.join(item['files'])})")
+    from pipelines.outputs.cache_gc import folder_size, format_size
+
     rows = [r for r in list_stages(args.work_dir) if not args.stage or r["stage"] in args.stage]
     if not rows:
         print(f"no stage outputs under {args.work_dir}")
         return 0
-    print(format_status(rows))
+    sizes = [folder_size(r["path"]) for r in rows]
+    lines = format_status(rows).splitlines()  # a header, then one line per row
+    shown = ["SIZE", *(format_size(size) for size in sizes)]
+    width = max(len(text) for text in shown)
+    print("\n".join(f"{text:>{width}}  {line}" for text, line in zip(shown, lines)))
+    print(f"{len(rows)} stage folder(s), {format_size(sum(sizes))} under {args.work_dir}")
+    return 0
+
+
+def _add_gc(sub: argparse._SubParsersAction) -> None:
+    p = _parser(sub, "gc", "list (or, with --delete, remove) the cached stage outputs that no run references, with "
+                           "their sizes; a dry run by default",
+                "gc --work-dir data/work --submissions-dir submissions --delete")
+    p.add_argument("--work-dir", type=Path, default=paths.WORK_DIR)
+    p.add_argument("--submissions-dir", type=Path, action="append", default=None,
+                   help="run folders whose manifests keep their stages (repeatable; default: submissions)")
+    p.add_argument("--delete", action="store_true", help="remove them (default: only list them)")
+    p.set_defaults(handler=_run_gc)
+
+
+def _run_gc(args: argparse.Namespace) -> int:
+    from pipelines.outputs.cache_gc import collect, format_garbage
+
+    dirs = args.submissions_dir or [paths.SUBMISSIONS_DIR]
+    missing = [d for d in dirs if not Path(d).is_dir()]
+    if missing and not args.delete:
+        print(f"note: no run folders at {', '.join(map(str, missing))}: no run keeps a stage there")
+    elif missing:  # deleting everything because a path was mistyped would be a loss
+        raise PipelineError(f"{', '.join(map(str, missing))}: no such submissions folder; gc --delete keeps the "
+                            "stages of the runs there, so it must exist")
+    print(format_garbage(collect(args.work_dir, dirs, delete=args.delete), deleted=args.delete))
     return 0
 
 
@@ -286,7 +354,7 @@ def _add_config(sub: argparse._SubParsersAction) -> None:
                 "config --config demo --set gnn.epochs=4")
     p.add_argument("--config", default=None, help="config name (e.g. quick) or TOML file (default: base)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
-                   help="override one config value (repeatable)")
+                   help="override one config value (repeatable; default: none)")
     p.set_defaults(handler=_run_config)
 
 
@@ -362,9 +430,11 @@ def _add_run(sub: argparse._SubParsersAction) -> None:
                 "run --data-root data/kaggle --config quick --models gbdt,gnn")
     p.add_argument("--data-root", type=Path, required=True, help="any data root in the Kaggle layout")
     p.add_argument("--work-dir", type=Path, default=paths.WORK_DIR)
-    p.add_argument("--config", default=None, help="config name (e.g. quick) or TOML file (default: base)")
+    p.add_argument("--config", default=None,
+                   help="config name (e.g. quick) or TOML file (default: the machine's: gpu, base's schedule, "
+                        "where torch sees a CUDA GPU, else cpu; base is sized for a GPU, hours on a CPU)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
-                   help="override one config value (repeatable)")
+                   help="override one config value (repeatable; default: none)")
     p.add_argument("--models", default=None,
                    help="comma-separated models to train and blend (default: the config's ensemble.models, "
                         "each of which must be one of run.models, the models the config allows)")
@@ -372,15 +442,47 @@ def _add_run(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--scheduler", default=None, metavar="ADDRESS",
                    help="Dask scheduler address for the data-stage and training jobs (workers must share this filesystem); "
                         "default: run.scheduler of the config ('local': local processes)")
+    p.add_argument("--collections", default=None, metavar="NAMES",
+                   help="comma-separated collections to train, blend and score (and the data of those their models "
+                        "also train on); publishes no submission, which needs all five (default: every collection)")
     p.add_argument("--force", action="store_true", help="recompute every stage even when cached")
     p.set_defaults(handler=_run_run)
 
 
 def _run_run(args: argparse.Namespace) -> int:
-    from pipelines.config.settings import load_config
-    from pipelines.flows.run import parse_models, run_pipeline
+    import logging
 
-    config = load_config(args.config, args.overrides)
+    from pipelines.config.settings import load_config
+    from pipelines.flows.run import checked_models, gpu_sized_on_cpu, machine_config, parse_models, run_pipeline
+    from pipelines.models.gnn.device import cuda_summary
+
+    log = logging.getLogger(__name__)
+    gpu: str | None = None
+    if args.config is None:  # the schedule for this machine; an explicit --config always wins
+        gpu = cuda_summary()
+        name, why = machine_config(gpu)
+        log.info(f"config: {name} (no --config given; {why})")
+    else:
+        name = args.config
+        log.info(f"config: {name} (--config)")
+    config = load_config(name, args.overrides)
+    models = checked_models(config, parse_models(args.models))
+    if args.config is not None and any(m.partition(":")[0] == "gnn" for m in models):
+        gpu = cuda_summary()  # torch only where the GNN trains
+    if gpu_sized_on_cpu(config, models, gpu):
+        log.warning(f"warning: config {name}'s GNN schedule is base's, sized for a GPU, and torch sees none: the GNN "
+                    "trains on the CPU (hours at real scale); --config cpu is the CPU's schedule")
+    if args.collections is not None:  # some collections: their stages and scores, no submission
+        from pipelines.core.collection import parse_collections
+        from pipelines.flows.run import check_training_root, format_scores, scores_table, train_and_blend
+
+        check_training_root(args.data_root)
+        runs, _ = train_and_blend(config, args.data_root, work_dir=args.work_dir, models=parse_models(args.models),
+                                  collections=list(parse_collections(args.collections)), scheduler=args.scheduler,
+                                  force=args.force)
+        print(format_scores(scores_table(runs)))
+        log.info("no submission: it needs all five collections (run without --collections publishes one)")
+        return 0
     result = run_pipeline(config, args.data_root, work_dir=args.work_dir, models=parse_models(args.models),
                           submissions_dir=args.submissions_dir, scheduler=args.scheduler, force=args.force)
     _report_new_run(result.run_id, args.submissions_dir)
@@ -403,7 +505,7 @@ def _add_ensemble(sub: argparse._SubParsersAction) -> None:
                    help="test the blend's gain as measured on OOF, or as expected at the test's averaged runs "
                         "(default: the first run's)")
     p.add_argument("--models", default=None,
-                   help="comma-separated models to keep (gbdt keeps gbdt@<run-id> of every run)")
+                   help="comma-separated models to keep (gbdt keeps gbdt@<run-id> of every run; default: all)")
     p.add_argument("--work-dir", type=Path, default=None, help="where the runs' stages are (default: as recorded)")
     p.add_argument("--data-root", type=Path, default=None, help="data root to validate against (default: as recorded)")
     p.add_argument("--submissions-dir", type=Path, default=paths.SUBMISSIONS_DIR)
@@ -454,7 +556,8 @@ def _add_runs(sub: argparse._SubParsersAction) -> None:
     actions = p.add_subparsers(dest="action", metavar="ACTION")
     actions.required = True
     listing = actions.add_parser("list", help="one line per run: date, data root, models, CV per collection and "
-                                              "combined, seeds, wall time, submitted")
+                                              "combined, seeds, wall time, submitted",
+                                 epilog=f"example:\n  {_prog()} runs list --sort score --limit 10\n\n{EXIT_CODES_HELP}")
     listing.add_argument("--sort", choices=("date", "score", "wall", "id"), default="date",
                          help="date/id: oldest first; score: best first; wall: fastest first")
     listing.add_argument("--reverse", action="store_true", help="reverse the order")
@@ -463,7 +566,9 @@ def _add_runs(sub: argparse._SubParsersAction) -> None:
     listing.add_argument("--data-root", default=None, help="only runs on this data root")
     listing.add_argument("--submissions-dir", type=Path, default=paths.SUBMISSIONS_DIR)
     compare = actions.add_parser("compare", help="CV scores per collection and model side by side, and the config "
-                                                 "difference")
+                                                 "difference",
+                                 epilog=f"example:\n  {_prog()} runs compare 20261122T101500Z-1a2b3c4d "
+                                        f"20261122T153000Z-9f8e7d6c\n\n{EXIT_CODES_HELP}")
     compare.add_argument("run_a", metavar="RUN_A")
     compare.add_argument("run_b", metavar="RUN_B")
     compare.add_argument("--submissions-dir", type=Path, default=paths.SUBMISSIONS_DIR)
@@ -558,7 +663,7 @@ def _add_tune(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--work-dir", type=Path, default=paths.WORK_DIR)
     p.add_argument("--config", default=None, help="base config name or TOML file (default: base)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
-                   help="override one base config value (repeatable)")
+                   help="override one base config value (repeatable; default: none)")
     p.add_argument("--storage", default=None, metavar="URL",
                    help="Optuna storage URL shared by several machines (default: sqlite file WORK_DIR/tune/studies.db)")
     p.add_argument("--study", default=None, help="study name (default: model, collection and a data+config fingerprint)")
@@ -589,6 +694,7 @@ _COMMANDS: tuple[Callable[[argparse._SubParsersAction], None], ...] = (
     _add_prepare,
     _add_train,
     _add_status,
+    _add_gc,
     _add_config,
     _add_download,
     _add_submit,
@@ -605,13 +711,31 @@ _COMMANDS: tuple[Callable[[argparse._SubParsersAction], None], ...] = (
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=_prog(), description="TpuGraphs runtime-ranking pipelines: data, training, ensembling, submissions.",
-        epilog=f"'{_prog()} COMMAND --help' shows a command's options and an example.\n\n{EXIT_CODES_HELP}",
-        formatter_class=argparse.RawDescriptionHelpFormatter)
+        epilog=f"example:\n  {_prog()} -q run --data-root data/kaggle\n\n'{_prog()} COMMAND --help' shows a "
+               f"command's options and an example.\n\n{EXIT_CODES_HELP}",
+        formatter_class=_HelpFormatter)
+    parser.add_argument("--version", action="version", version=_version())
+    _chatter(parser, 0)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     for add in _COMMANDS:
         add(sub)
+    for command in _subparsers(parser):
+        command.formatter_class = _HelpFormatter  # `runs list` and `runs compare` too
+        for action in command._actions:  # an option without help text still shows its default
+            if action.help is None and action.option_strings and action.nargs != 0:
+                action.help = "(default: %(default)s)" if action.default is not None else "(default: none)"
     return parser
+
+
+def _subparsers(parser: argparse.ArgumentParser) -> list[argparse.ArgumentParser]:
+    """Every command parser under ``parser`` (``runs list`` too), depth first."""
+    found = []
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for child in dict.fromkeys(action.choices.values()):
+                found += [child, *_subparsers(child)]
+    return found
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -637,5 +761,7 @@ def main(argv: list[str] | None = None) -> int:
         print(redact_credentials(f"error: {where}: {action}: {exc.strerror or exc}"), file=sys.stderr)
         return EXIT_ERROR
     except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
+        # finished stages (and a training stage's finished fold jobs) are kept: the same command resumes
+        print("interrupted: rerun the same command to resume (finished stages are cached and reused)",
+              file=sys.stderr)
         return EXIT_INTERRUPTED

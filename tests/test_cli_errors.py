@@ -28,6 +28,7 @@ CASES = {
     "override outside the choices": (["prepare", "--set", "data.on_bad_file=ignore"], ["'ignore'", "'skip'"]),
     "unknown config name": (["run", "--config", "quik"], ["unknown config 'quik'", "quick"]),
     "missing data root": (["prepare", "--data-root", "{tmp}/nowhere"], ["nowhere", "does not exist"]),
+    "missing data root (run)": (["run", "--data-root", "{tmp}/nowhere"], ["nowhere", "does not exist"]),
 }
 
 
@@ -71,3 +72,50 @@ def test_a_seed_outside_0_to_2_32_is_a_usage_error(tmp_path, seed, capsys):
         main(["synth", "--out", str(tmp_path / "w"), "--scale", "tiny", "--seed", seed])
     assert exit_info.value.code == 2
     assert "2^32" in capsys.readouterr().err and not (tmp_path / "w").exists()
+
+
+def test_a_gpu_asked_for_on_a_machine_without_one_fails_before_any_stage(tiny_world, tmp_path, capsys):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    work, submissions = _outputs(tmp_path)
+    code = main(["run", "--data-root", str(tiny_world), "--work-dir", str(work), "--submissions-dir",
+                 str(submissions), "--config", "smoke", "--set", 'gnn.device="cuda"'])
+    err = capsys.readouterr().err
+    assert code == 2 and "gnn.device = 'cuda'" in err and "no CUDA GPU" in err
+    assert not work.exists() and not submissions.exists()
+
+
+def test_run_on_a_root_of_test_graphs_only_points_to_predict(tiny_world, tmp_path, capsys):
+    import shutil
+
+    root = tmp_path / "new-graphs"
+    shutil.copytree(tiny_world, root, ignore=lambda folder, names: [n for n in names if n in ("train", "valid")])
+    work, submissions = _outputs(tmp_path)
+    code = main(["run", "--data-root", str(root), "--work-dir", str(work), "--submissions-dir", str(submissions),
+                 "--config", "smoke"])
+    err = capsys.readouterr().err
+    assert code == 1 and "no train graphs" in err and f"predict --run RUN_ID --data-root {root}" in err
+    assert not work.exists() and not submissions.exists()
+
+
+def test_ctrl_c_says_the_same_command_resumes(monkeypatch, capsys):
+    import pipelines.cli as cli
+
+    def interrupted(args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "_run_config", interrupted)
+    assert main(["config"]) == 130
+    assert "rerun the same command to resume" in capsys.readouterr().err
+
+
+def test_train_checks_the_gpu_before_any_stage_too(tiny_world, tmp_path, capsys):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    code = main(["train", "--model", "gnn", "--collection", "tile:xla", "--data-root", str(tiny_world),
+                 "--work-dir", str(tmp_path / "work"), "--config", "smoke", "--set", 'gnn.device="cuda"'])
+    assert code == 2 and "no CUDA GPU" in capsys.readouterr().err and not (tmp_path / "work").exists()

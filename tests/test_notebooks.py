@@ -169,3 +169,17 @@ def test_paired_differences_subtract_the_baseline_of_the_same_cell():
                                                                 ("x", 1, pytest.approx(0.2))]
     with pytest.raises(analysis.ConfigError, match="baseline"):
         analysis.paired_differences(cells, "missing")
+
+
+def test_finish_says_where_the_figures_went_and_removes_a_temporary_scratch(tmp_path):
+    made = analysis.notebook_settings({"TPUGRAPHS_CONFIG": "smoke"})
+    assert made.temporary is not None and made.temporary.name.startswith("tpugraphs-smoke-")
+    figures = made.work_dir / "figures"
+    figures.mkdir(parents=True)
+    (figures / "01-a.png").write_bytes(b"png")
+    text = analysis.finish(made, figures)
+    assert f"1 PNG file(s) in {figures} (01-a.png)" in text and "removed the smoke scratch folder" in text
+    assert not made.temporary.exists()
+    named = analysis.notebook_settings({"TPUGRAPHS_CONFIG": "smoke", "TPUGRAPHS_SET": f"notebook.scratch='{tmp_path}'"})
+    assert named.temporary is None and "removed" not in analysis.finish(named, tmp_path / "figures")
+    assert tmp_path.exists()

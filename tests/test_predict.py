@@ -81,6 +81,24 @@ def test_predict_ranks_a_new_data_root_holding_only_test_graphs(run, tmp_path):
     assert (latest / "submission.csv").read_bytes() == run["result"].submission.read_bytes()
 
 
+def test_predict_into_another_work_dir_finds_the_models_through_the_manifest(run, tmp_path):
+    other = tmp_path / "other"
+    again = predict_run(run["result"].run_id, run["root"], submissions_dir=run["base"] / "subs", work_dir=other)
+    assert again.submission.read_bytes() == run["result"].submission.read_bytes()
+    assert sorted(p.name for p in other.iterdir() if not p.name.startswith(".")) == ["features", "node_arrays",
+                                                                                      "prune"]
+    ref = again.manifest["stages"][TILE_XLA.name]["train"]["gbdt"]
+    assert Path(ref["work_dir"]) == (run["base"] / "work").resolve()  # where its models were found
+
+
+def test_predict_without_the_sample_submission_fails_before_any_stage(run, tmp_path):
+    root = tmp_path / "no-sample"
+    shutil.copytree(run["root"], root, ignore=lambda folder, names: [n for n in names if n == "sample_submission.csv"])
+    with pytest.raises(PipelineError, match="sample_submission.csv"):
+        predict_run(run["result"].run_id, root, submissions_dir=run["base"] / "subs", work_dir=tmp_path / "work")
+    assert not (tmp_path / "work").exists()
+
+
 def test_predict_refuses_a_tampered_model(run, tmp_path):
     work = tmp_path / "work"
     shutil.copytree(run["base"] / "work", work)
@@ -268,11 +286,11 @@ def test_predict_valid_split_needs_held_out_valid_graphs_and_then_score_scores_i
     assert main(["predict", "--run", held_out.run_id, "--data-root", str(tiny_world), "--split", "valid",
                  "--submissions-dir", str(subs)]) == 0
     path = Path(capsys.readouterr().out.strip().splitlines()[-1])
-    assert main(["score", "--data-root", str(tiny_world), "--split", "valid", "--submission", str(path)]) == 0
+    assert main(["score", "--data-root", str(tiny_world), "--split", "valid", str(path)]) == 0
     assert "combined" in capsys.readouterr().out.lower()
 
     # a test submission given to score: says why it cannot be scored and what to do instead
     assert main(["score", "--data-root", str(tiny_world), "--split", "valid",
-                 "--submission", str(held_out.submission)]) == 1
+                 str(held_out.submission)]) == 1
     err = capsys.readouterr().err
     assert "ranks another split" in err and "predict --run RUN_ID --split valid" in err

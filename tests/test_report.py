@@ -125,3 +125,26 @@ def test_a_reblended_run_reports_its_source_runs(demo_run):
     text = (again.run_dir / REPORT_FILE).read_text(encoding="utf-8")
     assert f"re-blend of 1 run(s), training nothing: {result.run_id} (2 folds x seeds [0, 1])" in text
     assert "None folds" not in text
+
+
+def test_gnn_training_keeps_its_curves_and_the_report_draws_them(tiny_world, tmp_path):
+    from pipelines.core.collection import TILE_XLA
+    from pipelines.flows.prepare import prepare
+    from pipelines.reports.report import _training_curves_figure, epoch_cap_lines
+    from pipelines.training.fit import CURVES_FILE, CURVES_SCHEMA, format_summary, train_model
+
+    config = load_config("smoke", ["gnn.epochs=2", "gnn.patience=0", "gnn.hidden=8", "gnn.free_layers=1",
+                                   "gnn.configs_per_graph=4", "gnn.eval_max_configs=16"])
+    prepared = prepare(config, tiny_world, tmp_path / "work", [TILE_XLA])[TILE_XLA.name]
+    output = train_model(config, prepared, model="gnn", work_dir=tmp_path / "work")
+    curves = pl.read_parquet(output.file(CURVES_FILE))
+    assert dict(curves.schema) == CURVES_SCHEMA
+    assert sorted(set(curves.select("fold", "seed", "epoch").iter_rows())) == \
+        [(f, 0, e) for f in (0, 1) for e in (1, 2)]
+    assert curves["train_loss"].is_finite().all()
+    # patience 0: no early stopping, every fold model ran to the cap
+    assert output.metrics["epoch_cap"] == {"epochs": 2, "fold_models": 2, "at_cap": 2}
+    assert "2 of 2 fold models stopped at the epoch cap" in format_summary(output)
+    assert epoch_cap_lines({TILE_XLA.name: {"gnn": output}}) == \
+        ["tile:xla gnn: 2 of 2 fold models stopped at the epoch cap (2 epochs)"]
+    assert _training_curves_figure(curves).startswith(b"\x89PNG")

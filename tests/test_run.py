@@ -359,3 +359,31 @@ def test_exit_codes_tell_usage_errors_from_pipeline_errors(tmp_path, capsys):
     assert main(["config", "--set", "folds.k=1"]) == 2  # a bad config value: usage
     assert main(["runs", "list", "--submissions-dir", str(tmp_path / "missing")]) == 1  # a missing folder: data
     capsys.readouterr()
+
+
+def test_stage_counter_adds_a_whole_run_eta_refined_as_stages_finish():
+    import logging
+
+    from pipelines.flows.run import StageCounter
+
+    fresh = StageCounter(3, {"prune": 2, "ensemble": 1})
+    record = logging.LogRecord("pipelines.core.engine", logging.INFO, "", 0, "a [prune] done 0123456789abcdef in 10.0s",
+                               (), None)
+    fresh.filter(record)
+    assert record.getMessage().endswith("(run ETA ~10s + 1 stage not timed yet)")  # no ensemble timed anywhere
+
+    counter = StageCounter(4, {"prune": 2, "train-gbdt": 2}, history={"train-gbdt": [100.0]})
+
+    def log(message: str) -> str:
+        record = logging.LogRecord("pipelines.core.engine", logging.INFO, "", 0, message, (), None)
+        counter.filter(record)
+        return record.getMessage()
+
+    assert log("a [prune] computing 0123456789abcdef") == "stage 1/4: a [prune] computing 0123456789abcdef"
+    # one prune left (10 s as this one), two trainings (100 s each, from the work dir's history)
+    assert log("a [prune] done 0123456789abcdef in 10.0s").endswith("(run ETA ~3m30s)")
+    assert log("b [prune] cached 0123456789abcdee").startswith("stage 2/4:")  # cached: 0 s, one fewer
+    log("a [train-gbdt] computing 0123456789abcded")
+    assert log("a [train-gbdt] done 0123456789abcded in 40.0s").endswith("(run ETA ~40s)")  # this run's own time
+    log("b [train-gbdt] computing 0123456789abcdec")
+    assert "ETA" not in log("b [train-gbdt] done 0123456789abcdec in 40.0s")  # the last one

@@ -310,7 +310,7 @@ def test_cli_validate_and_score(world, tmp_path, capsys):
     assert err.startswith("error: ") and "1 problem(s)" in err and ": missing" in err
 
     valid = write_submission(tmp_path / "valid.csv", rows_from_truth(truths, False))
-    assert main(["score", "--data-root", str(root), "--submission", str(valid)]) == 0
+    assert main(["score", "--data-root", str(root), str(valid)]) == 0
     out = capsys.readouterr().out
     assert "layout:nlp:random" in out and "combined score (unweighted mean of 5 collections): 1.0000" in out
 

@@ -452,3 +452,18 @@ def test_cli_synth_takes_medium_and_variant(tmp_path: Path, capsys: pytest.Captu
     assert marker["variant"] == 2 and marker["scale"] == "medium"
     assert marker["cost_params"] == costmodel.params_dict(costmodel.variant_params(2))
     assert main(["synth", "--out", str(tmp_path / "bad"), "--scale", "tiny", "--variant", "-1"]) == 2
+
+
+def test_synth_logs_its_files_as_it_writes_them(tmp_path, monkeypatch, caplog):
+    import logging
+
+    import pipelines.synth.world as world
+    from pipelines.synth import generate_world
+
+    monkeypatch.setattr(world, "PROGRESS_EVERY_S", 0.0)
+    with caplog.at_level(logging.INFO, logger="pipelines"):
+        generate_world(tmp_path / "w", scale="tiny", seed=0, limit=1, collections="tile:xla")
+    lines = [r.getMessage() for r in caplog.records]
+    assert lines[0].startswith("synth: writing 3 of 3 files under")
+    assert [line.split(" (")[0] for line in lines if line.startswith("synth ")] == \
+        ["synth 1/3 files", "synth 2/3 files", "synth 3/3 files"]

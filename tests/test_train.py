@@ -203,7 +203,8 @@ def test_stage_is_cached_and_keyed_by_model_settings(tmp_path: Path, caplog):
     one_seed = "run.seeds=[0]"
     first = train_model(quick_config(one_seed), prepared, model="gbdt", work_dir=tmp_path)
     again = train_model(quick_config(one_seed), prepared, model="gbdt", work_dir=tmp_path)
-    assert again.key == first.key and caplog.messages[-1] == f"[train-gbdt] cached {first.key}"
+    assert again.key == first.key
+    assert caplog.messages[-1] == f"{prepared.collection.name} [train-gbdt] cached {first.key}"
     other = quick_config(one_seed, 'gbdt.collections."tile:xla".num_leaves=15')  # another collection's override
     assert train_model(other, prepared, model="gbdt", work_dir=tmp_path).key == first.key
     changed = quick_config(one_seed, 'gbdt.collections."layout:xla:random".num_leaves=15')

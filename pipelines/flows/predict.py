@@ -26,7 +26,7 @@ from pipelines.core.engine import StageOutput, code_version, file_sha256, finger
 from pipelines.core.errors import ConfigError, PipelineError
 from pipelines.core.paths import SUBMISSIONS_DIR
 from pipelines.flows.run import RunResult, scores_from_manifest
-from pipelines.outputs.run_folders import read_run_manifest, training_stage_dir
+from pipelines.outputs.run_folders import read_run_manifest, training_stage_dirs
 
 logger = logging.getLogger(__name__)
 
@@ -120,6 +120,16 @@ def prepare_test_graphs(config: Any, collection: Collection, data_root: Path, wo
     return Prepared(collection, stages)
 
 
+def _first_saved(places: list[Path], ref: dict[str, Any]) -> StageOutput | None:
+    """The complete training stage ``ref`` in the first of ``places`` that holds it."""
+    for where in places:
+        try:
+            return load_stage(where, ref["stage"], ref["key"])
+        except PipelineError:
+            continue
+    return None
+
+
 def _check_split(source: dict[str, Any], run_id: str, split: str) -> None:
     """A labelled split may only be ranked by fold models that never trained on it: with
     ``folds.holdout_valid`` the valid graphs are a holdout of every fold model."""
@@ -154,6 +164,10 @@ def predict_run(run_id: str, data_root: Path | str, *, submissions_dir: Path | s
         raise PipelineError(f"{data_root}: no such data root")
     source = read_run_manifest(submissions_dir, run_id)
     _check_split(source, run_id, split)
+    if split == "test":  # the submission is validated against sample_submission.csv: checked before any stage
+        from pipelines.data.submission import check_test_files
+
+        check_test_files(data_root)
     source_work = Path(work_dir if work_dir is not None else source["work_dir"])
     method = ((source.get("config") or {}).get("ensemble") or {}).get("method", "minmax")
     collections = list(source.get("collections") or source["stages"])
@@ -172,16 +186,20 @@ def predict_run(run_id: str, data_root: Path | str, *, submissions_dir: Path | s
         frames, prepare_keys = [], {}
         for model in models:
             ref = refs[model]
-            where = training_stage_dir(ref, source, work_dir)
-            try:
-                output = load_stage(where, ref["stage"], ref["key"])
-            except PipelineError as exc:
-                if (where / ref["stage"] / ref["key"]).exists():  # there, but damaged or unfinished
-                    raise PipelineError(f"run {run_id}: the saved {model} models of {cname} cannot be used: "
-                                        f"{exc}") from None
-                raise PipelineError(f"run {run_id}: the saved {model} models of {cname} are gone: "
-                                    f"{where / ref['stage'] / ref['key']} (pass --work-dir where the run's stages "
-                                    "are)") from None
+            places = training_stage_dirs(ref, source, work_dir)
+            output = _first_saved(places, ref)
+            if output is None:
+                for where in places:  # there, but damaged or unfinished: say why, not "gone"
+                    if (where / ref["stage"] / ref["key"]).exists():
+                        try:
+                            load_stage(where, ref["stage"], ref["key"])
+                        except PipelineError as exc:
+                            raise PipelineError(f"run {run_id}: the saved {model} models of {cname} cannot be "
+                                                f"used: {exc}") from None
+                looked = ", ".join(str(w / ref["stage"] / ref["key"]) for w in places)
+                raise PipelineError(f"run {run_id}: the saved {model} models of {cname} are gone: looked in "
+                                    f"{looked} (pass --work-dir where the run's stages are)")
+            refs = {**refs, model: {**ref, "work_dir": str(output.path.parent.parent.resolve())}}
             config_dict = _source_config(source, model)
             cache = (cname, fingerprint(config_dict))
             if cache not in prepared_by_config:

@@ -53,7 +53,9 @@ from pipelines.core.engine import (
 )
 from pipelines.training.ensemble import ENSEMBLE_STAGE, ensemble_stage, load_blended_test
 from pipelines.core.errors import ConfigError, FormatError, PipelineError
+from pipelines.core.logs import tagged
 from pipelines.core.parallel import JobPool, fan_out
+from pipelines.core.progress import format_duration
 from pipelines.outputs.run_folders import publish_submission, read_run_manifest, training_stage_dir
 
 logger = logging.getLogger(__name__)
@@ -318,6 +320,79 @@ def checked_models(config: PipelineConfig, models: Sequence[str] | None) -> list
     return names
 
 
+# The schedule `run` picks without --config: base's on a GPU (configs/gpu.toml: base with gnn.device = "auto"),
+# configs/cpu.toml on a CPU (base is sized for a GPU: hours of GNN training per fold on a CPU).
+MACHINE_CONFIGS = {"gpu": "gpu", "cpu": "cpu"}
+# GNN keys that say where and how it runs, not how long it trains (left out when comparing schedules)
+_PLACEMENT_KEYS = ("device", "precision", "num_threads", "progress")
+
+
+def machine_config(gpu: str | None) -> tuple[str, str]:
+    """The config ``run`` uses without ``--config`` on a machine whose CUDA hardware is ``gpu``
+    (:func:`pipelines.models.gnn.device.cuda_summary`; None: none), and why."""
+    if gpu:
+        return MACHINE_CONFIGS["gpu"], (f"torch sees {gpu}, so base's schedule on the GPU: configs/gpu.toml is "
+                                        "base with gnn.device = auto")
+    return MACHINE_CONFIGS["cpu"], ("torch sees no CUDA GPU, so the CPU schedule of configs/cpu.toml; base and gpu "
+                                    "are sized for a GPU and run for hours on a CPU")
+
+
+def gpu_sized_on_cpu(config: PipelineConfig, models: Sequence[str], gpu: str | None) -> bool:
+    """True when the GNN of ``config`` trains on base's (GPU-sized) schedule on a machine without a GPU:
+    its ``gnn`` section equals base's but for where it runs."""
+    from pipelines.config.settings import load_config
+
+    if gpu or not any(m.partition(":")[0] == "gnn" for m in models):
+        return False
+
+    def schedule(c: PipelineConfig) -> dict:
+        return {k: v for k, v in config_to_dict(c.gnn).items() if k not in _PLACEMENT_KEYS}
+
+    return schedule(config) == schedule(load_config("base"))
+
+
+def stage_history(work_dir: Path) -> dict[str, list[float]]:
+    """Wall times of the complete stage outputs already in ``work_dir``, by stage name (ETA estimates)."""
+    from pipelines.core.engine import list_stages
+
+    out: dict[str, list[float]] = {}
+    for row in list_stages(work_dir):
+        if row["complete"] and row["wall_time_s"] is not None:
+            out.setdefault(row["stage"], []).append(float(row["wall_time_s"]))
+    return out
+
+
+def check_training_root(data_root: Path) -> None:
+    """A data root a run can train on: it exists, holds TpuGraphs files, and has train graphs. A root of
+    test graphs only is for the models of an earlier run (``predict --run``), which this says."""
+    from pipelines.data.tpugraphs import available_collections, npz_root
+
+    npz_root(data_root)  # "data root does not exist" / "no TpuGraphs data here", naming the folder
+    if not available_collections(data_root):
+        raise FormatError(data_root, "no train graphs (a root of test graphs only?): a run trains on train graphs; "
+                                     f"to rank these test graphs with the fold models of an earlier run: "
+                                     f"predict --run RUN_ID --data-root {data_root} (runs list shows the runs)")
+
+
+def check_devices(config: PipelineConfig, models: Sequence[str], collections: Sequence[Collection]) -> None:
+    """The ``gnn.device`` of every collection the GNN trains for, resolved before any stage runs, so
+    ``cuda`` on a machine without a GPU fails at once, not after the data stages. Logs the device."""
+    if not any(m.partition(":")[0] == "gnn" for m in models):
+        return
+    from pipelines.config.settings import resolve_for_collection
+
+    asked = {c.name: resolve_for_collection(config.gnn, c).device for c in collections}
+    if set(asked.values()) == {"cpu"}:
+        logger.info("GNN device: cpu (gnn.device)")
+        return
+    from pipelines.models.gnn.device import resolve_device  # torch: only when a GPU may be used
+
+    resolved = {name: str(resolve_device(device)) for name, device in asked.items()}
+    shown = sorted(set(resolved.values()))
+    why = ": torch sees no CUDA GPU" if "auto" in asked.values() and shown == ["cpu"] else ""
+    logger.info(f"GNN device: {', '.join(shown)} (gnn.device = {', '.join(sorted(set(asked.values())))}{why})")
+
+
 # ----------------------------------------------------------------------------- publishing
 
 
@@ -393,20 +468,59 @@ def _manifest(*, kind: str, config: Any, data_root: Path, work_dir: Path, runs: 
 
 class StageCounter(logging.Filter):
     """Prefixes the engine's "computing" / "cached" line of each stage with ``stage i/N`` (N: every
-    stage of the run, known before it starts), so a log says how far a run is. A filter on the
-    engine's logger for the length of a run (:meth:`counting`)."""
+    stage of the run, known before it starts), so a log says how far a run is, and ends each "done"
+    line with the whole run's ETA. A filter on the engine's logger for the length of a run
+    (:meth:`counting`).
 
-    _START = re.compile(r"\[[\w.:-]+\] (computing|cached) [0-9a-f]+$")
+    The ETA sums an estimate per stage not yet finished (``plan``: how many stages of each name the run
+    has): the mean time of that stage's outputs computed so far in this run, else of its earlier
+    outputs in the work dir (``history``, seconds by stage name); stages of a name with neither are
+    counted apart ("+ N stages not timed yet"), not guessed from others (a data stage takes seconds,
+    a training stage hours). Cached stages count 0 s, so the estimate is refined as stages finish.
+    Stages that run side by side (training stages sharing workers) are summed: an upper bound then."""
 
-    def __init__(self, total: int):
+    _START = re.compile(r"\[([\w.:-]+)\] (computing|cached) [0-9a-f]+$")
+    _DONE = re.compile(r"\[([\w.:-]+)\] done [0-9a-f]+ in ([0-9.]+)s$")
+
+    def __init__(self, total: int, plan: Mapping[str, int] | None = None,
+                 history: Mapping[str, Sequence[float]] | None = None):
         super().__init__()
         self.total, self.index = total, 0
+        self.left = dict(plan or {})  # stage name -> stages of it not finished yet
+        self.history = {k: list(v) for k, v in (history or {}).items()}
+        self.seconds: dict[str, list[float]] = {}  # stage name -> wall times computed in this run
+
+    def eta(self) -> tuple[float, int]:
+        """Seconds the stages not finished yet should take, and how many of them have no estimate."""
+        total, untimed = 0.0, 0
+        for stage, count in self.left.items():
+            known = self.seconds.get(stage) or self.history.get(stage)
+            if not known:
+                untimed += count
+            elif count:
+                total += count * sum(known) / len(known)
+        return total, untimed
+
+    def _finished(self, stage: str, seconds: float | None) -> None:
+        if self.left.get(stage, 0) > 0:
+            self.left[stage] -= 1
+        if seconds is not None:
+            self.seconds.setdefault(stage, []).append(seconds)
 
     def filter(self, record: logging.LogRecord) -> bool:
         message = record.getMessage()
-        if self._START.search(message):
+        started, done = self._START.search(message), self._DONE.search(message)
+        if started:
             self.index += 1
+            if started.group(2) == "cached":
+                self._finished(started.group(1), None)
             record.msg, record.args = f"stage {self.index}/{self.total}: {message}", ()
+        elif done:
+            self._finished(done.group(1), float(done.group(2)))
+            if any(self.left.values()):
+                seconds, untimed = self.eta()
+                more = f" + {untimed} stage{'s' if untimed != 1 else ''} not timed yet" if untimed else ""
+                record.msg, record.args = f"{message} (run ETA ~{format_duration(seconds)}{more})", ()
         return True
 
     @contextmanager
@@ -434,6 +548,7 @@ def run_pipeline(config: PipelineConfig, data_root: Path | str, *, work_dir: Pat
     started = time.perf_counter()
     data_root, work_dir, submissions_dir = Path(data_root), Path(work_dir), Path(submissions_dir)
     models = checked_models(config, models)  # an unknown model is the first error, as it was before the split
+    check_training_root(data_root)
     # A submission needs every collection and exactly the official test IDs: checked before any stage runs.
     check_test_files(data_root)
     check_output_dir(submissions_dir, data_root, "--submissions-dir")
@@ -460,7 +575,14 @@ def train_and_blend(config: PipelineConfig, data_root: Path | str, *, work_dir: 
     # prepare, train per model and ensemble per chosen collection; only the data stages of the others
     # their models train on (gnn.extra_train_collections)
     chosen, companions = collections_to_prepare(config, data_root, collections)
-    counter = StageCounter(len(chosen) * (len(STAGES) + len(names) + 1) + len(companions) * len(STAGES))
+    check_devices(config, names, chosen)  # a GPU asked for and absent fails before the data stages
+    plan = {stage: len(chosen) + len(companions) for stage in STAGES}
+    from pipelines.training.fit import stage_name
+
+    for name in names:
+        plan[stage_name(name)] = plan.get(stage_name(name), 0) + len(chosen)
+    plan[ENSEMBLE_STAGE] = len(chosen)
+    counter = StageCounter(sum(plan.values()), plan, stage_history(work_dir))
 
     def track(output: StageOutput) -> StageOutput:
         if not output.cached:
@@ -481,10 +603,11 @@ def train_and_blend(config: PipelineConfig, data_root: Path | str, *, work_dir: 
                 track(output)
         runs = []
         for cname, item in prepared.items():
-            output = track(ensemble_stage(item.collection, item.stages["prune"], trained[cname],
-                                          method=config.ensemble.method, min_gain_se=config.ensemble.min_gain_se,
-                                          gain_at=config.ensemble.gain_at,
-                                          work_dir=work_dir, force=force))
+            with tagged(cname):
+                output = track(ensemble_stage(item.collection, item.stages["prune"], trained[cname],
+                                              method=config.ensemble.method, min_gain_se=config.ensemble.min_gain_se,
+                                              gain_at=config.ensemble.gain_at,
+                                              work_dir=work_dir, force=force))
             runs.append(CollectionRun(item.collection, item.stage_keys, trained[cname], output,
                                       {name: c.stage_keys for name, c in item.companions.items()}))
     return runs, computed

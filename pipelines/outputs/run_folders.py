@@ -155,3 +155,13 @@ def training_stage_dir(ref: Mapping[str, Any], manifest: Mapping[str, Any], work
     if work_dir is not None:
         return Path(work_dir)
     return Path(ref.get("work_dir") or manifest["work_dir"])
+
+
+def training_stage_dirs(ref: Mapping[str, Any], manifest: Mapping[str, Any],
+                        work_dir: Path | str | None = None) -> list[Path]:
+    """Where to look for a training stage a run manifest names, in order: ``work_dir`` when given (a
+    moved cache, or another work dir for new stages), then the folder the run recorded for the stage,
+    then the run's own work dir (each once)."""
+    places = [Path(work_dir)] if work_dir is not None else []
+    places += [Path(p) for p in (ref.get("work_dir"), manifest.get("work_dir")) if p]
+    return list(dict.fromkeys(places))

@@ -81,6 +81,7 @@ class NotebookSettings:
     overrides: tuple[str, ...] = field(default=())
     models: tuple[str, ...] | None = None  # models a notebook may train; None: every registered one
     run_id: str | None = None  # the run notebook 05 reads; None: the newest
+    temporary: Path | None = None  # the scratch folder made for this notebook (smoke mode), removed by finish()
 
     def config_overrides(self, *extra: str) -> list[str]:
         """``--set``-style overrides of every run of the notebook, then ``extra`` (a variant's)."""
@@ -138,11 +139,13 @@ def notebook_settings(environ: Mapping[str, str] | None = None) -> NotebookSetti
             notebook[keys[1]] = value
     smoke = bool(notebook.get("smoke", Path(config_name).stem == "smoke"))
     if smoke:
-        scratch = Path(notebook.get("scratch") or tempfile.mkdtemp(prefix="tpugraphs-smoke-"))
+        temporary = None if notebook.get("scratch") else Path(tempfile.mkdtemp(prefix="tpugraphs-smoke-"))
+        scratch = Path(notebook.get("scratch") or temporary)
         defaults = dict(data_root=scratch / "tiny-world", work_dir=scratch / "work",
                         submissions_dir=scratch / "submissions", scale="tiny", overrides=["run.seeds=[0, 1]"],
                         collections=SMOKE_COLLECTIONS, models=SMOKE_MODELS)
     else:
+        temporary = None
         defaults = dict(data_root=paths.DEMO_DATA_ROOT, work_dir=paths.WORK_DIR,
                         submissions_dir=paths.SUBMISSIONS_DIR, scale="small",
                         overrides=["folds.k=5", "run.seeds=[0, 1, 2]"],
@@ -169,7 +172,22 @@ def notebook_settings(environ: Mapping[str, str] | None = None) -> NotebookSetti
         overrides=tuple(overrides),
         models=tuple(config.run.models) if models_given else defaults["models"],
         run_id=str(notebook["run_id"]) if notebook.get("run_id") else None,
+        temporary=temporary,
     )
+
+
+def finish(settings: NotebookSettings, figures: Path) -> str:
+    """A notebook's last cell: says where its figures went, and removes the temporary scratch folder
+    of a smoke run (figures with it; ``notebook.scratch`` names a folder that is kept)."""
+    import shutil
+
+    names = sorted(p.name for p in Path(figures).glob("*.png"))
+    text = f"figures: {len(names)} PNG file(s) in {figures}" + (f" ({', '.join(names)})" if names else "")
+    if settings.temporary is not None:
+        shutil.rmtree(settings.temporary, ignore_errors=True)
+        text += (f"\nremoved the smoke scratch folder {settings.temporary} (and the figures in it); "
+                 "TPUGRAPHS_SET=\"notebook.scratch='DIR'\" keeps them in DIR")
+    return text
 
 
 # ----------------------------------------------------------------------------- pure tables

@@ -298,13 +298,57 @@ def _curve_figure(curves: dict[str, tuple[str, pl.DataFrame, float]]) -> bytes:
     return figure_png(fig)
 
 
+def _training_curves_figure(curves: pl.DataFrame, order: list[str] | None = None) -> bytes:
+    """One panel per collection and model: every fold model's training loss (solid, left axis) and
+    held-out score (dashed, right axis) per epoch."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels = [(c, m) for c in _in_order(curves["collection"].unique().to_list(), order)
+              for m in sorted(curves.filter(pl.col("collection") == c)["model"].unique().to_list())]
+    fig, axes = _panels(plt, len(panels), 4.2, 3.0)
+    for ax, (collection, model) in zip(axes, panels):
+        part = curves.filter((pl.col("collection") == collection) & (pl.col("model") == model))
+        score_ax = ax.twinx()
+        for index, ((fold, seed), run) in enumerate(part.sort("epoch").partition_by(["fold", "seed"], as_dict=True,
+                                                                                    maintain_order=True).items()):
+            colour = f"C{index % 10}"
+            ax.plot(run["epoch"].to_numpy(), run["train_loss"].to_numpy(), color=colour, linewidth=1,
+                    label=f"f{fold} s{seed}")
+            valid = run.filter(pl.col("valid_score").is_not_nan())
+            score_ax.plot(valid["epoch"].to_numpy(), valid["valid_score"].to_numpy(), color=colour, linewidth=1,
+                          linestyle="--", marker=".")
+        ax.set_title(f"{collection} ({model})", fontsize=10)
+        ax.set_xlabel("epoch")
+        ax.set_ylabel("training loss (solid)")
+        score_ax.set_ylabel("held-out score (dashed)")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=6, loc="upper right", ncol=2)
+    fig.tight_layout()
+    return figure_png(fig)
+
+
+def epoch_cap_lines(trained: dict[str, dict[str, Any]]) -> list[str]:
+    """Per collection and model trained in epochs: how many fold models stopped at the epoch cap."""
+    lines = []
+    for collection, models in trained.items():
+        for model, output in models.items():
+            cap = output.metrics.get("epoch_cap")
+            if cap:
+                lines.append(f"{collection} {model}: {cap['at_cap']} of {cap['fold_models']} fold models stopped at "
+                             f"the epoch cap ({cap['epochs']} epochs)")
+    return lines
+
+
 # ----------------------------------------------------------------------------- build and write
 
 
 def build_report(run: RunOutputs) -> list[Section]:
     """The report's sections from a run's stage outputs (reads their files, writes nothing)."""
     from pipelines.training.ensemble import ENSEMBLE_CURVE
-    from pipelines.training.fit import IMPORTANCE_FILE, SCORES_FILE
+    from pipelines.training.fit import CURVES_FILE, IMPORTANCE_FILE, SCORES_FILE
 
     manifest = run.manifest
     config = manifest.get("config") or {}
@@ -322,6 +366,15 @@ def build_report(run: RunOutputs) -> list[Section]:
                        "higher is better). Each model: mean over seeds, &plusmn; standard deviation over seeds and "
                        "over folds (fold means averaged over seeds). ensemble: the blend of the seed-averaged "
                        "predictions with the weights below.</p>")
+    capped = epoch_cap_lines(run.trained)
+    at_cap = sum(o.metrics["epoch_cap"]["at_cap"] for ms in run.trained.values() for o in ms.values()
+                 if o.metrics.get("epoch_cap"))
+    if capped:
+        total = sum(o.metrics["epoch_cap"]["fold_models"] for ms in run.trained.values() for o in ms.values()
+                    if o.metrics.get("epoch_cap"))
+        summary.markup += (f"<p>{at_cap} of {total} fold models trained in epochs stopped at the epoch cap"
+                           + (" (early stopping never ended them: they may not have converged; see Training curves)"
+                              if at_cap else "") + ".</p>")
     if manifest.get("kind") == "ensemble":
         sources = config.get("source_runs") or {}
         described = []
@@ -349,10 +402,13 @@ def build_report(run: RunOutputs) -> list[Section]:
                   "seeds; seed_averaged: the score of the seed-averaged normalised predictions the blend uses."],
                  [("OOF scores", cv_table(manifest))])
 
-    scores, importances = [], []
+    scores, importances, curves_found = [], [], []
     for collection, models in run.trained.items():
         for model, output in models.items():
             scores.append(pl.read_parquet(output.file(SCORES_FILE)).with_columns(pl.lit(model).alias("model")))
+            if (output.path / CURVES_FILE).exists():
+                curves_found.append(pl.read_parquet(output.file(CURVES_FILE))
+                                    .with_columns(pl.lit(model).alias("model")))
             if (output.path / IMPORTANCE_FILE).exists():
                 importances.append(pl.read_parquet(output.file(IMPORTANCE_FILE))
                                    .with_columns(pl.lit(collection).alias("collection")))
@@ -365,6 +421,13 @@ def build_report(run: RunOutputs) -> list[Section]:
                     [("worst graphs", worst_graphs(per_graph))], collapsed=True)
     sections = [summary, overview, cv, distribution]
     folded: list[Section] = []
+    if curves_found:
+        sections.append(Section("Training curves",
+                                ["Per epoch, every fold model's mean training loss (solid) and the score of its "
+                                 "held-out fold (dashed; epochs that validated), per collection. A curve still "
+                                 "rising at the last epoch has not converged.", *capped],
+                                figures=[("training loss and held-out score per epoch",
+                                          _training_curves_figure(pl.concat(curves_found), order))]))
 
     if importances:
         table = importance_table(pl.concat(importances), top=TOP_FEATURES)

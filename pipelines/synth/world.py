@@ -56,6 +56,7 @@ writes the first N, which are byte-identical to those of an unlimited run.
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import tempfile
@@ -71,6 +72,7 @@ import numpy as np
 from pipelines.core.atomic import chmod_like_new_file, write_text_atomic
 from pipelines.core.collection import ALL_COLLECTIONS, SPLITS, TILE_XLA, Collection, parse_collections
 from pipelines.core.errors import ConfigError, FormatError
+from pipelines.core.progress import Progress
 from pipelines.synth import costmodel, searches
 from pipelines.synth.programs import Family, Variant, build_program, build_tile_kernel
 from pipelines.data.tpugraphs import LayoutGraph, TileGraph, save_graph
@@ -561,6 +563,10 @@ def submission_rows(out: Path, specs: list[FileSpec]) -> list[str]:
     return rows
 
 
+logger = logging.getLogger(__name__)
+PROGRESS_EVERY_S = 10.0  # at most one progress line this often while files are written
+
+
 def generate_world(out: Path | str, *, scale: str, seed: int, limit: int | None = None,
                    collections: str | list[str] | None = None, jobs: int = 1, variant: int = 0) -> str:
     """Write a synthetic world and its hidden-label sidecar under ``out``; returns a printable summary.
@@ -613,13 +619,21 @@ def generate_world(out: Path | str, *, scale: str, seed: int, limit: int | None 
     for collection in chosen:
         for split in SPLITS:
             collection_dir_path(out, collection, split).mkdir(parents=True, exist_ok=True)
+    logger.info(f"synth: writing {len(todo)} of {len(specs)} files under {out} ({scale}, seed {seed}, "
+                f"variant {variant}, {jobs} job(s))")
+    progress = Progress("synth", len(todo), every_s=PROGRESS_EVERY_S)  # i/N files, rate, ETA
+    results = []
     if jobs == 1:
-        results = [_write_file(str(out), scale, seed, variant, spec) for spec in todo]
+        for spec in todo:
+            results.append(_write_file(str(out), scale, seed, variant, spec))
+            progress.step()
     else:
         with ProcessPoolExecutor(max_workers=jobs) as pool:
             n = len(todo)
-            results = list(pool.map(_write_file, [str(out)] * n, [scale] * n, [seed] * n, [variant] * n,
-                                    todo, chunksize=1))
+            for result in pool.map(_write_file, [str(out)] * n, [scale] * n, [seed] * n, [variant] * n,
+                                   todo, chunksize=1):
+                results.append(result)
+                progress.step()
     header = "ID,TopConfigs"
     write_text_atomic(submission, "\n".join([header, *submission_rows(out, specs)]) + "\n")
     (out / LABELS_DIR).mkdir(exist_ok=True)

@@ -19,6 +19,9 @@ collection + seeds + upstream stage keys):
 * ``scores.parquet`` -- per-graph metric (tile: top-5 slowdown score; layout: Kendall tau-b) and
   OPA, with ``split`` "oof" (every CV graph, per seed) or "holdout" (per fold model);
 * ``importance.parquet`` -- feature importances per fold model, for models that have them;
+* ``curves.parquet`` -- per-epoch training curves of models trained in epochs (the GNN): collection,
+  model, fold, seed, epoch, train_loss (mean loss of the epoch's steps), valid_score (held-out fold's
+  score; NaN on epochs that did not validate), :data:`CURVES_SCHEMA`;
 * ``manifest.json`` metrics -- OOF score (mean over graphs) per seed, its mean and spread over
   seeds, per fold, the holdout score, and per-model facts (best iteration, wall time).
 
@@ -52,6 +55,7 @@ from pipelines.core.collection import LABELLED, Collection
 from pipelines.config.settings import PipelineConfig
 from pipelines.core.engine import (Code, StageOutput, file_sha256, rename_if_free, run_stage, stage_key,
                                    write_json_atomic)
+from pipelines.core.logs import tagged
 from pipelines.core.errors import PipelineError
 from pipelines.core.machine import available_cores, available_memory
 from pipelines.models.contract import ModelAdapter, Ranker
@@ -65,6 +69,9 @@ logger = logging.getLogger(__name__)
 PREDICTIONS_FILE = "predictions.parquet"
 SCORES_FILE = "scores.parquet"
 IMPORTANCE_FILE = "importance.parquet"
+CURVES_FILE = "curves.parquet"
+CURVES_SCHEMA: dict[str, pl.DataType] = {"collection": pl.Utf8, "model": pl.Utf8, "fold": pl.Int64, "seed": pl.Int64,
+                                         "epoch": pl.Int64, "train_loss": pl.Float64, "valid_score": pl.Float64}
 MODELS_DIR = "models"  # fold models in the stage output: <model>-f<fold>-s<seed>.<ext>
 # Finished fold jobs of a training stage that has not completed yet live in
 # ``<work_dir>/<stage>/.folds-<key>/`` (one folder per fold x seed, renamed into place when complete,
@@ -144,6 +151,21 @@ class FoldResult:
     # The fitted model as saved by the adapter (file name -> bytes), carried in memory so the stage
     # output never depends on the folder of finished fold jobs, which a concurrent run may remove.
     model_files: dict[str, bytes] = dataclasses.field(default_factory=dict)
+    curves: pl.DataFrame | None = None  # CURVES_SCHEMA rows of a model trained in epochs (its ``history_``)
+
+
+def fold_curves(ranker: Any, collection: str, model: str, fold: int, seed: int) -> pl.DataFrame | None:
+    """The per-epoch training loss and held-out score a ranker trained in epochs records in its
+    ``history_`` (one dict per epoch: ``epoch``, ``loss``, ``valid``), as CURVES_SCHEMA rows; None for
+    models fitted in one go."""
+    history = getattr(ranker, "history_", None)
+    if not history:
+        return None
+    return pl.DataFrame({"collection": [collection] * len(history), "model": [model] * len(history),
+                         "fold": [fold] * len(history), "seed": [seed] * len(history),
+                         "epoch": [int(h["epoch"]) for h in history],
+                         "train_loss": [float(h["loss"]) for h in history],
+                         "valid_score": [float(h["valid"]) for h in history]}, schema=CURVES_SCHEMA)
 
 
 def _batches(graphs: list[str], size: int):
@@ -226,7 +248,8 @@ def fit_predict_fold(adapter: ModelAdapter, prepared: Any, collection: Collectio
     if importance is not None:
         importance = importance.with_columns(pl.lit(fold, pl.Int16).alias("fold"), pl.lit(seed, pl.Int32).alias("seed"))
     result = FoldResult(fold, seed, predictions, scores, importance, facts, time.perf_counter() - started,
-                        model_bytes(ranker, model_file_name(adapter.name, fold, seed)))
+                        model_bytes(ranker, model_file_name(adapter.name, fold, seed)),
+                        fold_curves(ranker, collection.name, adapter.name, fold, seed))
     if partial is not None:
         save_fold_result(result, partial)
         if checkpoint_dir is not None:
@@ -272,6 +295,8 @@ def save_fold_result(result: FoldResult, partial: Path) -> bool:
         result.scores.write_parquet(work / SCORES_FILE)
         if result.importance is not None:
             result.importance.write_parquet(work / IMPORTANCE_FILE)
+        if result.curves is not None:
+            result.curves.write_parquet(work / CURVES_FILE)
         for file, data in result.model_files.items():
             (work / file).write_bytes(data)
         hashes = {f.name: file_sha256(f) for f in sorted(work.iterdir()) if f.is_file()}
@@ -314,8 +339,9 @@ def load_fold_result(folder: Path) -> FoldResult | None:
         scores = pl.read_parquet(folder / SCORES_FILE)
         importance = pl.read_parquet(folder / IMPORTANCE_FILE) if (folder / IMPORTANCE_FILE).exists() else None
         models = {name: (folder / name).read_bytes() for name in info["model_files"]}
+        curves = pl.read_parquet(folder / CURVES_FILE) if (folder / CURVES_FILE).exists() else None
         return FoldResult(int(info["fold"]), int(info["seed"]), predictions, scores, importance, info["facts"],
-                          float(info["wall_s"]), models)
+                          float(info["wall_s"]), models, curves)
     except (OSError, ValueError, KeyError, TypeError, pl.exceptions.PolarsError):
         return None
 
@@ -436,9 +462,10 @@ def train_model(config: PipelineConfig, prepared: Any, *, model: str, work_dir: 
         return _run_folds(adapter, prepared, collection, settings, seeds, n_jobs=config.run.n_jobs,
                           folder=folder, partial=partial, pool=pool)
 
-    output = run_stage(work_dir=Path(work_dir), stage=stage, config=stage_config, code=code,
-                       inputs=inputs, compute=compute, seeds={f"run_{i}": s for i, s in enumerate(seeds)},
-                       force=force)
+    with tagged(collection.name):  # the stage's cached / computing / done lines name the collection
+        output = run_stage(work_dir=Path(work_dir), stage=stage, config=stage_config, code=code,
+                           inputs=inputs, compute=compute, seeds={f"run_{i}": s for i, s in enumerate(seeds)},
+                           force=force)
     shutil.rmtree(partial, ignore_errors=True)  # the stage output holds everything now
     return output
 
@@ -508,6 +535,13 @@ def _run_folds(adapter: ModelAdapter, prepared: Any, collection: Collection, set
     importances = [r.importance for r in results if r.importance is not None]
     if importances:
         _write_parquet(pl.concat(importances), folder / IMPORTANCE_FILE)
+    curves = [r.curves for r in results if r.curves is not None]
+    if curves:
+        _write_parquet(pl.concat(curves).cast(CURVES_SCHEMA), folder / CURVES_FILE)
+    capped = [bool(r.facts["stopped_at_cap"]) for r in results if "stopped_at_cap" in r.facts]
+    if capped and any(capped):
+        logger.warning(f"warning: {tag}: {sum(capped)} of {len(capped)} fold models stopped at the epoch cap "
+                       f"(epochs = {settings.get('epochs')}): they may not have converged (curves in {CURVES_FILE})")
     saved_models = {}
     for r in results:
         (folder / MODELS_DIR).mkdir(exist_ok=True)
@@ -530,6 +564,8 @@ def _run_folds(adapter: ModelAdapter, prepared: Any, collection: Collection, set
         "threads_per_job": threads,
         "shared_workers": pool is not None,
         "resumed_fold_jobs": len(finished),
+        **({"epoch_cap": {"epochs": settings.get("epochs"), "fold_models": len(capped), "at_cap": sum(capped)}}
+           if capped else {}),
         "models": [{"fold": r.fold, "seed": r.seed, "wall_s": round(r.wall_s, 3), **r.facts,
                     **saved_models.get((r.fold, r.seed), {})} for r in results],
     }
@@ -567,6 +603,9 @@ def format_summary(output: StageOutput) -> str:
 
     folds = " ".join(f"{f}:{num(v)}" for f, v in m.get("oof_score_by_fold", {}).items())
     holdout = f"  holdout {num(m.get('holdout_score'))}" if m.get("holdout_graphs") else ""
+    cap = m.get("epoch_cap")
+    if cap:
+        holdout += f"  {cap['at_cap']} of {cap['fold_models']} fold models stopped at the epoch cap ({cap['epochs']})"
     inputs = " ".join(f"{k}={v}" for k, v in output.manifest.get("inputs", {}).items())
     return (f"{m.get('collection', '?'):<20} {m.get('model', '?'):<8} {m.get('metric', '?')}: "
             f"OOF {num(m.get('oof_score'))} +- {num(m.get('oof_score_std'))} over {len(m.get('seeds', []))} seed(s)"

@@ -84,4 +84,6 @@ class GNNAdapter:
     def describe(self, fitted: GNNRanker) -> tuple[dict[str, Any], pl.DataFrame | None]:
         history = fitted.history_
         return {"best_score": fitted.best_score_, "epochs_run": len(history),
+                # every epoch ran: early stopping never ended the fit, which may not have converged
+                "stopped_at_cap": len(history) >= int(fitted.config.epochs),
                 "train_seconds": float(sum(h["seconds"] for h in history)), "device": fitted.device_}, None

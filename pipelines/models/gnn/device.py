@@ -45,6 +45,15 @@ def resolve_device(name: str) -> torch.device:
     return device
 
 
+def cuda_summary() -> str | None:
+    """What CUDA hardware torch sees (``"1 CUDA GPU (NVIDIA H200)"``), or None without one."""
+    if not torch.cuda.is_available():
+        return None
+    count = torch.cuda.device_count()
+    names = sorted({torch.cuda.get_device_name(i) for i in range(count)})
+    return f"{count} CUDA GPU{'s' if count != 1 else ''} ({', '.join(names)})"
+
+
 def autocast(device: torch.device, precision: str) -> contextlib.AbstractContextManager:
     """bf16 autocast of the forward pass for ``precision == "bf16"``, else nothing.
 
