@@ -83,7 +83,7 @@ def test_runs_list_names_notes_differences_reruns_and_seed_counts(loop_runs, cap
     assert made["rerun"].run_id not in listed and len(listed) == 4  # a cached rerun is the same result
     first = next(line for line in lines if line.startswith(made["a"].run_id))
     assert " a " in first and "first" in first and "+1 rerun(s)" in first and "1 (0)" in first
-    assert "features.max_configs_per_graph=" in first  # smoke differs from base
+    assert "models=random,feature +2" in first  # --models, then the smoke settings that differ from base
     assert main(["runs", "list", "--submissions-dir", subs, "--all"]) == 0
     rerun = next(line for line in capsys.readouterr().out.splitlines() if line.startswith(made["rerun"].run_id))
     assert f"= {made['a'].run_id}" in rerun

@@ -95,6 +95,10 @@ def run_summary(run_id: str, manifest: Mapping[str, Any], submitted: list[dict] 
         differs = [f"re-blend of {len(manifest.get('source_runs') or [])} run(s)"]
     else:
         differs = differs_from_base(config, base)
+        base_models = list(((base or {}).get("ensemble") or {}).get("models") or [])
+        models = list(manifest.get("models") or [])
+        if base and models and models != base_models:  # run --models is not in the config
+            differs.insert(0, f"models={','.join(models)}")
     lb_value, lb_cell = public_score(leaderboard)
     return {
         "run_id": run_id,

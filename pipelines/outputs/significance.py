@@ -10,7 +10,10 @@ under every sign vector (all ``2^n`` of them up to :data:`EXACT_MAX_GRAPHS` grap
 :data:`RANDOM_FLIPS` drawn with an explicit seed). The 95% interval is the set of shifts ``delta`` the
 same test does not reject for ``d - delta``, so the interval holds 0 exactly when the test does not
 reject: the verdict and the interval never disagree. With fewer than 6 graphs no sign vector is rare
-enough (2/2^5 > 5%) and the verdict says so. Weights make it stratified: the combined score (mean of
+enough (2/2^5 > 5%) and the verdict says so. Exact ties (``d_g = 0``: tile graphs whose top-5 both
+runs got alike) carry no sign at shift 0 but do at any other shift, so with many of them an end of
+the interval sits close to 0 (the interval is the test's inversion under a constant shift); the
+p-value at 0, and so the verdict, is unaffected. Weights make it stratified: the combined score (mean of
 the collection means) gives each graph ``1 / (collections * graphs of its collection)``.
 
 Over seeds (:func:`seed_difference`): the per-seed scores of the two runs are independent samples;
