@@ -222,3 +222,21 @@ def test_mlflow_round_trip_through_a_real_local_store(loop_runs, tmp_path):
                                                                                "ensemble/tile_xla"))
     local = client.download_artifacts(record["mlflow_run_id"], "submission.csv", str(tmp_path / "back"))
     assert Path(local).read_bytes() == made["a"].submission.read_bytes()
+
+
+def test_run_flags_name_note_and_track_reach_the_manifest_and_the_store(loop_runs, tiny_world, tmp_path, capsys):
+    pytest.importorskip("mlflow")
+    from mlflow import MlflowClient
+
+    subs = tmp_path / "subs"
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    assert main(["run", "--data-root", str(tiny_world), "--work-dir", str(loop_runs["work"]), "--config", "smoke",
+                 "--models", "random,feature", "--submissions-dir", str(subs), "--name", "by-cli", "--note",
+                 "from the command line", "--track", "mlflow", "--track-uri", uri, "-q"]) == 0
+    (run_dir,) = [p for p in subs.iterdir() if p.is_dir()]
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    assert manifest["name"] == "by-cli" and manifest["note"] == "from the command line"
+    record = json.loads((run_dir / "tracking.json").read_text())
+    got = MlflowClient(tracking_uri=uri).get_run(record["mlflow_run_id"])
+    assert got.info.run_name == "by-cli" and got.data.tags["mlflow.note.content"] == "from the command line"
+    assert "report.html" in {a.path for a in MlflowClient(tracking_uri=uri).list_artifacts(record["mlflow_run_id"])}
