@@ -472,14 +472,16 @@ def _run_report(args: argparse.Namespace) -> int:
 
 
 def _add_runs(sub: argparse._SubParsersAction) -> None:
-    p = _parser(sub, "runs", "list the runs with their CV scores, or compare two (reads only run manifests)",
+    p = _parser(sub, "runs", "list the runs with their CV (and public LB) scores, compare two with a paired test, "
+                            "remove one, or log one to MLflow",
                 "runs list --sort score      # or: runs compare RUN_A RUN_B")
     actions = p.add_subparsers(dest="action", metavar="ACTION")
     actions.required = True
     listing = actions.add_parser("list", help="one line per run: date, data root, models, CV per collection and "
                                               "combined, seeds, wall time, submitted")
-    listing.add_argument("--sort", choices=("date", "score", "wall", "id"), default="date",
-                         help="date/id: oldest first; score: best first; wall: fastest first")
+    listing.add_argument("--sort", choices=("date", "score", "lb", "wall", "id"), default="date",
+                         help="date/id: oldest first; score (CV), lb (public leaderboard): best first; wall: fastest "
+                              "first")
     listing.add_argument("--reverse", action="store_true", help="reverse the order")
     listing.add_argument("--limit", type=int, default=None, metavar="N", help="show the first N rows only")
     listing.add_argument("--submitted", action="store_true", help="only runs that were submitted to Kaggle")

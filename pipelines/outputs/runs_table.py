@@ -33,7 +33,7 @@ COLLECTION_LABELS = {
     "layout:nlp:default": "nlp:def",
     "layout:nlp:random": "nlp:rnd",
 }
-SORT_KEYS = ("date", "score", "wall", "id")
+SORT_KEYS = ("date", "score", "lb", "wall", "id")
 
 
 # ----------------------------------------------------------------------------- pure parts
@@ -127,12 +127,14 @@ def run_summary(run_id: str, manifest: Mapping[str, Any], submitted: list[dict] 
 
 
 def sort_runs(rows: list[dict[str, Any]], by: str = "date", reverse: bool | None = None) -> list[dict[str, Any]]:
-    """Rows ordered by ``by`` (date / id: oldest first; score: best first; wall: fastest first);
-    runs without a score go last."""
+    """Rows ordered by ``by`` (date / id: oldest first; score, lb (public leaderboard): best first;
+    wall: fastest first); runs without a score go last."""
     if by not in SORT_KEYS:
         raise PipelineError(f"runs list: cannot sort by {by!r}; choose one of {', '.join(SORT_KEYS)}")
     if by == "score":
         key = (lambda r: (r["combined"] is None, -(r["combined"] or 0.0), r["run_id"]))
+    elif by == "lb":
+        key = (lambda r: (r.get("public_lb") is None, -(r.get("public_lb") or 0.0), r["run_id"]))
     elif by == "wall":
         key = (lambda r: (r["wall_s"] is None, r["wall_s"] or 0.0, r["run_id"]))
     elif by == "date":
