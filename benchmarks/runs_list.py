@@ -27,6 +27,7 @@ def make_runs(source: Path, target: Path, count: int) -> None:
         manifest["run_id"] = run_id
         manifest["created"] = f"2026-{1 + i // 28 % 12:02d}-{1 + i % 28:02d}T00:00:00+00:00"
         manifest.setdefault("combined_oof", {}).setdefault("ensemble", {})["value"] = 0.5 + (i * 7919 % 100) / 1000
+        manifest.setdefault("submission", {})["sha256"] = f"{i:064x}"  # distinct results (else one row: reruns)
         (target / run_id).mkdir(parents=True)
         (target / run_id / "manifest.json").write_text(json.dumps(manifest, indent=2), encoding="utf-8")
 

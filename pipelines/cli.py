@@ -402,6 +402,8 @@ def _add_submit(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--data-root", type=Path, default=None,
                    help="validate against this data root's test files (default for a run: the one it recorded)")
     p.add_argument("--submissions-dir", type=Path, default=paths.SUBMISSIONS_DIR)
+    p.add_argument("--allow-synthetic", action="store_true",
+                   help="upload even a run made on a synthetic world (refused otherwise: Kaggle would score noise)")
     p.set_defaults(handler=_run_submit)
 
 
@@ -412,12 +414,31 @@ def _run_submit(args: argparse.Namespace) -> int:
     if target.is_file() or target.suffix == ".csv":
         if args.message is None:
             raise ConfigError("submitting a file needs a message: -m MESSAGE (a run-id gets a default one)")
-        print(submit_file(target, args.message, data_root=args.data_root))
+        print(submit_file(target, args.message, data_root=args.data_root, allow_synthetic=args.allow_synthetic))
         return 0
     run_id, submissions_dir = args.target, args.submissions_dir
     if target.is_dir() and (target / "manifest.json").is_file():  # a run folder's path works too
         run_id, submissions_dir = target.name, target.parent
-    print(submit_run(run_id, submissions_dir=submissions_dir, message=args.message, data_root=args.data_root))
+    print(submit_run(run_id, submissions_dir=submissions_dir, message=args.message, data_root=args.data_root,
+                     allow_synthetic=args.allow_synthetic))
+    return 0
+
+
+def _add_submissions(sub: argparse._SubParsersAction) -> None:
+    p = _parser(sub, "submissions", "Kaggle's side of the submissions: `sync` fetches the public scores of earlier "
+                                    "uploads and files them with their runs (runs list shows them beside the CV)",
+                "submissions sync")
+    actions = p.add_subparsers(dest="action", metavar="ACTION")
+    actions.required = True
+    sync = actions.add_parser("sync", help="fetch this account's submissions and their scores from Kaggle")
+    sync.add_argument("--submissions-dir", type=Path, default=paths.SUBMISSIONS_DIR)
+    p.set_defaults(handler=_run_submissions)
+
+
+def _run_submissions(args: argparse.Namespace) -> int:
+    from pipelines.outputs.leaderboard import sync_leaderboard
+
+    print(sync_leaderboard(args.submissions_dir).describe())
     return 0
 
 
@@ -446,6 +467,13 @@ def _add_run(sub: argparse._SubParsersAction) -> None:
                    help="comma-separated collections to train, blend and score (and the data of those their models "
                         "also train on); publishes no submission, which needs all five (default: every collection)")
     p.add_argument("--force", action="store_true", help="recompute every stage even when cached")
+    p.add_argument("--name", default=None, help="a name for the run (runs list shows it; any command taking a "
+                                                "run-id takes it too, while it is unique)")
+    p.add_argument("--note", default=None, help="a free-text note kept in the run manifest (runs list shows it)")
+    p.add_argument("--track", default=None, choices=("mlflow",),
+                   help="also log the run to a local MLflow store (params, CV metrics, curves, artifacts)")
+    p.add_argument("--track-uri", default=None, metavar="URI",
+                   help="MLflow tracking URI (default: sqlite:///SUBMISSIONS_DIR/mlflow.db)")
     p.set_defaults(handler=_run_run)
 
 
@@ -466,6 +494,7 @@ def _run_run(args: argparse.Namespace) -> int:
         name = args.config
         log.info(f"config: {name} (--config)")
     config = load_config(name, args.overrides)
+    labels = {k: v for k, v in (("name", args.name), ("note", args.note)) if v}
     models = checked_models(config, parse_models(args.models))
     if args.config is not None and any(m.partition(":")[0] == "gnn" for m in models):
         gpu = cuda_summary()  # torch only where the GNN trains
@@ -484,8 +513,13 @@ def _run_run(args: argparse.Namespace) -> int:
         log.info("no submission: it needs all five collections (run without --collections publishes one)")
         return 0
     result = run_pipeline(config, args.data_root, work_dir=args.work_dir, models=parse_models(args.models),
-                          submissions_dir=args.submissions_dir, scheduler=args.scheduler, force=args.force)
+                          submissions_dir=args.submissions_dir, scheduler=args.scheduler, force=args.force,
+                          extra=labels)
     _report_new_run(result.run_id, args.submissions_dir)
+    if args.track == "mlflow":
+        from pipelines.outputs.tracking import track_run
+
+        track_run(result.run_id, submissions_dir=args.submissions_dir, uri=args.track_uri)
     print(result.describe())
     print(result.submission)
     return 0
@@ -551,44 +585,96 @@ def _run_report(args: argparse.Namespace) -> int:
 
 
 def _add_runs(sub: argparse._SubParsersAction) -> None:
-    p = _parser(sub, "runs", "list the runs with their CV scores, or compare two (reads only run manifests)",
+    p = _parser(sub, "runs", "list the runs with their CV (and public LB) scores, compare two with a paired test, "
+                            "remove one, or log one to MLflow",
                 "runs list --sort score      # or: runs compare RUN_A RUN_B")
     actions = p.add_subparsers(dest="action", metavar="ACTION")
     actions.required = True
     listing = actions.add_parser("list", help="one line per run: date, data root, models, CV per collection and "
                                               "combined, seeds, wall time, submitted",
                                  epilog=f"example:\n  {_prog()} runs list --sort score --limit 10\n\n{EXIT_CODES_HELP}")
-    listing.add_argument("--sort", choices=("date", "score", "wall", "id"), default="date",
-                         help="date/id: oldest first; score: best first; wall: fastest first")
+    listing.add_argument("--sort", choices=("date", "score", "lb", "wall", "id"), default="date",
+                         help="date/id: oldest first; score (CV), lb (public leaderboard): best first; wall: fastest "
+                              "first")
     listing.add_argument("--reverse", action="store_true", help="reverse the order")
     listing.add_argument("--limit", type=int, default=None, metavar="N", help="show the first N rows only")
     listing.add_argument("--submitted", action="store_true", help="only runs that were submitted to Kaggle")
     listing.add_argument("--data-root", default=None, help="only runs on this data root")
     listing.add_argument("--submissions-dir", type=Path, default=paths.SUBMISSIONS_DIR)
-    compare = actions.add_parser("compare", help="CV scores per collection and model side by side, and the config "
-                                                 "difference",
-                                 epilog=f"example:\n  {_prog()} runs compare 20261122T101500Z-1a2b3c4d "
-                                        f"20261122T153000Z-9f8e7d6c\n\n{EXIT_CODES_HELP}")
-    compare.add_argument("run_a", metavar="RUN_A")
+    listing.add_argument("--all", action="store_true",
+                         help="a row per run folder (default: one per distinct result; a cached rerun is counted "
+                              "in SAME)")
+    listing.add_argument("--work-dir", type=Path, default=None,
+                         help="also list the train stages no run used and the tune studies of this work dir")
+    compare = actions.add_parser("compare", help="CV scores per collection and model side by side, a paired test of "
+                                                 "the difference per collection, and the config difference",
+                                 epilog=f"example:\n  {_prog()} runs compare 1a2b3c4d 9f8e7d6c\n\n{EXIT_CODES_HELP}")
+    compare.add_argument("run_a", metavar="RUN_A", help="a run-id, a unique prefix of it or of its hex part, or a name")
     compare.add_argument("run_b", metavar="RUN_B")
     compare.add_argument("--submissions-dir", type=Path, default=paths.SUBMISSIONS_DIR)
+    compare.add_argument("--no-test", action="store_true",
+                         help="manifests only: skip the paired tests (they read per-graph scores from the stages)")
+    remove = actions.add_parser("rm", help="delete a run folder (its stages stay); asks first; a submitted run "
+                                           "only with --force")
+    remove.add_argument("run_id", metavar="RUN_ID")
+    remove.add_argument("--submissions-dir", type=Path, default=paths.SUBMISSIONS_DIR)
+    remove.add_argument("-y", "--yes", action="store_true", help="do not ask")
+    remove.add_argument("--force", action="store_true", help="also remove a run that was submitted to Kaggle")
+    track = actions.add_parser("track", help="log a published run to a local MLflow store")
+    track.add_argument("run_id", metavar="RUN_ID")
+    track.add_argument("--submissions-dir", type=Path, default=paths.SUBMISSIONS_DIR)
+    track.add_argument("--uri", default=None, metavar="URI",
+                       help="MLflow tracking URI (default: sqlite:///SUBMISSIONS_DIR/mlflow.db)")
     p.set_defaults(handler=_run_runs)
 
 
 def _run_runs(args: argparse.Namespace) -> int:
     from pipelines.outputs import runs_table as runs
 
-    if args.action == "compare":
-        from pipelines.outputs.run_folders import read_run_manifest
+    from pipelines.outputs.run_folders import read_run_manifest, resolve_run_id
 
-        a = read_run_manifest(args.submissions_dir, args.run_a)
-        b = read_run_manifest(args.submissions_dir, args.run_b)
-        print(runs.compare_runs(args.run_a, a, args.run_b, b))
+    if args.action == "compare":
+        a_id, b_id = resolve_run_id(args.submissions_dir, args.run_a), resolve_run_id(args.submissions_dir, args.run_b)
+        a = read_run_manifest(args.submissions_dir, a_id)
+        b = read_run_manifest(args.submissions_dir, b_id)
+        print(runs.compare_runs(a_id, a, b_id, b))
+        if not args.no_test:
+            from pipelines.outputs import graph_scores as gs
+
+            scores_a, missing_a = gs.graph_scores_of_run(a)
+            scores_b, missing_b = gs.graph_scores_of_run(b)
+            tests = gs.compare_scores(scores_a, scores_b, gs.seed_scores(a), gs.seed_scores(b))
+            print()
+            print(gs.format_tests(tests, [f"A {m}" for m in missing_a] + [f"B {m}" for m in missing_b]))
+        return 0
+    if args.action == "rm":
+        from pipelines.outputs.run_folders import remove_run_folder
+
+        run_id = resolve_run_id(args.submissions_dir, args.run_id)
+        read_run_manifest(args.submissions_dir, run_id)
+        if not args.yes:
+            if not sys.stdin.isatty():
+                raise ConfigError(f"runs rm {run_id}: not asking on a non-interactive input; pass --yes")
+            answer = input(f"remove run folder {Path(args.submissions_dir) / run_id}? [y/N] ")
+            if answer.strip().lower() not in ("y", "yes"):
+                print("kept")
+                return 0
+        print(f"removed {remove_run_folder(args.submissions_dir, run_id, force=args.force)}")
+        return 0
+    if args.action == "track":
+        from pipelines.outputs.tracking import track_run
+
+        record = track_run(args.run_id, submissions_dir=args.submissions_dir, uri=args.uri)
+        print(f"{record['uri']} experiment {record['experiment']} run {record['mlflow_run_id']}")
         return 0
     if args.limit is not None and args.limit < 1:
         raise ConfigError(f"--limit must be at least 1, got {args.limit}")
-    rows = runs.filter_runs(runs.load_runs(args.submissions_dir), submitted_only=args.submitted,
-                            data_root=args.data_root)
+    rows = runs.load_runs(args.submissions_dir)
+    if args.work_dir is not None:
+        manifests = [m for m in (runs.read_manifest(Path(args.submissions_dir) / r["run_id"]) for r in rows) if m]
+        rows += runs.load_work_results(args.work_dir, rows, manifests)
+    rows = runs.collapse_reruns(rows, keep_all=args.all)
+    rows = runs.filter_runs(rows, submitted_only=args.submitted, data_root=args.data_root)
     rows = runs.sort_runs(rows, args.sort, args.reverse)
     print(runs.format_runs(rows[:args.limit] if args.limit else rows))
     return 0
@@ -698,6 +784,7 @@ _COMMANDS: tuple[Callable[[argparse._SubParsersAction], None], ...] = (
     _add_config,
     _add_download,
     _add_submit,
+    _add_submissions,
     _add_run,
     _add_ensemble,
     _add_report,

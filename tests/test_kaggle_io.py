@@ -70,6 +70,7 @@ class FakeKaggle:
         self.calls: list[tuple] = []
         self.on_download = lambda path, force: None
         self.on_submit = lambda: types.SimpleNamespace(message="Successfully submitted to Predict AI Model Runtime")
+        self.listed: list = []  # what competition_submissions lists (ApiSubmission-like objects), newest first
 
     def module(self) -> types.ModuleType:
         fake = self
@@ -85,6 +86,12 @@ class FakeKaggle:
             def competition_submit(self, file_name, message, competition, quiet=False):
                 fake.calls.append(("submit", file_name, message, competition))
                 return fake.on_submit()
+
+            def competition_submissions(self, competition, group=None, sort=None, page_number=-1, page_token="",
+                                        page_size=20):
+                fake.calls.append(("list", competition, page_number, page_size))
+                start = (max(page_number, 1) - 1) * page_size
+                return fake.listed[start:start + page_size]
 
         module = types.ModuleType("kaggle.api.kaggle_api_extended")
         module.KaggleApi = KaggleApi

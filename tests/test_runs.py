@@ -41,6 +41,7 @@ def set_score(value: float, created: str, wall: float = 10.0, seeds=(0,)):
         manifest["created"] = created
         manifest["wall_time_s"] = wall
         manifest["config"]["run"]["seeds"] = list(seeds)
+        manifest["submission"]["sha256"] = f"{value}"  # another result (same stages, other bytes)
         for scores in manifest["cv_scores"].values():
             scores["blend"]["ensemble"] = value
     return edit
@@ -61,7 +62,7 @@ def test_runs_list_shows_each_run_with_its_scores_and_sorts(one_run, tmp_path, c
     assert [line.split()[0] for line in lines[1:4]] == ["20260102T000000Z-bbbbbbbb", "20260101T000000Z-aaaaaaaa",
                                                         "20260103T000000Z-cccccccc"]
     best = lines[1]
-    assert "0.7200" in best and "random,feature" in best and "0,1,2" in best and best.rstrip().endswith("no")
+    assert "0.7200" in best and "random,feature" in best and "3 (0,1,2)" in best and "s  no " in best
 
     rows = runs.load_runs(subs)
     assert [r["run_id"] for r in runs.sort_runs(rows, "wall")][0] == "20260101T000000Z-aaaaaaaa"
@@ -90,7 +91,9 @@ def test_runs_compare_shows_scores_side_by_side_and_the_config_difference(one_ru
 def test_submit_a_run_validates_uploads_with_a_default_message_and_records_it(one_run, fake, capsys):  # noqa: F811
     result, base = one_run
     subs = base / "subs"
-    assert main(["submit", result.run_id, "--submissions-dir", str(subs)]) == 0
+    assert main(["submit", result.run_id, "--submissions-dir", str(subs)]) == 1  # a synthetic world: refused
+    assert not [c for c in fake.calls if c[0] == "submit"]
+    assert main(["submit", result.run_id[-8:-3], "--submissions-dir", str(subs), "--allow-synthetic"]) == 0
     score = result.manifest["combined_oof"]["ensemble"]["value"]
     upload = [c for c in fake.calls if c[0] == "submit"][-1]
     assert upload == ("submit", str(result.submission), f"{result.run_id} CV {score:.4f}", COMPETITION)
@@ -110,19 +113,19 @@ def test_submit_refuses_a_changed_csv_and_records_nothing_when_the_upload_fails(
     shutil.copytree(result.run_dir, subs / result.run_id)
     (subs / result.run_id / runs.SUBMITTED_RECORD).unlink(missing_ok=True)
     fake.on_submit = lambda: (_ for _ in ()).throw(OSError("network is down"))
-    assert main(["submit", result.run_id, "--submissions-dir", str(subs), "-m", "try"]) == 1
+    assert main(["submit", result.run_id, "--submissions-dir", str(subs), "-m", "try", "--allow-synthetic"]) == 1
     assert not (subs / result.run_id / runs.SUBMITTED_RECORD).exists()
 
     csv = subs / result.run_id / "submission.csv"
     csv.write_text(csv.read_text().replace("\n", "\r\n", 1))
     uploads = len([c for c in fake.calls if c[0] == "submit"])
-    assert main(["submit", result.run_id, "--submissions-dir", str(subs)]) == 1
+    assert main(["submit", result.run_id, "--submissions-dir", str(subs), "--allow-synthetic"]) == 1
     assert len([c for c in fake.calls if c[0] == "submit"]) == uploads
     assert main(["submit", "no-such-run", "--submissions-dir", str(subs)]) == 1
 
 
 def test_submit_takes_a_run_folder_path_too(one_run, fake):  # noqa: F811
     result, _ = one_run
-    assert main(["submit", str(result.run_dir), "-m", "by path"]) == 0
+    assert main(["submit", str(result.run_dir), "-m", "by path", "--allow-synthetic"]) == 0
     assert [c for c in fake.calls if c[0] == "submit"][-1][1:3] == (str(result.submission), "by path")
     assert json.loads((result.run_dir / runs.SUBMITTED_RECORD).read_text())["submissions"][-1]["message"] == "by path"

@@ -143,6 +143,32 @@ class Evaluation:
             return frame.filter(frame["collection"] == collection)
         return paired_graph_gap(graphs(entry), graphs(baseline))
 
+    def interval(self, entry: str, baseline: str, collection: str | None = None) -> Any:
+        """``entry - baseline`` on the test graphs both score: mean, 95% interval and verdict of the
+        paired sign-flip test (:func:`pipelines.outputs.significance.paired_difference`); ``collection``
+        None: the combined score (each collection weighted equally)."""
+        from pipelines.outputs.significance import paired_difference
+
+        keys = ["collection", "graph"]
+        a = self.reports[baseline].per_graph.select(*keys, pl.col("score").alias("a"))
+        b = self.reports[entry].per_graph.select(*keys, pl.col("score").alias("b"))
+        joined = a.join(b, on=keys, how="inner").filter(pl.col("a").is_not_nan() & pl.col("b").is_not_nan())
+        if collection is not None:
+            return paired_difference(*(joined.filter(pl.col("collection") == collection)[c].to_numpy()
+                                       for c in ("a", "b")))
+        counts = joined.group_by("collection").agg(pl.len().alias("_n"))
+        joined = joined.join(counts, on="collection").with_columns((1.0 / (pl.col("_n") * counts.height)).alias("_w"))
+        return paired_difference(joined["a"].to_numpy(), joined["b"].to_numpy(), joined["_w"].to_numpy())
+
+    def intervals(self) -> dict[str, dict[str, Any]]:
+        """The submission against the floor and the ceiling, per collection and combined, as dicts."""
+        out: dict[str, dict[str, Any]] = {}
+        for baseline in (FLOOR, CEILING):
+            rows = {name: self.interval(SUBMISSION, baseline, name).to_dict() for name in self.collection_scores(CEILING)}
+            rows["combined"] = self.interval(SUBMISSION, baseline).to_dict()
+            out[f"submission-{baseline}"] = rows
+        return out
+
     def to_dict(self) -> dict[str, Any]:
         ceiling = self.collection_scores(CEILING)
         rows: dict[str, dict[str, Any]] = {}
@@ -158,6 +184,7 @@ class Evaluation:
         return {"collections": rows, "combined": combined,
                 "combined_ratio_to_ceiling": {e: _ratio(c["value"], combined[CEILING]["value"])
                                               for e, c in combined.items()},
+                "intervals": self.intervals() if SUBMISSION in self.reports and FLOOR in self.reports else {},
                 "heuristics": list(self.heuristic_names), "models": list(self.model_names)}
 
     def to_text(self) -> str:
@@ -177,6 +204,9 @@ class Evaluation:
         lines.append(f"{'combined':<20} {cells} {_num(ratio):>11}{note}")
         heur = ", ".join(f"{h} {_num(self.reports[HEURISTIC + h].combined.value)}" for h in self.heuristic_names)
         lines.append(f"heuristics (combined, over the collections each applies to): {heur}")
+        lines.append("submission - floor on the test graphs (paired sign-flip test, 95% interval):")
+        for name in [*scores[CEILING], None]:
+            lines.append(f"  {name or 'combined':<20} {self.interval(SUBMISSION, FLOOR, name).text()}")
         return "\n".join(lines)
 
 
@@ -378,10 +408,11 @@ def seed_checks(evaluation: Evaluation, seeds: Evaluation) -> list[SeedCheck]:
 def evaluate_run(run_id: str, data_root: Path | str, *, submissions_dir: Path | str = "submissions",
                  work_dir: Path | str | None = None, with_models: bool = True) -> tuple[Evaluation, Path]:
     """Evaluate a run on a world with hidden labels and write ``evaluation.json`` into its folder."""
-    from pipelines.outputs.run_folders import RUN_MANIFEST, SUBMISSION_FILE, read_run_manifest
+    from pipelines.outputs.run_folders import RUN_MANIFEST, SUBMISSION_FILE, read_run_manifest, resolve_run_id
     from pipelines.data.submission import read_submission, validate_submission
 
     data_root = Path(data_root)
+    run_id = resolve_run_id(submissions_dir, run_id)  # a unique prefix or a run's name works too
     marker = require_sidecar(data_root)
     run_dir = Path(submissions_dir) / run_id
     manifest = read_run_manifest(submissions_dir, run_id)

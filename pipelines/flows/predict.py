@@ -26,7 +26,7 @@ from pipelines.core.engine import StageOutput, code_version, file_sha256, finger
 from pipelines.core.errors import ConfigError, PipelineError
 from pipelines.core.paths import SUBMISSIONS_DIR
 from pipelines.flows.run import RunResult, scores_from_manifest
-from pipelines.outputs.run_folders import read_run_manifest, training_stage_dirs
+from pipelines.outputs.run_folders import read_run_manifest, resolve_run_id, training_stage_dirs
 
 logger = logging.getLogger(__name__)
 
@@ -162,6 +162,7 @@ def predict_run(run_id: str, data_root: Path | str, *, submissions_dir: Path | s
     data_root, submissions_dir = Path(data_root), Path(submissions_dir)
     if not data_root.is_dir():
         raise PipelineError(f"{data_root}: no such data root")
+    run_id = resolve_run_id(submissions_dir, run_id)  # a unique prefix or a run's name works too
     source = read_run_manifest(submissions_dir, run_id)
     _check_split(source, run_id, split)
     if split == "test":  # the submission is validated against sample_submission.csv: checked before any stage

@@ -56,7 +56,7 @@ from pipelines.core.errors import ConfigError, FormatError, PipelineError
 from pipelines.core.logs import tagged
 from pipelines.core.parallel import JobPool, fan_out
 from pipelines.core.progress import format_duration
-from pipelines.outputs.run_folders import publish_submission, read_run_manifest, training_stage_dir
+from pipelines.outputs.run_folders import publish_submission, read_run_manifest, resolve_run_id, training_stage_dir
 
 logger = logging.getLogger(__name__)
 
@@ -536,11 +536,14 @@ class StageCounter(logging.Filter):
 def run_pipeline(config: PipelineConfig, data_root: Path | str, *, work_dir: Path | str,
                  models: Sequence[str] | None = None, collections: Sequence[Collection | str] | None = None,
                  submissions_dir: Path | str = paths.SUBMISSIONS_DIR, scheduler: str | None = None,
-                 force: bool = False, command: str | None = None) -> RunResult:
+                 force: bool = False, command: str | None = None,
+                 extra: Mapping[str, Any] | None = None) -> RunResult:
     """Prepare, train ``models`` (default: the config's), ensemble and submit; see the module docstring.
 
     ``scheduler`` overrides ``run.scheduler``; ``collections`` defaults to every collection with a
-    train directory (a submission needs all five). Returns the published run.
+    train directory (a submission needs all five). ``extra``: entries added to the run manifest as
+    they are (``run --name/--note``: ``name``, ``note``), never part of the run-id or a stage key.
+    Returns the published run.
     """
     from pipelines.data.submission import check_test_files
     from pipelines.flows.prepare import check_output_dir
@@ -555,7 +558,8 @@ def run_pipeline(config: PipelineConfig, data_root: Path | str, *, work_dir: Pat
     runs, computed = train_and_blend(config, data_root, work_dir=work_dir, models=models, collections=collections,
                                      scheduler=scheduler, force=force)
     return _finish(runs, kind="run", config=config_to_dict(config), data_root=data_root, work_dir=work_dir,
-                   submissions_dir=submissions_dir, command=command, started=started, computed=computed)
+                   submissions_dir=submissions_dir, command=command, started=started, computed=computed,
+                   extra=dict(extra or {}))
 
 
 def train_and_blend(config: PipelineConfig, data_root: Path | str, *, work_dir: Path | str,
@@ -651,10 +655,10 @@ def ensemble_runs(run_ids: Sequence[str], *, submissions_dir: Path | str = paths
     from pipelines.training.ensemble import GAIN_AT_CHOICES, NORMALISE_METHODS
 
     started = time.perf_counter()
-    run_ids = list(dict.fromkeys(run_ids))
+    submissions_dir = Path(submissions_dir)
+    run_ids = list(dict.fromkeys(resolve_run_id(submissions_dir, r) for r in run_ids))
     if not run_ids:
         raise ConfigError("ensemble needs at least one run-id")
-    submissions_dir = Path(submissions_dir)
     manifests = {r: read_run_manifest(submissions_dir, r) for r in run_ids}
     first = manifests[run_ids[0]]
     method = method or first.get("config", {}).get("ensemble", {}).get("method", "minmax")

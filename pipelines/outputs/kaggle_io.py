@@ -494,19 +494,31 @@ def _result_message(result: Any) -> str:
     return str(message) if message else str(result)
 
 
+def synthetic_refusal(what: str, data_root: Path | str) -> PipelineError:
+    return PipelineError(f"{what} was made on a synthetic world ({data_root} holds the synth marker): its "
+                         "predictions rank made-up graphs, and Kaggle would score it as noise; refusing to upload "
+                         "(--allow-synthetic uploads it anyway)")
+
+
 def submit_file(
     file: Path | str,
     message: str,
     *,
     data_root: Path | str | None = None,
     api_factory: Callable[[], KaggleApiLike] | None = None,
+    allow_synthetic: bool = False,
 ) -> str:
-    """Upload a submission CSV (validated against ``data_root``'s test files first, when given)."""
+    """Upload a submission CSV (validated against ``data_root``'s test files first, when given; a
+    ``data_root`` that is a synthetic world is refused unless ``allow_synthetic``)."""
+    from pipelines.outputs.run_folders import world_origin
+
     file = Path(file)
     if not file.is_file():
         raise ConfigError(f"{file}: no such submission file")
     if not message.strip():
         raise ConfigError("a submission needs a non-empty message (-m)")
+    if data_root is not None and world_origin(data_root)["synthetic"] and not allow_synthetic:
+        raise synthetic_refusal(str(file), data_root)
     api = (api_factory or kaggle_api)()  # credentials first: validation reads every test graph
     if data_root is not None:
         from pipelines.data.submission import validate_submission
@@ -532,8 +544,12 @@ def submit_run(
     message: str | None = None,
     data_root: Path | str | None = None,
     api_factory: Callable[[], KaggleApiLike] | None = None,
+    allow_synthetic: bool = False,
 ) -> str:
     """Upload the submission of run ``run_id`` and record what was sent in its run folder.
+
+    A run made on a synthetic world (its manifest's ``data_world``, or for older runs the marker in
+    the data root it recorded) is refused unless ``allow_synthetic``.
 
     The CSV must still be the one the run published (its SHA-256 is in the run manifest); it is
     validated against ``data_root``, by default the data root the run recorded. The message
@@ -542,11 +558,16 @@ def submit_run(
     which ``runs list`` shows.
     """
     from pipelines.core.engine import file_sha256, write_json_atomic
-    from pipelines.outputs.run_folders import SUBMISSION_FILE, read_run_manifest
+    from pipelines.outputs.run_folders import SUBMISSION_FILE, read_run_manifest, resolve_run_id, world_origin
     from pipelines.outputs.runs_table import SUBMITTED_RECORD, read_submitted, run_summary
 
+    run_id = resolve_run_id(submissions_dir, run_id)  # a unique prefix or a run's name works too
     run_dir = Path(submissions_dir) / run_id
     manifest = read_run_manifest(submissions_dir, run_id)
+    recorded_root = manifest.get("data_root") or ""
+    world = manifest.get("data_world") or (world_origin(recorded_root) if recorded_root else {})
+    if world.get("synthetic") and not allow_synthetic:
+        raise synthetic_refusal(f"run {run_id}", recorded_root)
     recorded = manifest.get("submission") or {}
     file = run_dir / recorded.get("file", SUBMISSION_FILE)
     if not file.is_file():
@@ -563,7 +584,7 @@ def submit_run(
         summary = run_summary(run_id, manifest)
         score = "-" if summary["combined"] is None else f"{summary['combined']:.4f}"
         message = f"{run_id} CV {score}" + ("" if summary["complete"] else " (incomplete)")
-    answer = submit_file(file, message, data_root=root, api_factory=api_factory)
+    answer = submit_file(file, message, data_root=root, api_factory=api_factory, allow_synthetic=allow_synthetic)
     previous = read_submitted(run_dir)
     entry = {"submitted_at": datetime.now(timezone.utc).isoformat(timespec="seconds"), "message": message,
              "competition": COMPETITION, "file": file.name, "sha256": digest,

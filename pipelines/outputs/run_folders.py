@@ -111,7 +111,7 @@ def publish_submission(rows: Mapping[str, Sequence[int]], manifest: dict[str, An
     try:
         path = write_submission(staging.path / SUBMISSION_FILE, rows)
         count = validate_submission(path, data_root, split=split)
-        manifest = {**manifest, "run_id": base,
+        manifest = {**manifest, "run_id": base, "data_world": world_origin(data_root),
                     "submission": {"file": SUBMISSION_FILE, "rows": count, "validated_against": str(data_root),
                                    "sha256": hashlib.sha256(text.encode("ascii")).hexdigest()}}
         try:
@@ -129,7 +129,52 @@ def publish_submission(rows: Mapping[str, Sequence[int]], manifest: dict[str, An
     return run_id, path, manifest
 
 
+def resolve_run_id(submissions_dir: Path | str, text: str) -> str:
+    """The run folder ``text`` names under ``submissions_dir``: its full run-id, or a unique prefix of
+    the run-id or of its 8-hex part (``e155685e`` for ``20261122T120000Z-e155685e``), or the ``name``
+    a run was given (``run --name``). Anything else (unknown, ambiguous) is returned unchanged, so
+    the caller's own message about a missing run applies; an ambiguous prefix is a PipelineError
+    listing the candidates."""
+    submissions_dir = Path(submissions_dir)
+    if not text or (submissions_dir / text).is_dir() or not submissions_dir.is_dir() or Path(text).name != text:
+        return text
+    names = sorted(e.name for e in submissions_dir.iterdir() if e.is_dir() and not e.name.startswith("."))
+    found = [n for n in names if n.startswith(text) or n.partition("-")[2].startswith(text)]
+    if not found:
+        for name in names:
+            try:
+                manifest = json.loads((submissions_dir / name / RUN_MANIFEST).read_text(encoding="utf-8"))
+            except (OSError, ValueError):
+                continue
+            if isinstance(manifest, dict) and manifest.get("name") == text:
+                found.append(name)
+    if len(found) > 1:
+        raise PipelineError(f"{text!r} names {len(found)} runs under {submissions_dir}: {', '.join(found[:8])}"
+                            + (" ..." if len(found) > 8 else "") + "; give more of the run-id")
+    return found[0] if found else text
+
+
+def world_origin(data_root: Path | str) -> dict[str, Any]:
+    """What a run's data root is, for its manifest: ``{"synthetic": True, "marker": {...}}`` when the
+    root holds the marker a synthetic world carries (``synth.json``, pipelines.synth.world.MARKER),
+    else ``{"synthetic": False}``. ``submit`` refuses a synthetic one unless forced."""
+    from pipelines.synth.world import MARKER
+
+    path = Path(data_root) / MARKER
+    if not path.is_file():
+        return {"synthetic": False}
+    try:
+        marker = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        marker = {}
+    return {"synthetic": True, "marker_file": MARKER,
+            "marker": {k: v for k, v in marker.items() if isinstance(v, (str, int, float, bool))}
+            if isinstance(marker, dict) else {}}
+
+
 def read_run_manifest(submissions_dir: Path | str, run_id: str) -> dict[str, Any]:
+    """The manifest of a run (``run_id``: a run-id or what :func:`resolve_run_id` accepts)."""
+    run_id = resolve_run_id(submissions_dir, run_id)
     if not run_id or run_id in (".", "..") or Path(run_id).name != run_id:
         raise PipelineError(f"{run_id!r} is not a run-id (a folder name under {submissions_dir})")
     path = Path(submissions_dir) / run_id / RUN_MANIFEST
@@ -165,3 +210,22 @@ def training_stage_dirs(ref: Mapping[str, Any], manifest: Mapping[str, Any],
     places = [Path(work_dir)] if work_dir is not None else []
     places += [Path(p) for p in (ref.get("work_dir"), manifest.get("work_dir")) if p]
     return list(dict.fromkeys(places))
+
+
+def remove_run_folder(submissions_dir: Path | str, run_id: str, *, force: bool = False) -> Path:
+    """Delete the run folder of ``run_id`` (a run-id or what :func:`resolve_run_id` accepts); its
+    stages stay in the work dir. A run that was submitted (it has a ``submitted.json``) is kept
+    unless ``force``: what Kaggle scored must stay traceable. The folder is first renamed to a
+    hidden name, so a removal cut short never leaves a half run that lists."""
+    submissions_dir = Path(submissions_dir)
+    run_id = resolve_run_id(submissions_dir, run_id)
+    read_run_manifest(submissions_dir, run_id)  # only run folders are removed
+    run_dir = submissions_dir / run_id
+    if (run_dir / "submitted.json").exists() and not force:
+        raise PipelineError(f"run {run_id} was submitted to Kaggle (see {run_dir / 'submitted.json'}); "
+                            "refusing to remove it without --force")
+    trash = submissions_dir / f".rm-{run_id}-{os.getpid()}"
+    os.rename(run_dir, trash)
+    shutil.rmtree(trash, ignore_errors=True)
+    logger.info(f"removed run folder {run_dir} (its stages stay in the work dir)")
+    return run_dir

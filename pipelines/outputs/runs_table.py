@@ -17,11 +17,14 @@ import os
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
-from pipelines.core.engine import flatten
+from pipelines.core.engine import fingerprint, flatten
 from pipelines.core.errors import PipelineError
 from pipelines.outputs.run_folders import RUN_MANIFEST
 
 SUBMITTED_RECORD = "submitted.json"  # written by ``submit RUN_ID`` (see pipelines.outputs.kaggle_io.submit_run)
+LEADERBOARD_RECORD = "leaderboard.json"  # written by ``submissions sync`` (pipelines.outputs.leaderboard)
+DIFFERS_WIDTH = 44  # the DIFFERS FROM BASE cell is cut there ("... +N")
+NOT_DIFFERENCES = ("run.seeds",)  # shown in their own column
 # Column labels of the five collections, in the competition's order.
 COLLECTION_LABELS = {
     "tile:xla": "tile",
@@ -30,7 +33,7 @@ COLLECTION_LABELS = {
     "layout:nlp:default": "nlp:def",
     "layout:nlp:random": "nlp:rnd",
 }
-SORT_KEYS = ("date", "score", "wall", "id")
+SORT_KEYS = ("date", "score", "lb", "wall", "id")
 
 
 # ----------------------------------------------------------------------------- pure parts
@@ -41,7 +44,42 @@ def _number(value: Any) -> float | None:
         math.isfinite(value) else None
 
 
-def run_summary(run_id: str, manifest: Mapping[str, Any], submitted: list[dict] | None = None) -> dict[str, Any]:
+def result_key(manifest: Mapping[str, Any]) -> str | None:
+    """What identifies a run's result: its ensemble stage keys and the bytes of its submission. Two
+    runs with the same key made the same predictions (a rerun served from the stage cache); None when
+    the manifest lacks either part."""
+    stages = manifest.get("stages") or {}
+    keys = {c: (e or {}).get("ensemble") for c, e in stages.items()}
+    digest = (manifest.get("submission") or {}).get("sha256")
+    if not keys or not digest or not all(keys.values()):
+        return None
+    return fingerprint({"ensemble": keys, "submission": digest})
+
+
+def public_score(record: list[dict] | None) -> tuple[float | None, str]:
+    """The latest scored public leaderboard result of a run's ``leaderboard.json`` entries and a
+    cell for it ("0.1234", "pending", "error", "-")."""
+    entries = sorted(record or [], key=lambda e: str(e.get("date") or ""))
+    for entry in reversed(entries):
+        value = _number(entry.get("public_score"))
+        if value is not None:
+            return value, f"{value:.4f}"
+    if entries:
+        status = str(entries[-1].get("status") or "").lower()
+        return None, "error" if "error" in status else "pending"
+    return None, "-"
+
+
+def differs_from_base(config: Mapping[str, Any], base: Mapping[str, Any] | None) -> list[str]:
+    """``key=value`` for every config value of a run that differs from the base config's."""
+    if not base or not config:
+        return []
+    return [f"{key}={json.dumps(vb, default=str, separators=(',', ':'))}"
+            for key, _, vb in config_difference(base, config) if key not in NOT_DIFFERENCES]
+
+
+def run_summary(run_id: str, manifest: Mapping[str, Any], submitted: list[dict] | None = None,
+                leaderboard: list[dict] | None = None, base: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """One leaderboard row of a run manifest: ensemble CV score per collection and combined."""
     config = manifest.get("config") or {}
     if manifest.get("kind") == "ensemble":
@@ -52,8 +90,27 @@ def run_summary(run_id: str, manifest: Mapping[str, Any], submitted: list[dict] 
     per_collection = {name: _number(((scores or {}).get("blend") or {}).get("ensemble"))
                       for name, scores in (manifest.get("cv_scores") or {}).items()}
     combined = (manifest.get("combined_oof") or {}).get("ensemble") or {}
+    kind = manifest.get("kind", "run")
+    if kind == "ensemble":
+        differs = [f"re-blend of {len(manifest.get('source_runs') or [])} run(s)"]
+    else:
+        differs = differs_from_base(config, base)
+        base_models = list(((base or {}).get("ensemble") or {}).get("models") or [])
+        models = list(manifest.get("models") or [])
+        if base and models and models != base_models:  # run --models is not in the config
+            differs.insert(0, f"models={','.join(models)}")
+    lb_value, lb_cell = public_score(leaderboard)
     return {
         "run_id": run_id,
+        "name": str(manifest.get("name") or ""),
+        "note": str(manifest.get("note") or ""),
+        "differs": differs,
+        "result": result_key(manifest),
+        "same_as": None,  # the run-id of the earlier run with the same result (see collapse_reruns)
+        "reruns": [],  # the run-ids of later runs with the same result
+        "synthetic": bool((manifest.get("data_world") or {}).get("synthetic")),
+        "public_lb": lb_value,
+        "public_lb_cell": lb_cell,
         "kind": manifest.get("kind", "run"),
         "created": manifest.get("created") or "",
         "data_root": manifest.get("data_root") or "",
@@ -70,12 +127,14 @@ def run_summary(run_id: str, manifest: Mapping[str, Any], submitted: list[dict] 
 
 
 def sort_runs(rows: list[dict[str, Any]], by: str = "date", reverse: bool | None = None) -> list[dict[str, Any]]:
-    """Rows ordered by ``by`` (date / id: oldest first; score: best first; wall: fastest first);
-    runs without a score go last."""
+    """Rows ordered by ``by`` (date / id: oldest first; score, lb (public leaderboard): best first;
+    wall: fastest first); runs without a score go last."""
     if by not in SORT_KEYS:
         raise PipelineError(f"runs list: cannot sort by {by!r}; choose one of {', '.join(SORT_KEYS)}")
     if by == "score":
         key = (lambda r: (r["combined"] is None, -(r["combined"] or 0.0), r["run_id"]))
+    elif by == "lb":
+        key = (lambda r: (r.get("public_lb") is None, -(r.get("public_lb") or 0.0), r["run_id"]))
     elif by == "wall":
         key = (lambda r: (r["wall_s"] is None, r["wall_s"] or 0.0, r["run_id"]))
     elif by == "date":
@@ -84,6 +143,52 @@ def sort_runs(rows: list[dict[str, Any]], by: str = "date", reverse: bool | None
         key = (lambda r: r["run_id"])
     ordered = sorted(rows, key=key)
     return ordered[::-1] if reverse else ordered
+
+
+def collapse_reruns(rows: list[dict[str, Any]], keep_all: bool = False) -> list[dict[str, Any]]:
+    """One row per distinct result (:func:`result_key`): the earliest run of each, listing the later
+    ones in ``reruns`` and carrying their submissions and leaderboard scores; with ``keep_all`` every
+    row stays and the later ones name the earliest in ``same_as``."""
+    first: dict[str, dict[str, Any]] = {}
+    out = []
+    for row in sorted(rows, key=lambda r: (r["created"], r["run_id"])):
+        key = row["result"]
+        if key is None or key not in first:
+            if key is not None:
+                first[key] = row
+            out.append(row)
+            continue
+        origin = first[key]
+        origin["reruns"].append(row["run_id"])
+        if keep_all:
+            row["same_as"] = origin["run_id"]
+            out.append(row)
+        else:
+            origin["submitted"] = origin["submitted"] + row["submitted"]
+            if origin["public_lb"] is None and row["public_lb"] is not None:
+                origin["public_lb"], origin["public_lb_cell"] = row["public_lb"], row["public_lb_cell"]
+    return out
+
+
+def seeds_cell(seeds: list[Any]) -> str:
+    """``1 (0)``, ``3 (0,1,2)``: how many seeds, then which (never a bare ``0``)."""
+    if not seeds:
+        return "-"
+    return f"{len(seeds)} ({','.join(map(str, seeds))})"
+
+
+def _differs_cell(differs: list[str], width: int = DIFFERS_WIDTH) -> str:
+    if not differs:
+        return "base"
+    text, shown = "", 0
+    for item in differs:
+        candidate = item if not text else f"{text} {item}"
+        rest = len(differs) - shown - 1
+        if len(candidate) + (len(f" +{rest}") if rest else 0) > width and text:
+            break
+        text, shown = candidate, shown + 1
+    rest = len(differs) - shown
+    return text + (f" +{rest}" if rest else "")
 
 
 def _cell(value: float | None) -> str:
@@ -114,17 +219,21 @@ def format_runs(rows: list[dict[str, Any]]) -> str:
     """The leaderboard as a text table: one line per run."""
     if not rows:
         return "no runs"
-    header = ["RUN", "CREATED", "KIND", "DATA ROOT", "MODELS", *COLLECTION_LABELS.values(), "COMBINED", "SEEDS",
-              "FOLDS", "WALL", "SUBMITTED"]
+    header = ["RUN", "CREATED", "KIND", "DATA ROOT", "MODELS", *COLLECTION_LABELS.values(), "COMBINED", "PUBLIC LB",
+              "SEEDS", "FOLDS", "WALL", "SUBMITTED", "NAME", "DIFFERS FROM BASE", "SAME", "NOTE"]
     table = [header]
     for r in rows:
         combined = _cell(r["combined"]) + ("" if r["complete"] or r["combined"] is None else "*")
-        table.append([r["run_id"], r["created"][:16].replace("T", " "), r["kind"], _short_root(r["data_root"]),
+        root = _short_root(r["data_root"]) + (" (synth)" if r.get("synthetic") else "")
+        same = f"= {r['same_as']}" if r.get("same_as") else (f"+{len(r['reruns'])} rerun(s)" if r.get("reruns")
+                                                              else "")
+        table.append([r["run_id"], r["created"][:16].replace("T", " "), r["kind"], root,
                       ",".join(r["models"]) or "-", *[_cell(r["collections"].get(c)) for c in COLLECTION_LABELS],
-                      combined, ",".join(map(str, r["seeds"])) or "-", str(r["folds"] or "-"), _wall(r["wall_s"]),
-                      _submitted(r)])
+                      combined, r.get("public_lb_cell", "-"), seeds_cell(r["seeds"]), str(r["folds"] or "-"),
+                      _wall(r["wall_s"]), _submitted(r), r.get("name") or "-", _differs_cell(r.get("differs") or []),
+                      same, (r.get("note") or "")[:40]])
     widths = [max(len(line[i]) for line in table) for i in range(len(header))]
-    numeric = set(range(5, 5 + len(COLLECTION_LABELS) + 1)) | {len(header) - 2}
+    numeric = set(range(5, 5 + len(COLLECTION_LABELS) + 2)) | {header.index("WALL")}
     lines = ["  ".join(cell.rjust(w) if i in numeric else cell.ljust(w) for i, (cell, w) in
                        enumerate(zip(line, widths))).rstrip() for line in table]
     notes = ["scores: out-of-fold CV of the ensemble (tile: top-5 slowdown score, layout: Kendall tau); "
@@ -133,6 +242,13 @@ def format_runs(rows: list[dict[str, Any]]) -> str:
         notes.append("*: not all five collections, the mean of those present")
     if any(r["kind"] == "predict" for r in rows):
         notes.append("predict runs show the CV of the run whose models they used")
+    if any(r.get("reruns") or r.get("same_as") for r in rows):
+        notes.append("SAME: runs with identical ensemble stages and submission bytes (a cached rerun) are one "
+                     "result; --all lists each")
+    if any(r["kind"] in ("train", "tune") for r in rows):
+        notes.append("train: a training stage no listed run used (its OOF CV); tune: a study's best trial")
+    if any(r.get("public_lb") is not None or r.get("public_lb_cell") == "pending" for r in rows):
+        notes.append("PUBLIC LB: Kaggle's public score of the latest scored upload (submissions sync)")
     return "\n".join(lines + notes)
 
 
@@ -218,6 +334,26 @@ def read_manifest(run_dir: Path) -> dict[str, Any] | None:
     return manifest if isinstance(manifest, dict) and isinstance(manifest.get("stages"), dict) else None
 
 
+def read_leaderboard(run_dir: Path) -> list[dict]:
+    """The Kaggle scores ``submissions sync`` fetched for a run folder (empty: never synced)."""
+    try:
+        with open(run_dir / LEADERBOARD_RECORD, encoding="utf-8") as handle:
+            record = json.load(handle)
+    except (OSError, ValueError):
+        return []
+    return [r for r in record.get("submissions", []) if isinstance(r, dict)] if isinstance(record, dict) else []
+
+
+def base_config() -> dict[str, Any] | None:
+    """The resolved ``base`` config, what DIFFERS FROM BASE compares with (None if it cannot load)."""
+    try:
+        from pipelines.config.settings import config_to_dict, load_config
+
+        return config_to_dict(load_config(None))
+    except Exception:  # a broken base.toml must not hide the runs
+        return None
+
+
 def read_submitted(run_dir: Path) -> list[dict]:
     """The ``submit`` record of a run folder (empty when it was never submitted)."""
     try:
@@ -236,14 +372,64 @@ def load_runs(submissions_dir: Path | str) -> list[dict[str, Any]]:
     if not submissions_dir.is_dir():
         raise PipelineError(f"{submissions_dir}: no such submissions folder (runs are written there by `run`)")
     rows = []
+    base = base_config()
     with os.scandir(submissions_dir) as entries:
         for entry in entries:
             if not entry.is_dir() or entry.name.startswith("."):
                 continue
             manifest = read_manifest(Path(entry.path))
             if manifest is not None:
-                rows.append(run_summary(entry.name, manifest, read_submitted(Path(entry.path))))
+                rows.append(run_summary(entry.name, manifest, read_submitted(Path(entry.path)),
+                                        read_leaderboard(Path(entry.path)), base))
     return rows
+
+
+def _empty_row(run_id: str, kind: str, created: str, data_root: str, models: list[str]) -> dict[str, Any]:
+    return {"run_id": run_id, "name": "", "note": "", "differs": [], "result": None, "same_as": None, "reruns": [],
+            "synthetic": False, "public_lb": None, "public_lb_cell": "-", "kind": kind, "created": created or "",
+            "data_root": data_root or "", "models": models, "collections": {}, "combined": None, "complete": False,
+            "seeds": [], "folds": None, "wall_s": None, "source": "", "submitted": []}
+
+
+def load_work_results(work_dir: Path | str, rows: Iterable[dict[str, Any]] = (),
+                      manifests: Iterable[Mapping[str, Any]] = ()) -> list[dict[str, Any]]:
+    """Rows of kind ``train`` (each complete training stage under ``work_dir`` that none of
+    ``manifests`` names: a ``train`` command's result) and ``tune`` (each study record under
+    ``work_dir/tune``), from their manifests alone."""
+    work_dir = Path(work_dir)
+    used = {(ref.get("stage"), ref.get("key")) for m in manifests for e in (m.get("stages") or {}).values()
+            for ref in ((e or {}).get("train") or {}).values() if isinstance(ref, dict)}
+    out = []
+    for stage_dir in sorted(work_dir.glob("train-*")):
+        for folder in sorted(p for p in stage_dir.iterdir() if p.is_dir() and not p.name.startswith(".")):
+            if (stage_dir.name, folder.name) in used:
+                continue
+            try:
+                manifest = json.loads((folder / "manifest.json").read_text(encoding="utf-8"))
+            except (OSError, ValueError):
+                continue
+            if not isinstance(manifest, dict) or manifest.get("status", "complete") != "complete":
+                continue
+            config, metrics = manifest.get("config") or {}, manifest.get("metrics") or {}
+            row = _empty_row(f"{stage_dir.name}/{folder.name[:8]}", "train", str(manifest.get("finished") or ""),
+                             "", [str(config.get("model") or stage_dir.name[len("train-"):])])
+            row["collections"] = {str(config.get("collection")): _number(metrics.get("oof_score"))}
+            row["seeds"] = list(config.get("seeds") or [])
+            row["wall_s"] = _number(manifest.get("wall_time_s"))
+            out.append(row)
+    for path in sorted((work_dir / "tune").glob("*.toml.json")):
+        try:
+            record = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        if not isinstance(record, dict) or record.get("generator") != "pipelines.flows.tune":
+            continue
+        row = _empty_row(str(record.get("study_name") or path.stem), "tune", str(record.get("created") or ""),
+                         str(record.get("data_root") or ""), [str(record.get("model") or "?")])
+        row["collections"] = {str(record.get("collection")): _number(record.get("best_value"))}
+        row["note"] = f"best of {record.get('trials_complete')} trials: {path.with_suffix('')}"
+        out.append(row)
+    return out
 
 
 def filter_runs(rows: Iterable[dict[str, Any]], *, submitted_only: bool = False,

@@ -477,6 +477,9 @@ def _blend_rule(run: RunOutputs, collection: str) -> dict[str, Any]:
 def write_report(run_id: str, *, submissions_dir: Path | str = paths.SUBMISSIONS_DIR, out: Path | str | None = None,
                  work_dir: Path | str | None = None) -> Path:
     """Render the report of ``run_id`` to ``out`` (default ``<submissions_dir>/<run_id>/report.html``)."""
+    from pipelines.outputs.run_folders import resolve_run_id
+
+    run_id = resolve_run_id(submissions_dir, run_id)  # a unique prefix or a run's name works too
     target = Path(out) if out is not None else Path(submissions_dir) / run_id / REPORT_FILE
     _check_report_target(target)  # before the work: a refused path costs nothing
     run = run_outputs(submissions_dir, run_id, work_dir)
