@@ -65,6 +65,10 @@ def _add_synth(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--variant", type=int, default=0,
                    help="cost-model variant: 0 = the original constants, N >= 1 = constants drawn from "
                         "documented ranges (pipelines/synth/costmodel.py)")
+    p.add_argument("--family", default="reference",
+                   help="cost-model family, the rules the measured runtimes follow: reference (the default, "
+                        "pipelines/synth/costmodel.py), mxu_strict, copy_fusion, packed_tiles, heldout "
+                        "(pipelines/synth/families/)")
     p.add_argument("--limit", type=int, default=None,
                    help="write at most this many files per collection and split (for benchmarks)")
     p.add_argument("--collections", default=None, help="comma-separated collection names (default: all)")
@@ -76,7 +80,8 @@ def _run_synth(args: argparse.Namespace) -> int:
     from pipelines.synth import generate_world
 
     summary = generate_world(args.out, scale=args.scale, seed=args.seed, limit=args.limit,
-                             collections=args.collections, jobs=args.jobs, variant=args.variant)
+                             collections=args.collections, jobs=args.jobs, variant=args.variant,
+                             family=args.family)
     print(summary)
     return 0
 
