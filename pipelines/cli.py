@@ -520,6 +520,11 @@ def _run_evaluate(args: argparse.Namespace) -> int:
     evaluation, path = evaluate_run(args.run_id, args.data_root, submissions_dir=args.submissions_dir,
                                     work_dir=args.work_dir, with_models=not args.no_models)
     print(evaluation.to_text())
+    from pipelines.evaluate import program_family_table, program_family_text
+    from pipelines.synth.world import program_kinds
+
+    print("\nper program family (submission):")
+    print(program_family_text(program_family_table(evaluation, program_kinds(args.data_root))))
     print(path)
     return 0
 
