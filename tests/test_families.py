@@ -168,3 +168,22 @@ def test_program_kinds_and_the_per_family_table(family_world: Path) -> None:
         assert weighted == pytest.approx(evaluation.collection_scores(SUBMISSION)[collection.name])
     text = program_family_text(table)
     assert "program family" in text and "layout:nlp:random" in text
+
+
+def test_recurrent_programs_only_in_non_reference_worlds_and_priced_by_every_family() -> None:
+    from pipelines.synth.programs import OP, Family, Variant
+
+    collection = parse_collections("layout:xla:random")[0]
+    kinds = lambda **kw: {s.family.kind for split in world.layout_specs(  # noqa: E731
+        world.SCALES["small"], 3, collection, **kw).values() for s in split}
+    assert "rnn" in kinds(recurrent=True) and "rnn" not in kinds()
+    for train in (False, True):
+        program = build_program(Family("lstm_lm", "rnn", 200, 512, seq=64), Variant(32, "bf16", train),
+                                np.random.default_rng(0))
+        assert (program.node_opcode == OP["while"]).sum() >= 1
+        assert program.node_feat.shape == (program.num_nodes, 140)
+        assert np.all(program.edge_index[:, 0] > program.edge_index[:, 1])
+        blocks = searches.random_search(costmodel.layout_cost_model(program), 30, np.random.default_rng(0))
+        for name in FAMILIES:
+            costs = load_family(name).layout_runtimes(program, blocks)
+            assert np.all(np.isfinite(costs)) and np.all(costs > 0)

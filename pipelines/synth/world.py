@@ -165,7 +165,11 @@ XLA_FAMILIES: tuple[tuple[str, str, int, str, dict], ...] = (
 
 # Recurrent programs (a while loop over time steps, as an LSTM under lax.scan); only in the worlds
 # of a family other than reference (see layout_specs).
-RNN_FAMILIES: tuple[tuple[str, str, int, str, dict], ...] = ()
+RNN_FAMILIES: tuple[tuple[str, str, int, str, dict], ...] = (
+    ("lstm_lm", "rnn", 512, "batch_mode", {"seq": 64}),
+    ("gnmt_lstm", "rnn", 1024, "batch_topo", {"seq": 48}),
+    ("deepspeech2_rnn", "rnn", 256, "batch_prec", {"seq": 128}),
+)
 
 _NLP_NAMED = (
     ("bert_en_cased_L-12_H-768_A-12", 12, 768, 12), ("bert_en_uncased_L-12_H-768_A-12", 12, 768, 12),
