@@ -47,6 +47,14 @@ Variants. ``variant`` picks the cost model's constants (:func:`costmodel.variant
 the original model). The programs, the tile configs and the random-search layout configs of a seed
 are the same under every variant; the ``default`` search's configs follow the variant's search mix.
 
+Families. ``family`` (:mod:`pipelines.synth.families`) picks the rules the measured runtimes
+follow; the searches keep pricing candidates with the reference model (the compiler's heuristic),
+so under one seed every family holds the same programs and configs with other runtimes. A
+non-reference family is recorded in ``synth.json`` and ``labels.json`` (the reference's markers
+stay as they were) and adds the recurrent programs (``RNN_FAMILIES``) to the xla catalogue. Each
+graph's program kind (cnn, rnn, transformer, mlp) is a pure function of the world's arguments:
+:func:`program_kinds` rebuilds it from ``labels.json``, so no label file changed for it.
+
 Determinism. Each file's randomness comes from ``SeedSequence((seed, collection, split, index))``
 (programs shared by a source's default and random collections from the source's key), so
 ``--limit`` and ``--jobs`` never change a file. Files are listed in stem order and ``--limit N``
