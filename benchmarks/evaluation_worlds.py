@@ -95,10 +95,10 @@ def main(argv: list[str] | None = None) -> int:
     config = load_config(args.config, args.overrides)
     variants = [int(v) for v in args.variants.split(",") if v.strip()]
     families = [f.strip() for f in args.families.split(",") if f.strip()]
-    seeds = [int(x) for x in (args.seeds or str(args.seed)).split(",") if x.strip()]
+    world_seeds = [int(x) for x in (args.seeds or str(args.seed)).split(",") if x.strip()]
     for family in families:
         load_family(family)  # a missing family module fails before any world is written
-    worlds = [(family, seed, variant if family == REFERENCE else 0) for family in families for seed in seeds
+    worlds = [(family, seed, variant if family == REFERENCE else 0) for family in families for seed in world_seeds
               for variant in (variants if family == REFERENCE else [0])]
     collections = None if args.collections is None else list(parse_collections(args.collections))
     work, submissions = args.root / "work", args.root / "submissions"
@@ -177,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
     command = "python -m benchmarks.evaluation_worlds " + " ".join(argv if argv is not None else __import__("sys").argv[1:])
     lines = [f"# Evaluation worlds {datetime.now(timezone.utc).isoformat(timespec='minutes')}", "",
              "## Machine", "", *host.describe(), "",
-             f"## Test scores ({args.scale} scale, families {', '.join(families)}, seeds {', '.join(map(str, seeds))}, "
+             f"## Test scores ({args.scale} scale, families {', '.join(families)}, seeds {', '.join(map(str, world_seeds))}, "
              f"variants {', '.join(map(str, variants))} (reference); "
              f"config {args.config or 'base'} {' '.join('--set ' + o for o in args.overrides)}; "
              + ("" if collections is None else f"collections {', '.join(c.name for c in collections)}; ") +
