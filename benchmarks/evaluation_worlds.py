@@ -59,6 +59,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--families", default="reference",
                         help="comma-separated cost-model families (pipelines/synth/families)")
     parser.add_argument("--seeds", default=None, help="comma-separated world seeds (default: --seed)")
+    parser.add_argument("--recurrent", action=argparse.BooleanOptionalAction, default=None,
+                        help="recurrent programs in the worlds (default: in every family's but reference's; "
+                             "--recurrent puts them in reference worlds too, so all families share programs)")
     parser.add_argument("--config", default=None, help="run config (default: base)")
     parser.add_argument("--set", dest="overrides", action="append", default=[])
     parser.add_argument("--models", default=None, help="comma-separated models (default: the config's)")
@@ -105,11 +108,12 @@ def main(argv: list[str] | None = None) -> int:
     results, timings, checks, family_tables = [], [], [], []
     for family, seed, variant in worlds:
         label = f"{family} seed {seed}" + (f" variant {variant}" if family == REFERENCE else "")
-        world = args.root / (f"{args.scale}-seed{seed}-variant{variant}" if family == REFERENCE
-                             else f"{args.scale}-seed{seed}-{family}")
+        world = args.root / ((f"{args.scale}-seed{seed}-variant{variant}" if family == REFERENCE
+                              else f"{args.scale}-seed{seed}-{family}")
+                             + {None: "", True: "-rnn", False: "-nornn"}[args.recurrent])
         t0 = time.perf_counter()
-        print(generate_world(world, scale=args.scale, seed=seed, variant=variant, jobs=args.jobs, family=family),
-              flush=True)
+        print(generate_world(world, scale=args.scale, seed=seed, variant=variant, jobs=args.jobs, family=family,
+                             recurrent=args.recurrent), flush=True)
         synth_s = time.perf_counter() - t0
         t0 = time.perf_counter()
         if collections is None:

@@ -69,6 +69,9 @@ def _add_synth(sub: argparse._SubParsersAction) -> None:
                    help="cost-model family, the rules the measured runtimes follow: reference (the default, "
                         "pipelines/synth/costmodel.py), mxu_strict, copy_fusion, packed_tiles, heldout "
                         "(pipelines/synth/families/)")
+    p.add_argument("--recurrent", action=argparse.BooleanOptionalAction, default=None,
+                   help="include the recurrent (LSTM while-loop) programs among the xla layout graphs "
+                        "(default: yes for every family but reference, whose default worlds keep their bytes)")
     p.add_argument("--limit", type=int, default=None,
                    help="write at most this many files per collection and split (for benchmarks)")
     p.add_argument("--collections", default=None, help="comma-separated collection names (default: all)")
@@ -81,7 +84,7 @@ def _run_synth(args: argparse.Namespace) -> int:
 
     summary = generate_world(args.out, scale=args.scale, seed=args.seed, limit=args.limit,
                              collections=args.collections, jobs=args.jobs, variant=args.variant,
-                             family=args.family)
+                             family=args.family, recurrent=args.recurrent)
     print(summary)
     return 0
 

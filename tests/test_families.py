@@ -187,3 +187,18 @@ def test_recurrent_programs_only_in_non_reference_worlds_and_priced_by_every_fam
         for name in FAMILIES:
             costs = load_family(name).layout_runtimes(program, blocks)
             assert np.all(np.isfinite(costs)) and np.all(costs > 0)
+
+
+def test_recurrent_option_gives_reference_the_other_families_programs(tmp_path: Path) -> None:
+    chosen = "layout:xla:random"
+    generate_world(tmp_path / "ref", scale="tiny", seed=1, collections=chosen, recurrent=True)
+    generate_world(tmp_path / "pk", scale="tiny", seed=1, collections=chosen, family="packed_tiles")
+    assert json.loads((tmp_path / "ref" / "synth.json").read_text())["recurrent"] is True
+    assert "recurrent" not in json.loads((tmp_path / "pk" / "synth.json").read_text())
+    assert world.program_kinds(tmp_path / "ref") == world.program_kinds(tmp_path / "pk")
+    collection = parse_collections(chosen)[0]
+    for ref in list_graphs(tmp_path / "ref", collection, "train"):
+        a = load_graph(ref.path, collection)
+        b = load_graph(tmp_path / "pk" / ref.path.relative_to(tmp_path / "ref"), collection)
+        np.testing.assert_array_equal(a.node_feat, b.node_feat)
+        np.testing.assert_array_equal(a.node_config_feat, b.node_config_feat)

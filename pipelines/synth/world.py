@@ -51,7 +51,10 @@ Families. ``family`` (:mod:`pipelines.synth.families`) picks the rules the measu
 follow; the searches keep pricing candidates with the reference model (the compiler's heuristic),
 so under one seed every family holds the same programs and configs with other runtimes. A
 non-reference family is recorded in ``synth.json`` and ``labels.json`` (the reference's markers
-stay as they were) and adds the recurrent programs (``RNN_FAMILIES``) to the xla catalogue. Each
+stay as they were). ``recurrent`` adds the recurrent programs (``RNN_FAMILIES``) to the xla
+catalogue; it defaults to on for every family but the reference (whose default worlds keep their
+bytes), and ``synth --recurrent`` turns it on there too, so that reference worlds hold the same
+programs as the other families' worlds of a seed; a non-default choice is recorded in the marker. Each
 graph's program kind (cnn, rnn, transformer, mlp) is a pure function of the world's arguments:
 :func:`program_kinds` rebuilds it from ``labels.json``, so no label file changed for it.
 
@@ -562,12 +565,12 @@ def read_labels(root: Path | str, collection: Collection, split: str, stem: str)
 
 
 def world_specs(scale: Scale, seed: int, collections: tuple[Collection, ...],
-                limit: int | None, family: str = REFERENCE) -> list[FileSpec]:
+                limit: int | None, recurrent: bool = False) -> list[FileSpec]:
     """Every file of the world, collection by collection, split by split, in stem order."""
     files: list[FileSpec] = []
     for collection in collections:
         by_split = (tile_specs(scale, seed) if collection.is_tile
-                    else layout_specs(scale, seed, collection, recurrent=family != REFERENCE))
+                    else layout_specs(scale, seed, collection, recurrent=recurrent))
         for split in SPLITS:
             files.extend(by_split[split][:limit])
     return files
@@ -582,18 +585,25 @@ def program_kinds(root: Path | str) -> dict[tuple[str, str], str]:
         raise FormatError(Path(root) / LABELS_DIR / LABELS_MARKER, "no label record: not a synthetic world")
     chosen = parse_collections(marker["collections"])
     specs = world_specs(SCALES[marker["scale"]], int(marker["seed"]), chosen, marker.get("limit"),
-                        marker.get("family", REFERENCE))
+                        _recurrent(marker.get("family", REFERENCE), marker.get("recurrent")))
     return {(spec.collection, spec.stem): spec.family.kind for spec in specs}
 
 
+def _recurrent(family: str, recurrent: bool | None) -> bool:
+    """Whether a world holds the recurrent programs: by default every family's but the reference's."""
+    return family != REFERENCE if recurrent is None else bool(recurrent)
+
+
 def _marker(scale: str, seed: int, limit: int | None, collections: tuple[Collection, ...], variant: int = 0,
-            family: str = REFERENCE) -> dict:
+            family: str = REFERENCE, recurrent: bool | None = None) -> dict:
     marker = {"generator": "pipelines.synth", "version": SYNTH_VERSION, "scale": scale, "seed": seed,
               "limit": limit, "collections": [c.name for c in collections]}
     if variant:  # variant 0 keeps the marker worlds had before variants existed
         marker["variant"] = variant
     if family != REFERENCE:  # likewise the reference family
         marker["family"] = family
+    if recurrent is not None and recurrent != _recurrent(family, None):  # only a non-default choice
+        marker["recurrent"] = recurrent
     return marker
 
 
@@ -621,7 +631,7 @@ def submission_rows(out: Path, specs: list[FileSpec]) -> list[str]:
 
 def generate_world(out: Path | str, *, scale: str, seed: int, limit: int | None = None,
                    collections: str | list[str] | None = None, jobs: int = 1, variant: int = 0,
-                   family: str = REFERENCE) -> str:
+                   family: str = REFERENCE, recurrent: bool | None = None) -> str:
     """Write a synthetic world and its hidden-label sidecar under ``out``; returns a printable summary.
 
     Refuses a non-empty ``out`` unless it is (part of) a world of the same arguments: a complete
@@ -640,8 +650,8 @@ def generate_world(out: Path | str, *, scale: str, seed: int, limit: int | None 
     chosen = parse_collections(collections)
     chosen = tuple(c for c in ALL_COLLECTIONS if c in chosen)  # canonical order
     out = Path(out)
-    marker = _marker(scale, seed, limit, chosen, variant, family)
-    specs = world_specs(SCALES[scale], seed, chosen, limit, family)
+    marker = _marker(scale, seed, limit, chosen, variant, family, recurrent)
+    specs = world_specs(SCALES[scale], seed, chosen, limit, _recurrent(family, recurrent))
     submission = out / "sample_submission.csv"
     paths = [collection_dir_path(out, parse_collections(s.collection)[0], s.split) / f"{s.stem}.npz" for s in specs]
     labels = [label_path(out, parse_collections(s.collection)[0], s.split, s.stem) for s in specs]
