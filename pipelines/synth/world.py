@@ -448,9 +448,8 @@ def make_layout_graph(spec: FileSpec, seed: int, scale: Scale, params: costmodel
         duplicate_share = float(rng.choice(list(params.duplicate_shares)))
         configs = searches.default_search(model, count, rng, duplicate_share, float(rng.uniform(*params.mutations)))
         search = "default"
-    if family is None or family.name == REFERENCE:
-        noise = family.noise_range(search) if family is not None else (
-            params.random_noise if search == "random" else params.default_noise)
+    if family is None or family.name == REFERENCE:  # priced by the searches' own model, under ``params``
+        noise = params.random_noise if search == "random" else params.default_noise
         measured, noise_free = measure_layout(model, configs, rng, noise, params.remeasured_duplicates)
     else:
         measured, noise_free = measure_layout(model, configs, rng, family.noise_range(search),
