@@ -84,7 +84,7 @@ from pipelines.atomic import chmod_like_new_file, write_text_atomic
 from pipelines.collections import ALL_COLLECTIONS, SPLITS, TILE_XLA, Collection, parse_collections
 from pipelines.errors import ConfigError, FormatError
 from pipelines.synth import costmodel, searches
-from pipelines.synth.families import REFERENCE, CostFamily, family_module, load_family
+from pipelines.synth.families import REFERENCE, REGISTRY, CostFamily, family_module, load_family
 from pipelines.synth.programs import Family, Variant, build_program, build_tile_kernel
 from pipelines.tpugraphs import LayoutGraph, TileGraph, save_graph
 
@@ -660,6 +660,9 @@ def generate_world(out: Path | str, *, scale: str, seed: int, limit: int | None 
                "arrays": {"runtime": "int64 measured runtimes (train/valid: the file's config_runtime)",
                           "noise_free": "float64 runtimes before measurement noise, same units",
                           "normalizer": "int64 measured normalizers (tile only)"}}
+    if family != REFERENCE:  # the reference's sidecar stays as it was
+        sidecar["cost_params_role"] = (f"constants of the reference model the searches priced candidates with; the "
+                                       f"runtimes follow family {family!r} (rules: {REGISTRY[family]})")
 
     if out.exists() and not out.is_dir():
         raise ConfigError(f"{out}: exists and is not a directory")
