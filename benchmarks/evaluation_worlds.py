@@ -181,7 +181,8 @@ def main(argv: list[str] | None = None) -> int:
     command = "python -m benchmarks.evaluation_worlds " + " ".join(argv if argv is not None else __import__("sys").argv[1:])
     lines = [f"# Evaluation worlds {datetime.now(timezone.utc).isoformat(timespec='minutes')}", "",
              "## Machine", "", *host.describe(), "",
-             f"## Test scores ({args.scale} scale, families {', '.join(families)}, seeds {', '.join(map(str, world_seeds))}, "
+             f"## Test scores ({args.scale} scale, families {', '.join(families)}, "
+             f"seeds {', '.join(map(str, world_seeds))}, "
              f"variants {', '.join(map(str, variants))} (reference); "
              f"config {args.config or 'base'} {' '.join('--set ' + o for o in args.overrides)}; "
              + ("" if collections is None else f"collections {', '.join(c.name for c in collections)}; ") +

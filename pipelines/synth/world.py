@@ -704,7 +704,8 @@ def generate_world(out: Path | str, *, scale: str, seed: int, limit: int | None 
 def _summary(out: Path, marker: dict, specs: list[FileSpec], results: list[tuple[str, str, int, int, int]],
              skipped: int, seconds: float) -> str:
     lines = [f"synthetic world at {out} (scale={marker['scale']}, seed={marker['seed']}, "
-             f"variant={marker.get('variant', 0)}, family={marker.get('family', 'reference')}, limit={marker['limit']}): "
+             f"variant={marker.get('variant', 0)}, family={marker.get('family', 'reference')}, "
+             f"limit={marker['limit']}): "
              f"{len(specs)} files, {len(results)} written, {skipped} already present, {seconds:.1f} s"]
     groups: dict[tuple[str, str], list[tuple[int, int, int]]] = {}
     for collection, split, n, nc, c in results:
