@@ -9,6 +9,13 @@ model and that model's run seeds alone (``pipelines.flows.evaluate.seed_checks``
     python -m benchmarks.evaluation_worlds                          # base config, variants 1,2,3, medium
     python -m benchmarks.evaluation_worlds --variants 1 --config demo --models gbdt
     python -m benchmarks.evaluation_worlds --variants 4 --collections layout:xla:random
+    python -m benchmarks.evaluation_worlds --scale small --families reference,mxu_strict --seeds 1,2,3 --config demo
+
+``--families`` (default ``reference``) and ``--seeds`` (default ``--seed``) multiply the worlds:
+one per family, seed and (for ``reference`` only) variant; non-reference families take variant 0.
+Besides the pooled table, each family gets its own ensemble/ceiling per collection, and the
+per-(collection, program family) share of ceiling is reported as mean +- spread over each family's
+worlds (docs/transfer-protocol.md).
 
 ``--collections`` trains, blends and scores those collections only (no submission is published, and
 "combined" is then their mean): the same stages a full run computes for them, so their scores are
@@ -48,7 +55,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--scale", default="medium")
     parser.add_argument("--seed", type=int, default=0, help="world seed (the same graphs under every variant)")
-    parser.add_argument("--variants", default="1,2,3", help="comma-separated cost-model variants")
+    parser.add_argument("--variants", default="1,2,3", help="comma-separated cost-model variants (reference only)")
+    parser.add_argument("--families", default="reference",
+                        help="comma-separated cost-model families (pipelines/synth/families)")
+    parser.add_argument("--seeds", default=None, help="comma-separated world seeds (default: --seed)")
+    parser.add_argument("--recurrent", action=argparse.BooleanOptionalAction, default=None,
+                        help="recurrent programs in the worlds (default: in every family's but reference's; "
+                             "--recurrent puts them in reference worlds too, so all families share programs)")
     parser.add_argument("--config", default=None, help="run config (default: base)")
     parser.add_argument("--set", dest="overrides", action="append", default=[])
     parser.add_argument("--models", default=None, help="comma-separated models (default: the config's)")
@@ -70,24 +83,37 @@ def main(argv: list[str] | None = None) -> int:
         evaluate_rows,
         evaluate_run,
         model_rows,
+        program_family_table,
         seed_checks,
     )
     from pipelines.core.logs import setup_logging
     from pipelines.flows.run import parse_models, run_pipeline, stage_index, stages_wall_time, train_and_blend
     from pipelines.synth import generate_world
+    from pipelines.synth.families import REFERENCE, load_family
+    from pipelines.synth.world import program_kinds
 
     setup_logging()  # the runs' progress lines, as the command line prints them
     host = machine()
     started = time.perf_counter()
     config = load_config(args.config, args.overrides)
     variants = [int(v) for v in args.variants.split(",") if v.strip()]
+    families = [f.strip() for f in args.families.split(",") if f.strip()]
+    world_seeds = [int(x) for x in (args.seeds or str(args.seed)).split(",") if x.strip()]
+    for family in families:
+        load_family(family)  # a missing family module fails before any world is written
+    worlds = [(family, seed, variant if family == REFERENCE else 0) for family in families for seed in world_seeds
+              for variant in (variants if family == REFERENCE else [0])]
     collections = None if args.collections is None else list(parse_collections(args.collections))
     work, submissions = args.root / "work", args.root / "submissions"
-    results, timings, checks = [], [], []
-    for variant in variants:
-        world = args.root / f"{args.scale}-seed{args.seed}-variant{variant}"
+    results, timings, checks, family_tables = [], [], [], []
+    for family, seed, variant in worlds:
+        label = f"{family} seed {seed}" + (f" variant {variant}" if family == REFERENCE else "")
+        world = args.root / ((f"{args.scale}-seed{seed}-variant{variant}" if family == REFERENCE
+                              else f"{args.scale}-seed{seed}-{family}")
+                             + {None: "", True: "-rnn", False: "-nornn"}[args.recurrent])
         t0 = time.perf_counter()
-        print(generate_world(world, scale=args.scale, seed=args.seed, variant=variant, jobs=args.jobs), flush=True)
+        print(generate_world(world, scale=args.scale, seed=seed, variant=variant, jobs=args.jobs, family=family,
+                             recurrent=args.recurrent), flush=True)
         synth_s = time.perf_counter() - t0
         t0 = time.perf_counter()
         if collections is None:
@@ -107,14 +133,15 @@ def main(argv: list[str] | None = None) -> int:
         else:
             evaluation, path = evaluate_collection_runs(runs, world, method=config.ensemble.method), None
             seeds = evaluate_collection_seeds(runs, world, method=config.ensemble.method)
-        checks += [(variant, check) for check in seed_checks(evaluation, seeds)]
+        checks += [(label, check) for check in seed_checks(evaluation, seeds)]
+        family_tables.append((family, program_family_table(evaluation, program_kinds(world))))
         evaluate_s = time.perf_counter() - t0
         print(evaluation.to_text(), flush=True)
-        print(f"variant {variant}: synth {synth_s:.0f} s, run {run_s:.0f} s (its stages {stage_s:.0f} s), "
+        print(f"{label}: synth {synth_s:.0f} s, run {run_s:.0f} s (its stages {stage_s:.0f} s), "
               f"evaluate {evaluate_s:.0f} s"
               + (f"; {path}" if path else ""), flush=True)
         results.append(evaluation)
-        timings.append((variant, world, run_id, synth_s, run_s, stage_s, evaluate_s))
+        timings.append((label, world, run_id, synth_s, run_s, stage_s, evaluate_s))
 
     entries = [FLOOR, *results[0].model_names, SUBMISSION, CEILING]
     header = ["collection", *[("ensemble" if e == SUBMISSION else e) for e in entries], "ensemble/ceiling"]
@@ -133,13 +160,30 @@ def main(argv: list[str] | None = None) -> int:
     row.append(_spread([r.reports[SUBMISSION].combined.value / r.reports[CEILING].combined.value for r in results]))
     rows.append(row)
     floors = {v: r.floor_by_collection for (v, *_), r in zip(timings, results)}
+    by_family_rows = []
+    for family in families:
+        mine = [r for (f, *_), r in zip(worlds, results) if f == family]
+        for name in names:
+            by_family_rows.append([family, name, _spread([r.collection_scores(SUBMISSION)[name]
+                                                          / r.collection_scores(CEILING)[name] for r in mine])])
+        by_family_rows.append([family, "combined", _spread([r.reports[SUBMISSION].combined.value
+                                                            / r.reports[CEILING].combined.value for r in mine])])
+    cells: dict[tuple[str, str, str], list[tuple[float, int]]] = {}
+    for family, table in family_tables:
+        for row in table.iter_rows(named=True):
+            cells.setdefault((family, row["collection"], row["program_family"]), []).append(
+                (row["share_of_ceiling"], row["graphs"]))
+    program_rows = [[f, c, k, _spread([v for v, _ in vals]), f"{sum(g for _, g in vals)} in {len(vals)}"]
+                    for (f, c, k), vals in cells.items()]
 
     run_column = "full run s" if collections is None else "run s (these collections)"
     stage_column = "its stages s (computed once, cached or not)"
     command = "python -m benchmarks.evaluation_worlds " + " ".join(argv if argv is not None else __import__("sys").argv[1:])
     lines = [f"# Evaluation worlds {datetime.now(timezone.utc).isoformat(timespec='minutes')}", "",
              "## Machine", "", *host.describe(), "",
-             f"## Test scores ({args.scale} scale, seed {args.seed}, variants {', '.join(map(str, variants))}; "
+             f"## Test scores ({args.scale} scale, families {', '.join(families)}, "
+             f"seeds {', '.join(map(str, world_seeds))}, "
+             f"variants {', '.join(map(str, variants))} (reference); "
              f"config {args.config or 'base'} {' '.join('--set ' + o for o in args.overrides)}; "
              + ("" if collections is None else f"collections {', '.join(c.name for c in collections)}; ") +
              f"mean +- std over {len(results)} world(s))", "",
@@ -147,20 +191,25 @@ def main(argv: list[str] | None = None) -> int:
              "floor: best heuristic per collection, picked on the test labels; ceiling: configs ranked by their "
              "noise-free runtime, scored against the measured ones; tile: top-5 slowdown score, layout: Kendall tau-b.",
              "", *markdown_table(header, rows), "",
-             "Floor heuristic per world: " + "; ".join(f"variant {v}: " + ", ".join(f"{c} {h}" for c, h in f.items())
+             "Floor heuristic per world: " + "; ".join(f"{v}: " + ", ".join(f"{c} {h}" for c, h in f.items())
                                                       for v, f in floors.items()), "",
+             "## Per family: ensemble / ceiling (mean +- std over the family's worlds)", "",
+             *markdown_table(["family", "collection", "ensemble/ceiling"], by_family_rows), "",
+             "## Per program family: ensemble / ceiling (mean +- std over the family's worlds)", "",
+             *markdown_table(["family", "collection", "program family", "ensemble/ceiling", "test graphs in worlds"],
+                             program_rows), "",
              "## The ensemble against the best single model", "",
              "Per world and collection: the model that scores best on test, its run seeds alone (that seed's fold "
              "models averaged, as the submission averages all), their spread (max - min), and the ensemble's "
              "distance to that model; issue 17 asks for it to stay within the spread. 'its se': that distance's "
              "standard error paired over the test graphs (how far the test's own graphs can tell the two apart).", "",
-             *markdown_table(["variant", "collection", "best single", "its score", "its run seeds", "seed spread",
+             *markdown_table(["world", "collection", "best single", "its score", "its run seeds", "seed spread",
                               "ensemble - best", "its se", "within the spread"],
                              [[v, c.collection, c.best_model, f"{c.best_score:.4f}",
                                " / ".join(f"{x:.4f}" for x in c.seed_scores), f"{c.spread:.4f}", f"{c.gap:+.4f}",
                                f"{c.gap_se:.4f}", "yes" if c.within_spread else "no"] for v, c in checks]), "",
              "## Wall times", "",
-             *markdown_table(["variant", "world", "run-id", "synth s", run_column, stage_column, "evaluate s"],
+             *markdown_table(["world", "folder", "run-id", "synth s", run_column, stage_column, "evaluate s"],
                              [[v, str(w), rid, s, r, st, e] for v, w, rid, s, r, st, e in timings]), "",
              f"'{stage_column}': the sum of the stage manifests' wall times, the run's compute also when it "
              "resumed from the stage cache (its own wall time then counts only what this call computed); a lower "

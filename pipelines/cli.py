@@ -101,6 +101,13 @@ def _add_synth(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--variant", type=int, default=0,
                    help="cost-model variant: 0 = the original constants, N >= 1 = constants drawn from "
                         "documented ranges (pipelines/synth/costmodel.py)")
+    p.add_argument("--family", default="reference",
+                   help="cost-model family, the rules the measured runtimes follow: reference (the default, "
+                        "pipelines/synth/costmodel.py), mxu_strict, copy_fusion, packed_tiles, heldout "
+                        "(pipelines/synth/families/)")
+    p.add_argument("--recurrent", action=argparse.BooleanOptionalAction, default=None,
+                   help="include the recurrent (LSTM while-loop) programs among the xla layout graphs "
+                        "(default: yes for every family but reference, whose default worlds keep their bytes)")
     p.add_argument("--limit", type=int, default=None,
                    help="write at most this many files per collection and split (for benchmarks; default: all)")
     p.add_argument("--collections", default=None, help="comma-separated collection names (default: all)")
@@ -112,7 +119,8 @@ def _run_synth(args: argparse.Namespace) -> int:
     from pipelines.synth import generate_world
 
     summary = generate_world(args.out, scale=args.scale, seed=args.seed, limit=args.limit,
-                             collections=args.collections, jobs=args.jobs, variant=args.variant)
+                             collections=args.collections, jobs=args.jobs, variant=args.variant,
+                             family=args.family, recurrent=args.recurrent)
     print(summary)
     return 0
 
@@ -731,6 +739,11 @@ def _run_evaluate(args: argparse.Namespace) -> int:
     evaluation, path = evaluate_run(args.run_id, args.data_root, submissions_dir=args.submissions_dir,
                                     work_dir=args.work_dir, with_models=not args.no_models)
     print(evaluation.to_text())
+    from pipelines.flows.evaluate import program_family_table, program_family_text
+    from pipelines.synth.world import program_kinds
+
+    print("\nper program family (submission):")
+    print(program_family_text(program_family_table(evaluation, program_kinds(args.data_root))))
     print(path)
     return 0
 

@@ -80,6 +80,7 @@ def test_evaluate_command_scores_the_run_and_writes_its_folder(run, tiny_world: 
     assert main(args) == 0
     out = capsys.readouterr().out
     assert "combined" in out and "floor" in out and "ceiling" in out and "gbdt" in out
+    assert "per program family" in out and "transformer" in out  # the per-(collection, program family) table
     record = json.loads((submissions / run_id / EVALUATION_FILE).read_text())
     assert record["run_id"] == run_id and record["world"]["variant"] == 0 and sorted(record["models"]) == ["feature", "gbdt"]
     assert set(record["collections"]) == {c.name for c in ALL_COLLECTIONS}

@@ -486,3 +486,38 @@ def evaluation_table(record: Mapping[str, Any]) -> pl.DataFrame:
     schema = {"collection": pl.Utf8, **{e: pl.Float64 for e in entries}, "submission/ceiling": pl.Float64,
               "floor heuristic": pl.Utf8}
     return pl.DataFrame(rows, schema=schema)
+
+
+# ----------------------------------------------------------------------------- per program family (issue 67)
+
+
+def program_family_table(evaluation: Evaluation, kinds: Mapping[tuple[str, str], str],
+                         entry: str = SUBMISSION) -> pl.DataFrame:
+    """Per (collection, program family): ``entry``'s mean score, the ceiling's, their ratio and the
+    number of test graphs (pure). ``kinds`` maps (collection, stem) to the graph's program family
+    (:func:`pipelines.synth.world.program_kinds`); graphs it does not know are ``unknown``."""
+    def per_graph(name: str) -> pl.DataFrame:
+        frame = evaluation.reports[name].per_graph.select("collection", "graph", "score")
+        return frame.with_columns(pl.struct("collection", "graph").map_elements(
+            lambda row: kinds.get((row["collection"], row["graph"]), "unknown"),
+            return_dtype=pl.Utf8).alias("program_family"))
+
+    keys = ["collection", "program_family"]
+    order = {c.name: i for i, c in enumerate(ALL_COLLECTIONS)}
+    ceiling = per_graph(CEILING).group_by(keys).agg(pl.col("score").mean().alias("ceiling"),
+                                                    pl.len().alias("graphs"))
+    score = per_graph(entry).group_by(keys).agg(pl.col("score").mean().alias("score"))
+    table = score.join(ceiling, on=keys, how="right").with_columns(
+        (pl.col("score") / pl.col("ceiling")).alias("share_of_ceiling"),
+        pl.col("collection").replace_strict(order, default=len(order), return_dtype=pl.Int64).alias("_order"))
+    return table.sort("_order", "program_family").select(
+        "collection", "program_family", "score", "ceiling", "share_of_ceiling", pl.col("graphs").cast(pl.Int64))
+
+
+def program_family_text(table: pl.DataFrame) -> str:
+    """The per-program-family table as printed by ``evaluate``."""
+    lines = [f"{'collection':<20} {'program family':<14} {'score':>8} {'ceiling':>8} {'share':>8} {'graphs':>6}"]
+    for row in table.iter_rows(named=True):
+        lines.append(f"{row['collection']:<20} {row['program_family']:<14} {_num(row['score']):>8} "
+                     f"{_num(row['ceiling']):>8} {_num(row['share_of_ceiling']):>8} {row['graphs']:>6}")
+    return "\n".join(lines)

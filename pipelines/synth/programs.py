@@ -27,6 +27,7 @@ OP: dict[str, int] = {
     "maximum": 57, "minimum": 58, "multiply": 59, "negate": 60, "pad": 62, "parameter": 63,
     "reduce": 70, "reduce-window": 72, "reshape": 75, "rng-bit-generator": 79, "rsqrt": 81,
     "select": 83, "slice": 92, "sqrt": 94, "subtract": 95, "tanh": 96, "transpose": 98, "tuple": 100,
+    "while": 102,
 }
 CONFIGURABLE_OPCODES = (OP["convolution"], OP["dot"], OP["reshape"])
 # Elementwise ops that keep their operand's shape and layout: layouts propagate through them, so a
@@ -285,7 +286,7 @@ class Family:
     """A program architecture; every variant of it shares this skeleton."""
 
     name: str
-    kind: str  # "cnn", "transformer" or "mlp"
+    kind: str  # "cnn", "rnn", "transformer" or "mlp"
     budget: int  # forward-pass node budget
     width: int  # base channels (cnn), hidden size (transformer) or layer width (mlp)
     spatial_rank: int = 2  # 2 (images) or 3 (unet_3d volumes)
@@ -308,7 +309,7 @@ class Variant:
 def build_program(family: Family, variant: Variant, rng: np.random.Generator) -> Program:
     """Build one program of ``family`` in ``variant`` (training variants add a backward pass)."""
     builder = ProgramBuilder(variant.etype)
-    skeleton = {"cnn": _cnn, "transformer": _transformer, "mlp": _mlp}[family.kind]
+    skeleton = {"cnn": _cnn, "rnn": _rnn, "transformer": _transformer, "mlp": _mlp}[family.kind]
     outputs, ops = skeleton(builder, family, variant, rng)
     if variant.train:
         outputs = outputs + _backward(builder, ops, variant, family, rng)
@@ -454,6 +455,57 @@ def _mlp(b: ProgramBuilder, f: Family, v: Variant, rng: np.random.Generator) -> 
         width = max(16, width // 2) if rng.random() < 0.3 else width
         b.end_block()
     return [x], ops
+
+
+def _rnn(b: ProgramBuilder, f: Family, v: Variant, rng: np.random.Generator) -> tuple[list[int], list[ForwardOp]]:
+    """Stacked LSTM layers, each a ``while`` loop over time steps (an LSTM under ``lax.scan``).
+
+    Per layer: the input projection of every step at once (a dot over seq * batch rows), then the
+    loop: its carried state (step, h, c, projected inputs) is a tuple fed to a ``while`` node; the
+    body (flattened after it, as the graph holds the body computation's nodes) reads the state
+    through get-tuple-element, multiplies h by the recurrent weights (a small dot per step: batch
+    rows), adds the step's projected inputs, and applies the gates (sigmoid as tanh, elementwise
+    products); the layer's output is the body's new h broadcast over the sequence.
+    """
+    batch = max(1, v.batch // v.chips)
+    steps, hidden = max(4, f.seq), f.width
+    ops: list[ForwardOp] = []
+    x = b.parameter((steps, batch, hidden))
+    layers = 0
+    while layers == 0 or len(b) < f.budget * 0.85:
+        in_dim = b.shape(x)[-1]
+        flat = b.reshape(x, (steps * batch, in_dim))
+        wx = b.parameter((in_dim, 4 * hidden))
+        proj = b.dot(flat, wx)
+        ops.append(("dot", flat, wx, proj))
+        proj = b.binary("add", proj, b.broadcast(b.parameter((4 * hidden,)), b.shape(proj), (1,)))
+        proj = b.reshape(proj, (steps, batch, 4 * hidden))
+        h0, c0 = b.scalar((batch, hidden)), b.scalar((batch, hidden))
+        counter = b.add("constant", (), etype="s32")
+        state = b.add("tuple", (), (counter, h0, c0, proj), etype="tuple", layout=(), tuple_size=4)
+        loop = b.add("while", (), (state,), etype="tuple", layout=(), tuple_size=4)
+        h = b.add("get-tuple-element", (batch, hidden), (loop,))
+        c = b.add("get-tuple-element", (batch, hidden), (loop,))
+        xs = b.add("get-tuple-element", (steps, batch, 4 * hidden), (loop,))
+        step_in = b.reshape(b.slice(xs, (1, batch, 4 * hidden)), (batch, 4 * hidden))
+        wh = b.parameter((hidden, 4 * hidden))
+        gates = b.dot(h, wh)
+        ops.append(("dot", h, wh, gates))
+        gates = b.filler(b.binary("add", gates, step_in), f.filler, rng)
+        part = b.slice(gates, (batch, hidden))  # stand-in for the four gate slices (same shapes)
+        i_g, f_g, o_g = (b.unary("tanh", part) for _ in range(3))
+        g_g = b.unary("tanh", part)
+        c_new = b.binary("add", b.binary("multiply", f_g, c), b.binary("multiply", i_g, g_g))
+        h_new = b.binary("multiply", o_g, b.unary("tanh", c_new))
+        x = b.broadcast(h_new, (steps, batch, hidden), (1, 2))
+        layers += 1
+        b.end_block()
+    last = b.slice(x, (1, batch, hidden))
+    w = b.parameter((hidden, 1000 if hidden >= 256 else 256))
+    flat = b.reshape(last, (batch, hidden))
+    logits = b.dot(flat, w)
+    ops.append(("dot", flat, w, logits))
+    return [logits], ops
 
 
 def _backward(b: ProgramBuilder, ops: list[ForwardOp], v: Variant, f: Family,

@@ -47,6 +47,17 @@ Variants. ``variant`` picks the cost model's constants (:func:`costmodel.variant
 the original model). The programs, the tile configs and the random-search layout configs of a seed
 are the same under every variant; the ``default`` search's configs follow the variant's search mix.
 
+Families. ``family`` (:mod:`pipelines.synth.families`) picks the rules the measured runtimes
+follow; the searches keep pricing candidates with the reference model (the compiler's heuristic),
+so under one seed every family holds the same programs and configs with other runtimes. A
+non-reference family is recorded in ``synth.json`` and ``labels.json`` (the reference's markers
+stay as they were). ``recurrent`` adds the recurrent programs (``RNN_FAMILIES``) to the xla
+catalogue; it defaults to on for every family but the reference (whose default worlds keep their
+bytes), and ``synth --recurrent`` turns it on there too, so that reference worlds hold the same
+programs as the other families' worlds of a seed; a non-default choice is recorded in the marker. Each
+graph's program kind (cnn, rnn, transformer, mlp) is a pure function of the world's arguments:
+:func:`program_kinds` rebuilds it from ``labels.json``, so no label file changed for it.
+
 Determinism. Each file's randomness comes from ``SeedSequence((seed, collection, split, index))``
 (programs shared by a source's default and random collections from the source's key), so
 ``--limit`` and ``--jobs`` never change a file. Files are listed in stem order and ``--limit N``
@@ -63,6 +74,7 @@ import tempfile
 import time
 import zipfile
 import zlib
+from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -74,6 +86,7 @@ from pipelines.core.collection import ALL_COLLECTIONS, SPLITS, TILE_XLA, Collect
 from pipelines.core.errors import ConfigError, FormatError
 from pipelines.core.progress import Progress
 from pipelines.synth import costmodel, searches
+from pipelines.synth.families import REFERENCE, REGISTRY, CostFamily, family_module, load_family
 from pipelines.synth.programs import Family, Variant, build_program, build_tile_kernel
 from pipelines.data.tpugraphs import LayoutGraph, TileGraph, save_graph
 
@@ -161,6 +174,14 @@ XLA_FAMILIES: tuple[tuple[str, str, int, str, dict], ...] = (
     ("ncf", "mlp", 64, "dot", {}),
     ("dlrm", "mlp", 128, "batch_mode", {"filler": 2}),
     ("brax_es", "mlp", 32, "batch_topo", {}),
+)
+
+# Recurrent programs (a while loop over time steps, as an LSTM under lax.scan); only in the worlds
+# of a family other than reference (see layout_specs).
+RNN_FAMILIES: tuple[tuple[str, str, int, str, dict], ...] = (
+    ("lstm_lm", "rnn", 512, "batch_mode", {"seq": 64}),
+    ("gnmt_lstm", "rnn", 1024, "batch_topo", {"seq": 48}),
+    ("deepspeech2_rnn", "rnn", 256, "batch_prec", {"seq": 128}),
 )
 
 _NLP_NAMED = (
@@ -293,15 +314,19 @@ def _choose_variants(rng: np.random.Generator, catalog: list[tuple[Family, list[
     return [picked[i] for i in rng.permutation(len(picked))]
 
 
-def layout_specs(scale: Scale, seed: int, collection: Collection) -> dict[str, list[FileSpec]]:
-    """Files of one layout collection per split, sorted by stem (the order ``--limit`` keeps)."""
+def layout_specs(scale: Scale, seed: int, collection: Collection,
+                 recurrent: bool = False) -> dict[str, list[FileSpec]]:
+    """Files of one layout collection per split, sorted by stem (the order ``--limit`` keeps).
+
+    ``recurrent`` adds the recurrent program families (``RNN_FAMILIES``) to the xla catalogue; the
+    reference family's worlds leave them out, so their files stay those written before they existed."""
     source = collection.source
     searches_of_source = [c for c in ALL_COLLECTIONS if c.is_layout and c.source == source]
     sizes = [max(scale.layout_counts[c.name][s] for c in searches_of_source) for s in range(3)]
     rng = _rng(seed, scale.name, "pool", source)
     if source == "xla":
         catalog = [(_layout_family(scale, seed, source, name, kind, width, extra), _variants(pattern))
-                   for name, kind, width, pattern, extra in XLA_FAMILIES]
+                   for name, kind, width, pattern, extra in XLA_FAMILIES + (RNN_FAMILIES if recurrent else ())]
     else:
         catalog = [(_layout_family(scale, seed, source, name, "transformer", hidden, {"heads": heads},
                                    layers=layers), _variants("nlp"))
@@ -379,16 +404,19 @@ class Labels:
         return out
 
 
-def make_tile_graph(spec: FileSpec, seed: int,
-                    params: costmodel.CostParams = costmodel.DEFAULT_PARAMS) -> tuple[TileGraph, Labels]:
-    """The tile graph of ``spec`` and its labels (pure: no I/O). Test files hold no runtimes."""
+def make_tile_graph(spec: FileSpec, seed: int, params: costmodel.CostParams = costmodel.DEFAULT_PARAMS,
+                    family: CostFamily | None = None) -> tuple[TileGraph, Labels]:
+    """The tile graph of ``spec`` and its labels (pure: no I/O). Test files hold no runtimes.
+
+    ``family`` prices the configs (default: the reference family under ``params``)."""
+    family = family if family is not None else CostFamily(REFERENCE, family_module(REFERENCE), params)
     rng = _rng(seed, spec.collection, spec.split, spec.index)
     program, kernel = build_tile_kernel(spec.family, spec.variant, spec.kind, spec.nodes, rng)
     minimum = 1 if spec.num_configs < 5 else 5
     config_feat = searches.tile_configs(kernel, max(spec.num_configs, minimum), rng)
     c = config_feat.shape[0]
-    costs = costmodel.tile_costs(kernel, config_feat, params)
-    sigma = rng.uniform(*params.tile_noise)
+    costs = family.tile_runtimes(kernel, config_feat)
+    sigma = rng.uniform(*family.noise_range("tile"))
     runtime = costmodel.noisy(costs, costmodel.TILE_REPEATS, sigma, rng)
     normalizer = costmodel.noisy(np.full(c, np.median(costs)), costmodel.TILE_REPEATS, 0.01, rng)
     labels = Labels(runtime, costs * costmodel.TILE_REPEATS, normalizer)
@@ -399,9 +427,12 @@ def make_tile_graph(spec: FileSpec, seed: int,
     return graph, labels
 
 
-def make_layout_graph(spec: FileSpec, seed: int, scale: Scale,
-                      params: costmodel.CostParams = costmodel.DEFAULT_PARAMS) -> tuple[LayoutGraph, Labels]:
-    """The layout graph of ``spec`` and its labels (pure: no I/O). Its program is shared by both searches."""
+def make_layout_graph(spec: FileSpec, seed: int, scale: Scale, params: costmodel.CostParams = costmodel.DEFAULT_PARAMS,
+                      family: CostFamily | None = None) -> tuple[LayoutGraph, Labels]:
+    """The layout graph of ``spec`` and its labels (pure: no I/O). Its program is shared by both searches.
+
+    The searches price candidates with the reference model under ``params`` (the compiler's own
+    heuristic); ``family`` (default: the reference) gives the measured runtimes."""
     collection = parse_collections(spec.collection)[0]
     program = build_program(spec.family, spec.variant, _rng(seed, "layout", collection.source, spec.split, spec.index))
     model = costmodel.layout_cost_model(program, params)
@@ -414,12 +445,18 @@ def make_layout_graph(spec: FileSpec, seed: int, scale: Scale,
         count = max(2, min(_loguniform(rng, low, int(high * 1.5)), high, cap))
     if collection.search == "random":
         configs = searches.random_search(model, count, rng)
-        noise = params.random_noise
+        search = "random"
     else:
         duplicate_share = float(rng.choice(list(params.duplicate_shares)))
         configs = searches.default_search(model, count, rng, duplicate_share, float(rng.uniform(*params.mutations)))
-        noise = params.default_noise
-    measured, noise_free = measure_layout(model, configs, rng, noise, params.remeasured_duplicates)
+        search = "default"
+    if family is None or family.name == REFERENCE:  # priced by the searches' own model, under ``params``
+        noise = params.random_noise if search == "random" else params.default_noise
+        measured, noise_free = measure_layout(model, configs, rng, noise, params.remeasured_duplicates)
+    else:
+        measured, noise_free = measure_layout(model, configs, rng, family.noise_range(search),
+                                              params.remeasured_duplicates,
+                                              runtimes=lambda blocks: family.layout_runtimes(program, blocks))
     # test files: measured after everything the file holds was drawn, so the file is unchanged
     runtime = np.zeros(count, dtype=np.int64) if spec.split == "test" else measured
     graph = LayoutGraph(spec.stem, program.node_feat, program.node_opcode, program.edge_index, program.config_ids,
@@ -428,18 +465,23 @@ def make_layout_graph(spec: FileSpec, seed: int, scale: Scale,
 
 
 def measure_layout(model: costmodel.LayoutCostModel, configs: np.ndarray, rng: np.random.Generator,
-                   noise: tuple[float, float], remeasured: float) -> tuple[np.ndarray, np.ndarray]:
+                   noise: tuple[float, float], remeasured: float,
+                   runtimes: Callable[[np.ndarray], np.ndarray] | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Measured (int64) and noise-free (float64) runtimes of configs, both over the benchmark loop.
 
     Duplicates share a measurement, except a ``remeasured`` share that was measured again; the
-    noise width is drawn per file from ``noise``.
+    noise width is drawn per file from ``noise``. ``runtimes`` (distinct config rows -> noise-free
+    ns) is a family's pricing; by default ``model``'s own (the reference).
     """
     hashes = searches.row_hashes(configs)
     _, first, inverse = np.unique(hashes, return_index=True, return_inverse=True)
-    costs = np.empty(first.shape[0], dtype=np.float64)
-    rows = max(1, 1_000_000 // max(model.num_configurable, 1))
-    for start in range(0, first.shape[0], rows):
-        costs[start:start + rows] = costmodel.layout_costs(model, configs[first[start:start + rows]])
+    if runtimes is not None:
+        costs = np.asarray(runtimes(configs[first]), dtype=np.float64)
+    else:
+        costs = np.empty(first.shape[0], dtype=np.float64)
+        rows = max(1, 1_000_000 // max(model.num_configurable, 1))
+        for start in range(0, first.shape[0], rows):
+            costs[start:start + rows] = costmodel.layout_costs(model, configs[first[start:start + rows]])
     sigma = rng.uniform(*noise)
     runtime = costmodel.noisy(costs, costmodel.LAYOUT_REPEATS, sigma, rng)[inverse]
     duplicate = np.arange(len(configs)) != first[inverse]
@@ -448,18 +490,19 @@ def measure_layout(model: costmodel.LayoutCostModel, configs: np.ndarray, rng: n
     return runtime, costs[inverse] * costmodel.LAYOUT_REPEATS
 
 
-def _write_file(out: str, scale_name: str, seed: int, variant: int,
-                spec: FileSpec) -> tuple[str, str, int, int, int]:
+def _write_file(out: str, scale_name: str, seed: int, variant: int, spec: FileSpec,
+                family_name: str = REFERENCE) -> tuple[str, str, int, int, int]:
     """Generate one graph, write its file (unless present) and its labels; returns
     (collection, split, nodes, configurable, configs)."""
     collection = parse_collections(spec.collection)[0]
     path = collection_dir_path(Path(out), collection, spec.split) / f"{spec.stem}.npz"
     params = costmodel.variant_params(variant)
+    family = load_family(family_name, variant)
     if collection.is_tile:
-        graph, labels = make_tile_graph(spec, seed, params)
+        graph, labels = make_tile_graph(spec, seed, params, family)
         nc = 0
     else:
-        graph, labels = make_layout_graph(spec, seed, SCALES[scale_name], params)
+        graph, labels = make_layout_graph(spec, seed, SCALES[scale_name], params, family)
         nc = int(graph.node_config_ids.shape[0])
     if not path.is_file():
         save_graph(path, graph)
@@ -523,21 +566,45 @@ def read_labels(root: Path | str, collection: Collection, split: str, stem: str)
 
 
 def world_specs(scale: Scale, seed: int, collections: tuple[Collection, ...],
-                limit: int | None) -> list[FileSpec]:
+                limit: int | None, recurrent: bool = False) -> list[FileSpec]:
     """Every file of the world, collection by collection, split by split, in stem order."""
     files: list[FileSpec] = []
     for collection in collections:
-        by_split = tile_specs(scale, seed) if collection.is_tile else layout_specs(scale, seed, collection)
+        by_split = (tile_specs(scale, seed) if collection.is_tile
+                    else layout_specs(scale, seed, collection, recurrent=recurrent))
         for split in SPLITS:
             files.extend(by_split[split][:limit])
     return files
 
 
-def _marker(scale: str, seed: int, limit: int | None, collections: tuple[Collection, ...], variant: int = 0) -> dict:
+def program_kinds(root: Path | str) -> dict[tuple[str, str], str]:
+    """(collection, stem) -> program family kind (``cnn``, ``rnn``, ``transformer``, ``mlp``) of every
+    file of a world, rebuilt from its label record (the kinds are a pure function of the world's
+    arguments, so the files and labels stay the bytes they were before kinds were asked for)."""
+    marker = labels_marker(root)
+    if marker is None:
+        raise FormatError(Path(root) / LABELS_DIR / LABELS_MARKER, "no label record: not a synthetic world")
+    chosen = parse_collections(marker["collections"])
+    specs = world_specs(SCALES[marker["scale"]], int(marker["seed"]), chosen, marker.get("limit"),
+                        _recurrent(marker.get("family", REFERENCE), marker.get("recurrent")))
+    return {(spec.collection, spec.stem): spec.family.kind for spec in specs}
+
+
+def _recurrent(family: str, recurrent: bool | None) -> bool:
+    """Whether a world holds the recurrent programs: by default every family's but the reference's."""
+    return family != REFERENCE if recurrent is None else bool(recurrent)
+
+
+def _marker(scale: str, seed: int, limit: int | None, collections: tuple[Collection, ...], variant: int = 0,
+            family: str = REFERENCE, recurrent: bool | None = None) -> dict:
     marker = {"generator": "pipelines.synth", "version": SYNTH_VERSION, "scale": scale, "seed": seed,
               "limit": limit, "collections": [c.name for c in collections]}
     if variant:  # variant 0 keeps the marker worlds had before variants existed
         marker["variant"] = variant
+    if family != REFERENCE:  # likewise the reference family
+        marker["family"] = family
+    if recurrent is not None and recurrent != _recurrent(family, None):  # only a non-default choice
+        marker["recurrent"] = recurrent
     return marker
 
 
@@ -568,7 +635,8 @@ PROGRESS_EVERY_S = 10.0  # at most one progress line this often while files are 
 
 
 def generate_world(out: Path | str, *, scale: str, seed: int, limit: int | None = None,
-                   collections: str | list[str] | None = None, jobs: int = 1, variant: int = 0) -> str:
+                   collections: str | list[str] | None = None, jobs: int = 1, variant: int = 0,
+                   family: str = REFERENCE, recurrent: bool | None = None) -> str:
     """Write a synthetic world and its hidden-label sidecar under ``out``; returns a printable summary.
 
     Refuses a non-empty ``out`` unless it is (part of) a world of the same arguments: a complete
@@ -583,11 +651,12 @@ def generate_world(out: Path | str, *, scale: str, seed: int, limit: int | None 
         raise ConfigError(f"--limit must be at least 1, got {limit}")
     if jobs < 1:
         raise ConfigError(f"--jobs must be at least 1, got {jobs}")
+    load_family(family, variant)  # an unknown family, or a registered one whose module is missing, fails here
     chosen = parse_collections(collections)
     chosen = tuple(c for c in ALL_COLLECTIONS if c in chosen)  # canonical order
     out = Path(out)
-    marker = _marker(scale, seed, limit, chosen, variant)
-    specs = world_specs(SCALES[scale], seed, chosen, limit)
+    marker = _marker(scale, seed, limit, chosen, variant, family, recurrent)
+    specs = world_specs(SCALES[scale], seed, chosen, limit, _recurrent(family, recurrent))
     submission = out / "sample_submission.csv"
     paths = [collection_dir_path(out, parse_collections(s.collection)[0], s.split) / f"{s.stem}.npz" for s in specs]
     labels = [label_path(out, parse_collections(s.collection)[0], s.split, s.stem) for s in specs]
@@ -597,6 +666,9 @@ def generate_world(out: Path | str, *, scale: str, seed: int, limit: int | None 
                "arrays": {"runtime": "int64 measured runtimes (train/valid: the file's config_runtime)",
                           "noise_free": "float64 runtimes before measurement noise, same units",
                           "normalizer": "int64 measured normalizers (tile only)"}}
+    if family != REFERENCE:  # the reference's sidecar stays as it was
+        sidecar["cost_params_role"] = (f"constants of the reference model the searches priced candidates with; the "
+                                       f"runtimes follow family {family!r} (rules: {REGISTRY[family]})")
 
     if out.exists() and not out.is_dir():
         raise ConfigError(f"{out}: exists and is not a directory")
@@ -625,13 +697,13 @@ def generate_world(out: Path | str, *, scale: str, seed: int, limit: int | None 
     results = []
     if jobs == 1:
         for spec in todo:
-            results.append(_write_file(str(out), scale, seed, variant, spec))
+            results.append(_write_file(str(out), scale, seed, variant, spec, family))
             progress.step()
     else:
         with ProcessPoolExecutor(max_workers=jobs) as pool:
             n = len(todo)
             for result in pool.map(_write_file, [str(out)] * n, [scale] * n, [seed] * n, [variant] * n,
-                                   todo, chunksize=1):
+                                   todo, [family] * n, chunksize=1):
                 results.append(result)
                 progress.step()
     header = "ID,TopConfigs"
@@ -646,7 +718,8 @@ def generate_world(out: Path | str, *, scale: str, seed: int, limit: int | None 
 def _summary(out: Path, marker: dict, specs: list[FileSpec], results: list[tuple[str, str, int, int, int]],
              skipped: int, seconds: float) -> str:
     lines = [f"synthetic world at {out} (scale={marker['scale']}, seed={marker['seed']}, "
-             f"variant={marker.get('variant', 0)}, limit={marker['limit']}): "
+             f"variant={marker.get('variant', 0)}, family={marker.get('family', 'reference')}, "
+             f"limit={marker['limit']}): "
              f"{len(specs)} files, {len(results)} written, {skipped} already present, {seconds:.1f} s"]
     groups: dict[tuple[str, str], list[tuple[int, int, int]]] = {}
     for collection, split, n, nc, c in results:
