@@ -214,6 +214,9 @@ def read_module(hlo_module: Any, source: str = "<module>") -> Module:
     dataset's featurizer walks a module proto: computations callees first, instructions in
     topological order within each."""
     lib = hlo_lib()
+    # Through XLA's proto, the form the dataset's featurizer reads: computations and instructions then
+    # come in the order XLA serializes them (post order), whatever the module was built or parsed from.
+    hlo_module = lib.HloModule.from_serialized_hlo_module_proto(hlo_module.as_serialized_hlo_module_proto())
     options = lib.HloPrintOptions()
     options.print_metadata = False
     options.print_backend_config = False
@@ -329,12 +332,14 @@ def _post_order(computations: list[Computation], source: str) -> list[Computatio
 # ----------------------------------------------------------------------------- instruction text
 
 
+_COMMENT = re.compile(r"/\*.*?\*/")
 _NAME = re.compile(r"^\s*(?:ROOT\s+)?%?(?P<name>[^\s=]+)\s*=\s*")
 _ARRAY_SHAPE = re.compile(r"^(?P<etype>[a-z][a-z0-9]*)\[(?P<dims>[^\]]*)\](?:\{(?P<layout>[^}]*)\})?$")
 
 
 def parse_instruction(text: str, source: str = "<module>") -> Instruction:
     """One instruction from its HLO text: ``%name = SHAPE opcode(operands), key=value, ...``."""
+    text = _COMMENT.sub("", text)  # XLA numbers long lists: /*index=5*/
     match = _NAME.match(text)
     if not match:
         raise FormatError(source, f"cannot read instruction text {text[:120]!r}")
