@@ -118,11 +118,11 @@ class FeaturizeResult:
     summary: dict[str, Any]
 
 
-def _safe(name: str) -> str:
+def safe_stem(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.+-]", "_", name)
 
 
-def _checked_count(count: int, nc: int, what: str) -> int:
+def checked_config_count(count: int, nc: int, what: str) -> int:
     if count < 1 or count > MAX_CONFIGS:
         raise FormatError(what, f"--configs must lie in [1, {MAX_CONFIGS}], got {count}")
     if count * nc * LAYOUT_CONFIG_DIM > MAX_LAYOUT_CONFIG_ITEMS:
@@ -141,7 +141,7 @@ def write_featurized(featurized: Featurized, stem: str, out_dir: Path | str, *, 
     nc = int(featurized.config_ids.shape[0])
     space = featurized.layout_space()
     if nc:
-        blocks = layout_configs(space, _checked_count(configs, nc, source), search, seed)
+        blocks = layout_configs(space, checked_config_count(configs, nc, source), search, seed)
         layout_path = out_dir / f"{stem}.npz"
         save_graph(layout_path, featurized.layout_graph(stem, blocks))
     else:
@@ -149,7 +149,7 @@ def write_featurized(featurized: Featurized, stem: str, out_dir: Path | str, *, 
     tile_paths = []
     if tiles:
         for part in featurized.tiles:
-            tile_stem = f"{stem}-{_safe(part.fusion)}"
+            tile_stem = f"{stem}-{safe_stem(part.fusion)}"
             path = out_dir / f"{stem}-tiles" / f"{tile_stem}.npz"
             save_graph(path, featurized.tile_graph(tile_stem, part))
             tile_paths.append(path)
@@ -181,7 +181,7 @@ def featurize_program(path: Path | str, out_dir: Path | str, *, configs: int = D
     stem = path.name
     for suffix in (".pb", ".txt", ".hlo"):
         stem = stem[: -len(suffix)] if stem.endswith(suffix) else stem
-    stem = _safe(stem) or "program"
+    stem = safe_stem(stem) or "program"
     return write_featurized(featurized, stem, out_dir, configs=configs, search=search, seed=seed, tiles=tiles)
 
 
@@ -190,7 +190,7 @@ def featurize_jax(fn: Any, *example_args: Any, out_dir: Path | str, name: str | 
                   tile_configs_per_fusion: int = DEFAULT_TILE_CONFIGS) -> FeaturizeResult:
     """Featurize ``jax.jit(fn)`` lowered on ``example_args`` (``optimized``: as XLA compiled it, with
     fusions) into ``out_dir`` as ``<name>.npz`` (default: the function's name)."""
-    stem = _safe(name or getattr(fn, "__name__", "program"))
+    stem = safe_stem(name or getattr(fn, "__name__", "program"))
     featurized = featurize_module(module_from_jax(fn, *example_args, optimized=optimized), f"<jax:{stem}>",
                                   tile_configs_per_fusion=tile_configs_per_fusion, seed=seed)
     return write_featurized(featurized, stem, out_dir, configs=configs, search=search, seed=seed, tiles=tiles)
