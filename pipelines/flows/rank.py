@@ -68,7 +68,25 @@ def build_data_root(featurized: Any, stem: str, root: Path | str, *, configs: in
         save_graph(collection_dir_path(root, parse_collection("tile:xla")) / f"{tile_stem}.npz",
                    featurized.tile_graph(tile_stem, part))
         tiles[tile_stem] = part
+    write_sample_submission(root)
     return BuiltRoot(root, stem, layout, tiles)
+
+
+def write_sample_submission(root: Path) -> Path:
+    """``root/sample_submission.csv`` listing every test graph of the root (the list of test IDs that
+    ``predict`` validates a submission against), each with its first configs in index order."""
+    from pipelines.collections import ALL_COLLECTIONS
+    from pipelines.tpugraphs import count_configs
+
+    lines = ["ID,TopConfigs"]
+    for collection in ALL_COLLECTIONS:
+        folder = collection_dir_path(root, collection)
+        for path in sorted(folder.glob("*.npz")) if folder.is_dir() else []:
+            shown = min(5, count_configs(path, collection))
+            lines.append(f"{collection.submission_id(path.name[:-len('.npz')])},{';'.join(map(str, range(shown)))}")
+    path = root / "sample_submission.csv"
+    write_text_atomic(path, "\n".join(lines) + "\n")
+    return path
 
 
 def collection_dir_path(root: Path, collection: Collection, split: str = "test") -> Path:
