@@ -32,6 +32,7 @@ from pipelines.synth.searches import permutation_table
 MAX_RANK = 6
 COMPILER_DEFAULT_SHARE = 0.10
 SEARCHES = ("random", "default")
+CHUNK_CELLS = 1_000_000  # (config, node) cells drawn per step of the random search
 
 
 @dataclass(frozen=True)
@@ -81,11 +82,14 @@ def random_search(space: LayoutSpace, count: int, rng: np.random.Generator) -> n
     """``count`` configs, each block an independent random permutation (10% compiler default)."""
     nc = space.num_nodes
     out = np.full((count, nc, 18), -1, dtype=np.int8)
-    for block in range(3):
-        ranks = np.broadcast_to(space.ranks[:, block], (count, nc))
-        perms = _random_blocks(ranks, rng)
-        keep = (rng.random(ranks.shape) >= COMPILER_DEFAULT_SHARE) & (ranks > 0)
-        out[:, :, 6 * block:6 * block + 6] = np.where(keep[..., None], perms, -1)
+    step = max(1, CHUNK_CELLS // max(nc, 1))  # bounded temporaries whatever count x nc
+    for start in range(0, count, step):
+        rows = min(step, count - start)
+        for block in range(3):
+            ranks = np.broadcast_to(space.ranks[:, block], (rows, nc))
+            perms = _random_blocks(ranks, rng)
+            keep = (rng.random(ranks.shape) >= COMPILER_DEFAULT_SHARE) & (ranks > 0)
+            out[start:start + rows, :, 6 * block:6 * block + 6] = np.where(keep[..., None], perms, -1)
     return out
 
 
