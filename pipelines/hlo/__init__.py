@@ -158,7 +158,8 @@ def write_featurized(featurized: Featurized, stem: str, out_dir: Path | str, *, 
         "layout_file": layout_path.name if layout_path else None,
         "configurable": [{"node": int(i), "name": ins.name, "opcode": ins.opcode, "shape": str(ins.shape),
                           "default_layout": [describe_block(space.defaults[k, 6 * b:6 * b + 6],
-                                                            space.defaults[k, 6 * b:6 * b + 6]) for b in range(3)]}
+                                                            space.defaults[k, 6 * b:6 * b + 6])
+                                             if space.ranks[k, b] else "-" for b in range(3)]}
                          for k, (i, ins) in enumerate(zip(featurized.config_ids, featurized.config_nodes))],
         "tile_files": [{"file": str(p.relative_to(out_dir)), "fusion": t.fusion, "computation": t.computation,
                         "nodes": int(t.graph.node_feat.shape[0]), "configs": int(t.config_feat.shape[0])}
