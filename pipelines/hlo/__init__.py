@@ -86,10 +86,8 @@ class Featurized:
 def featurize_module(hlo_module: Any, source: str = "<module>", *, tile_configs_per_fusion: int = DEFAULT_TILE_CONFIGS,
                      seed: int = 0) -> Featurized:
     """The layout graph of an XLA ``HloModule`` and a tile graph per fused computation."""
-    module = read_module(hlo_module, source)
+    module = read_module(hlo_module, source, max_instructions=MAX_NODES)
     n = module.num_instructions
-    if n > MAX_NODES:
-        raise FormatError(source, f"{n} instructions: more than a TpuGraphs graph may hold ({MAX_NODES})")
     graph = module_graph(module)
     config_ids = graph.config_ids
     if config_ids.shape[0] > MAX_CONFIG_NODES:

@@ -209,11 +209,17 @@ def module_from_jax(fn: Any, *example_args: Any, optimized: bool = False) -> Any
 # ----------------------------------------------------------------------------- reading a module
 
 
-def read_module(hlo_module: Any, source: str = "<module>") -> Module:
+def read_module(hlo_module: Any, source: str = "<module>", *, max_instructions: int | None = None) -> Module:
     """Plain records of every computation and instruction of an XLA ``HloModule``, in the order the
     dataset's featurizer walks a module proto: computations callees first, instructions in
-    topological order within each."""
+    topological order within each. A module of more than ``max_instructions`` is refused before any
+    record is built (memory stays that of XLA's own module)."""
     lib = hlo_lib()
+    if max_instructions is not None:
+        count = sum(len(c.instructions()) for c in hlo_module.computations())
+        if count > max_instructions:
+            raise FormatError(source, f"{count} instructions: more than a TpuGraphs graph may hold "
+                                      f"({max_instructions} nodes)")
     # Through XLA's proto, the form the dataset's featurizer reads: computations and instructions then
     # come in the order XLA serializes them (post order), whatever the module was built or parsed from.
     hlo_module = lib.HloModule.from_serialized_hlo_module_proto(hlo_module.as_serialized_hlo_module_proto())
