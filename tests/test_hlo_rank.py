@@ -86,3 +86,19 @@ def test_rank_of_a_bad_file_is_a_clean_error(run, tmp_path, capsys):
     assert main(["rank", "--run", run["run_id"], str(bad), "--submissions-dir", str(run["subs"]),
                  "--out", str(tmp_path / "o")]) == 1
     assert str(bad) in capsys.readouterr().err
+
+
+def test_rank_rebuilds_only_a_data_root_it_made(run, tmp_path, capsys):
+    fn, args = _program("mlp", False)
+    program = tmp_path / "mlp.txt"
+    program.write_text(module_from_jax(fn, *args).to_string())
+    common = ["rank", "--run", run["run_id"], str(program), "--submissions-dir", str(run["subs"]), "--configs", "5",
+              "-q"]
+    assert main([*common, "--out", str(tmp_path / "r")]) == 0
+    assert main([*common, "--out", str(tmp_path / "r")]) == 0  # its own folder: rebuilt
+    mine = tmp_path / "mine"
+    (mine / "data").mkdir(parents=True)
+    (mine / "data" / "precious.txt").write_text("keep me")
+    assert main([*common, "--out", str(mine)]) == 1
+    assert "was not built by rank" in capsys.readouterr().err
+    assert (mine / "data" / "precious.txt").read_text() == "keep me"

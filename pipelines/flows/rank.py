@@ -35,6 +35,8 @@ from pipelines.paths import SUBMISSIONS_DIR
 
 logger = logging.getLogger(__name__)
 
+BUILT_MARKER = ".built-by-rank"  # in a data root rank made (and may therefore delete and rebuild)
+
 @dataclass
 class BuiltRoot:
     root: Path
@@ -249,9 +251,13 @@ def rank_program(run_id: str, program: Path | str, *, out_dir: Path | str | None
     out = Path(out_dir) if out_dir is not None else Path("ranks") / f"{stem}-{run_id}"
     data = out / "data"
     if data.exists():
+        if not (data / BUILT_MARKER).is_file():
+            raise PipelineError(f"{data}: exists and was not built by rank; pass an --out folder of its own")
         import shutil
 
         shutil.rmtree(data)  # rebuilt from the program: a stale candidate file must not be scored
+    data.mkdir(parents=True)
+    write_text_atomic(data / BUILT_MARKER, f"built by `rank` from {program}; rebuilt on every rank into this folder\n")
     built = build_data_root(featurized, stem, data, configs=configs, seed=seed, sources=(source,))
     wanted = set(built.layout_configs) | ({"tile:xla"} if built.tile_stems else set())
     from pipelines.run_folders import read_run_manifest
