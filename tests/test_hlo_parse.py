@@ -94,3 +94,11 @@ def test_help_of_the_new_commands_carries_an_example(capsys):
         with pytest.raises(SystemExit):
             parser.parse_args([command, "--help"])
         assert f"example:\n  python -m pipelines {command} " in capsys.readouterr().out
+
+
+def test_conv_tiles_read_batch_spatial_feature_whatever_the_layout():
+    nhwc = tile_configs(TileSpace("conv", (2, 8, 8, 16), 4, (3, 3), 0, (0, 1, 2, 3)), 500, seed=0)
+    nchw = tile_configs(TileSpace("conv", (2, 16, 8, 8), 4, (3, 3), 0, (0, 2, 3, 1)), 500, seed=0)
+    for feat, feature_col in ((nhwc, 11), (nchw, 9)):
+        assert (feat[:, 3] == feat[:, feature_col]).all()  # kernel's output-feature tile = output's feature tile
+        assert (feat[:, 0:2] == 3).all()  # the window

@@ -150,6 +150,9 @@ class TileSpace:
     contract: int  # contracted extent (conv: input features, dot: K); 0 otherwise
     window: tuple[int, ...]  # conv window sizes
     reduced: int  # reduce: extent of the reduced dims
+    # conv: output dims in (batch, spatial..., feature) order, so NCHW and NHWC fusions derive their
+    # kernel and input tiles alike; () = as they come
+    conv_order: tuple[int, ...] = ()
 
 
 def tile_space(fused: Computation, shapes_by_name: dict[str, Shape]) -> TileSpace:
@@ -166,7 +169,13 @@ def tile_space(fused: Computation, shapes_by_name: dict[str, Shape]) -> TileSpac
             feature = parse_dim_labels(labels)[1] if labels else lhs.rank - 1
             contract = lhs.dims[feature] if 0 <= feature < lhs.rank else 1
             window = parse_window(node.attrs.get("window", "")).size
-            return TileSpace(kind, out, int(contract), window, 0)
+            order: tuple[int, ...] = ()
+            if labels and node.name == fused.root and len(out) == node.shape.rank:
+                numbers = parse_dim_labels(labels)
+                spatial = sorted((int(ch), i) for i, ch in enumerate(labels.split("->")[-1]) if ch.isdigit())
+                order = (numbers[12], *(i for _, i in spatial), numbers[13])
+            return TileSpace(kind, out, int(contract), window, 0, order if sorted(order) == list(range(len(out)))
+                             else ())
         dims = int_list(node.attrs.get("lhs_contracting_dims", ""))
         contract = math.prod(lhs.dims[d] for d in dims if d < lhs.rank) if dims else 1
         return TileSpace(kind, out, int(contract), (), 0)
@@ -207,8 +216,9 @@ def tile_configs(space: TileSpace, count: int, seed: int) -> np.ndarray:
         out_t = chosen[:len(space.out_shape[:MAX_RANK])]
         if space.kind == "conv":
             k_t = chosen[-1]
-            kernel = [*space.window, k_t, out_t[-1] if out_t else 1]
-            inp = [out_t[0] if out_t else 1, *out_t[1:-1], k_t]
+            bsf = [out_t[d] for d in space.conv_order] if space.conv_order else out_t  # batch, spatial, feature
+            kernel = [*space.window, k_t, bsf[-1] if bsf else 1]
+            inp = [bsf[0] if bsf else 1, *bsf[1:-1], k_t]
         elif space.kind == "dot":
             k_t = chosen[-1]
             kernel = [k_t, out_t[-1] if out_t else 1]
