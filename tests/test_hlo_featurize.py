@@ -6,6 +6,7 @@ opcodes) and from jax (the example arguments' shapes), never from the featurizer
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 
@@ -204,6 +205,11 @@ def test_featurized_program_matches_xla(name, grad, tmp_path):
     # written files pass the project's reader
     result = featurize_jax(fn, *args, out_dir=tmp_path, name=name, configs=20, search="default")
     graph = load_graph(result.layout_path, LAYOUT_XLA_DEFAULT)
+    sidecar = json.loads(result.sidecar.read_text())
+    assert [c["node"] for c in sidecar["configurable"]] == sorted(configurable)
+    for entry in sidecar["configurable"]:
+        if entry["opcode"] == "dot":  # the dot dimension numbers node_feat drops
+            assert "lhs_contracting_dims" in entry["attributes"] and len(entry["operand_shapes"]) == 2
     assert graph.node_config_ids.tolist() == sorted(configurable)
     assert graph.node_config_feat.shape == (20, len(configurable), 18) and not graph.has_labels
     assert graph.node_splits[0, 0] == 0 and graph.node_splits[0, -1] == graph.num_nodes

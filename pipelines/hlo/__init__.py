@@ -36,6 +36,9 @@ logger = logging.getLogger(__name__)
 DEFAULT_CONFIGS = 1000  # as many as a real test file holds
 DEFAULT_TILE_CONFIGS = 100
 FEATURIZER_VERSION = 1
+# Attributes of configurable nodes kept verbatim in the sidecar JSON.
+KEPT_ATTRIBUTES = ("lhs_batch_dims", "lhs_contracting_dims", "rhs_batch_dims", "rhs_contracting_dims", "dim_labels",
+                   "window", "feature_group_count", "batch_group_count", "operand_precision")
 
 __all__ = ["Featurized", "FeaturizeResult", "featurize_module", "featurize_program", "featurize_jax", "SEARCHES"]
 
@@ -138,6 +141,7 @@ def write_featurized(featurized: Featurized, stem: str, out_dir: Path | str, *, 
     layout_path = None
     nc = int(featurized.config_ids.shape[0])
     space = featurized.layout_space()
+    shapes = {i.name: i.shape for i in featurized.layout.instructions}
     if nc:
         blocks = layout_configs(space, checked_config_count(configs, nc, source), search, seed)
         layout_path = out_dir / f"{stem}.npz"
@@ -155,6 +159,9 @@ def write_featurized(featurized: Featurized, stem: str, out_dir: Path | str, *, 
         "featurizer_version": FEATURIZER_VERSION, "search": search, "configs": configs if nc else 0, "seed": seed,
         "layout_file": layout_path.name if layout_path else None,
         "configurable": [{"node": int(i), "name": ins.name, "opcode": ins.opcode, "shape": str(ins.shape),
+                          "operand_shapes": [str(shapes[o]) for o in ins.operands if o in shapes],
+                          # what node_feat drops (dot dimension numbers) or holds only in part
+                          "attributes": {k: ins.attrs[k] for k in KEPT_ATTRIBUTES if k in ins.attrs},
                           "default_layout": [describe_block(space.defaults[k, 6 * b:6 * b + 6],
                                                             space.defaults[k, 6 * b:6 * b + 6])
                                              if space.ranks[k, b] else "-" for b in range(3)]}
