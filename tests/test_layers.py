@@ -20,7 +20,7 @@ LAYERS = (
     ("core",),
     ("config",),
     ("data",),
-    ("synth", "models"),
+    ("synth", "models", "hlo"),
     ("training",),
     ("outputs",),
     ("flows",),
