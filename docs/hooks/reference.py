@@ -330,21 +330,27 @@ def config_settings() -> list[tuple[str, str, dataclasses.Field, FieldDoc]]:
 def toml_comments(path: Path) -> dict[str, list[str]]:
     """``"section.key"`` (or ``"[table]"`` for a table header) -> the comment lines above and beside it."""
     out: dict[str, list[str]] = {}
-    table, pending = "", []
+    table, pending, last = "", [], None  # last: the key an indented comment line continues
     for raw in path.read_text(encoding="utf-8").splitlines():
         line = raw.strip()
         if not line:
-            pending = []
+            pending, last = [], None
         elif line.startswith("#"):
-            pending.append(line.lstrip("#").strip())
+            if last is not None and raw[:1].isspace():
+                out[last].append(line.lstrip("#").strip())
+            else:
+                pending.append(line.lstrip("#").strip())
+                last = None
         elif line.startswith("["):
             table = line.strip("[]").strip()
             out[f"[{table}]"] = pending
-            pending = []
+            pending, last = [], None
         elif "=" in line:
             key = line.split("=", 1)[0].strip()
-            beside = line.split("#", 1)[1].strip() if "#" in line.split("=", 1)[1] else ""
-            out[f"{table}.{key}"] = pending + ([beside] if beside else [])
+            value = line.split("=", 1)[1]
+            beside = value.split("#", 1)[1].strip() if "#" in value else ""
+            last = f"{table}.{key}"
+            out[last] = pending + ([beside] if beside else [])
             pending = []
     return out
 
