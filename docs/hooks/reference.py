@@ -284,7 +284,8 @@ def allowed(meta: typing.Mapping[str, Any]) -> str:
     """The allowed values that ``metadata`` states (see the field helpers: choices, min/max/below, items)."""
     parts = []
     if "choices" in meta:
-        parts.append(" \\| ".join(f"`{toml_literal(c)}`" for c in meta["choices"]))
+        choices = meta["choices"]  # a tuple, or a function that returns one (choices read from a registry)
+        parts.append(" \\| ".join(f"`{toml_literal(c)}`" for c in (choices() if callable(choices) else choices)))
     low, high, below = meta.get("min"), meta.get("max"), meta.get("below")
     if low is not None and (high is not None or below is not None):
         parts.append(f"{low} to {high}" if high is not None else f"{low} to below {below}")
