@@ -46,6 +46,7 @@ RESULTS_URI = "results"  # where its files appear in the site
 CONFIGS_DIR = "pipelines/configs"  # the shipped TOML configs
 PIPELINE_CLASS = "PipelineConfig"  # in the settings module: one field per TOML section
 PER_COLLECTION = "collections"
+COMMON_DESTS = ("verbosity",)  # -v/--verbose and -q/--quiet: every command's, listed once at the top
 MARKER = re.compile(r"<!--\s*generated:\s*([a-z-]+)\s*-->")
 
 log = logging.getLogger("mkdocs.hooks.reference")
@@ -128,6 +129,11 @@ def _cell(text: Any) -> str:
     return str(text).replace("|", "\\|").replace("\n", " ")
 
 
+def _prose(text: Any) -> str:
+    """Help or comment text for a table cell: ``<`` and ``>`` shown as such, not read as HTML."""
+    return _cell(str(text).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;"))
+
+
 def _parser() -> argparse.ArgumentParser:
     saved = sys.argv[:]
     sys.argv[:] = ["__main__.py"]  # the parser names its program after argv[0]
@@ -156,25 +162,20 @@ def _usage(parser: argparse.ArgumentParser) -> str:
 
 def _options_table(parser: argparse.ArgumentParser) -> list[str]:
     rows = ["| argument | default | meaning |", "|---|---|---|"]
+    formatter = argparse.HelpFormatter(parser.prog)
     for action in parser._actions:
-        if isinstance(action, (argparse._HelpAction, argparse._SubParsersAction)):
+        if isinstance(action, (argparse._HelpAction, argparse._SubParsersAction)) or action.dest in COMMON_DESTS:
             continue
-        if action.option_strings:
-            name = ", ".join(action.option_strings)
-            if action.nargs != 0:
-                metavar = action.metavar or (action.dest.upper())
-                name += f" {metavar}"
-        else:
-            name = action.metavar or action.dest
+        name = formatter._format_action_invocation(action)
         meaning = action.help or ""
-        if action.choices and not isinstance(action, argparse._SubParsersAction):
-            meaning = (meaning + " " if meaning else "") + "(one of: " + ", ".join(map(str, action.choices)) + ")"
         default = action.default
-        if action.required or default in (None, False, argparse.SUPPRESS) or action.nargs == 0:
+        if action.required or default is None or default is False or default is argparse.SUPPRESS \
+                or action.nargs == 0:
             shown = "required" if action.required else ""
         else:
             shown = f"`{default}`"
-        rows.append(f"| `{_cell(name)}` | {shown} | {_cell(meaning)} |")
+        code = name.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;").replace("|", "&#124;")
+        rows.append(f"| <code>{code}</code> | {shown} | {_prose(meaning)} |")
     return rows
 
 
@@ -190,7 +191,7 @@ def commands_markdown() -> str:
              "| command | what it does |", "|---|---|"]
     subcommands = _subcommands(parser)
     for name, help_text, _ in subcommands:
-        lines.append(f"| [`{name}`](#{name}) | {_cell(help_text)} |")
+        lines.append(f"| [`{name}`](#{name}) | {_prose(help_text)} |")
     lines += ["", "Options every command takes: `-v/--verbose` (debug messages too) and `-q/--quiet` (warnings, "
               "errors and the result only).", "", "```text", (parser.epilog or "").strip(), "```", ""]
     for name, _, sub in subcommands:
@@ -199,14 +200,14 @@ def commands_markdown() -> str:
 
 
 def _command_section(name: str, sub: argparse.ArgumentParser, level: int) -> list[str]:
-    lines = [f"{'#' * level} `{name}` {{#{name.replace(' ', '-')}}}", "", _cell(sub.description or ""), "",
+    lines = [f"{'#' * level} `{name}` {{#{name.replace(' ', '-')}}}", "", _prose(sub.description or ""), "",
              "```text", _usage(sub), "```", ""]
     lines += _options_table(sub) + [""]
     example = _example(sub)
     if example:
         lines += ["Example:", "", "```bash", example, "```", ""]
     for child, help_text, child_parser in _subcommands(sub):
-        child_parser.description = child_parser.description or help_text
+        child_parser.description = child_parser.description or (help_text[:1].upper() + help_text[1:] + ".")
         lines += _command_section(f"{name} {child}", child_parser, level + 1)
     return lines
 
@@ -395,7 +396,7 @@ def configuration_markdown(root: Path) -> str:
         meaning = (f"*{doc.group}.* " if doc.group else "") + doc.comment
         why = _why(notes.get(f"{section}.{key}", []))
         lines.append(f"| <span id=\"{section}.{key}\">`{section}.{key}`</span> | `{_cell(_type_name(hints[key]))}` "
-                     f"| {shown} | {allowed(f.metadata)} | {_cell(meaning)} | {_cell(why)} |")
+                     f"| {shown} | {allowed(f.metadata)} | {_prose(meaning)} | {_prose(why)} |")
     lines += ["", "## Per-collection overrides in `base.toml`", "",
               f"A section's `{PER_COLLECTION}` table overrides some of its settings for one collection. "
               "These are base's; a later file or `--set` that sets the section's key replaces them.", "",
@@ -410,7 +411,7 @@ def configuration_markdown(root: Path) -> str:
                 why = _why(key_notes) or _why(header)
                 lines.append(f"| `{collection}` | [`{section}.{key}`](#{section}.{key}) | `{_cell(toml_literal(value))}` "
                              f"| `{_cell(toml_literal(base_values[section].get(key, defaults.get(key))))}` "
-                             f"| {_cell(why)} |")
+                             f"| {_prose(why)} |")
     lines += ["", "## Shipped configs", "", shipped_configs_markdown(root)]
     return "\n".join(lines) + "\n"
 
@@ -438,5 +439,5 @@ def shipped_configs_markdown(root: Path) -> str:
         else:
             sets = ", ".join(f"`{_cell(k)} = {_cell(toml_literal(v))}`" for k, v in _flatten(data).items()
                              if k != "extends")
-        lines.append(f"| `{path.stem}` | {data.get('extends', '')} | {_cell(first)} | {sets} |")
+        lines.append(f"| `{path.stem}` | {data.get('extends', '')} | {_prose(first)} | {sets} |")
     return "\n".join(lines) + "\n"
