@@ -2,9 +2,9 @@
 
 Reading a raw layout file is mostly inflating its float32 config array, which zlib-ng inflates and
 checksums several times faster than zlib (docs/decisions.md). ``zipfile`` still reads the central
-directory (member names and declared sizes, which the caller checks before reading anything); this module reads one
-member's bytes as ``ZipFile.open`` does, with the same checks: the local header's signature and name, no
-encryption, stored or deflated only, and at the member's end its size and CRC-32 against the
+directory (member names and declared sizes, which the caller checks before reading anything); this module
+reads one member's bytes as ``ZipFile.open`` does, with the same checks: the local header's signature and
+name, no encryption, stored or deflated only, and at the member's end its size and CRC-32 against the
 directory's. A mismatch or corrupt deflate data is a ``zipfile.BadZipFile``, a member cut short an
 ``EOFError``. The bytes are the same whichever library inflates them; nothing here writes.
 """
