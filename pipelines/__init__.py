@@ -7,10 +7,10 @@ __version__ = "0.1.0"
 # GNU OpenMP (the runtime of torch's CPU kernels and of LightGBM) lets a thread that waits for work
 # spin ~300,000 iterations before sleeping. Where other processes hold the cores (a CI runner, a
 # shared workstation, a second job), a process with 2+ threads then spends its time slices spinning
-# while its partner thread waits for a core, at every parallel region: on 2 busy cores a GNN
-# training step ran 4x slower and scoring 30x, a LightGBM fit 50x, beside a medium run
-# (benchmarks/results/2026-11-25-vm-openmp-wait.md). Waiting passively costs 0-20% of a 2-thread
-# process on an idle machine and nothing to a one-thread process (a fold job on 2 cores). A user's
+# while its partner thread waits for a core, at every parallel region: on busy cores GNN training,
+# scoring and LightGBM fits ran many times slower (docs/decisions.md, "OMP_WAIT_POLICY"). Waiting
+# passively costs little to a multi-threaded process on an idle machine and nothing to a one-thread
+# process (a fold job on 2 cores). A user's
 # OMP_WAIT_POLICY or GOMP_SPINCOUNT is kept. libgomp reads it once, when loaded: this runs before
 # torch or lightgbm is imported by the package (a process that imported them earlier keeps their
 # setting).

@@ -29,16 +29,23 @@ class GBDTConfig:
     # Added to every run seed, to draw a different family of models without new run seeds.
     seed: int = bounded(0, 0, below=2**32)  # numpy and LightGBM seeds: [0, 2^32), larger ones alias
     # --- LightGBM trees
+    # Leaves per tree.
     num_leaves: int = bounded(31, 2, 131072)
+    # Shrinkage of each boosting round.
     learning_rate: float = bounded(0.05, 1e-6, 1.0)
     # Upper bound on boosting rounds; early stopping on the held-out fold picks the number.
     n_estimators: int = bounded(600, 1, 1_000_000)
+    # Rounds without a better held-out score before boosting stops.
     early_stopping_rounds: int = bounded(50, 1)
+    # Fewest rows in a leaf.
     min_child_samples: int = bounded(20, 1)
+    # Share of the columns drawn for each tree.
     feature_fraction: float = bounded(0.8, 1e-6, 1.0)
     # Below 1 (with bagging_freq > 0) rows are resampled per round, so seeds give different models.
     bagging_fraction: float = bounded(0.8, 1e-6, 1.0)
+    # Rows are resampled every this many rounds (0: never).
     bagging_freq: int = bounded(1, 0)
+    # L2 regularisation of the leaf values.
     lambda_l2: float = bounded(1.0, 0.0)
     # LightGBM threads per model; 0: the cores available divided by the stage's parallel jobs.
     num_threads: int = bounded(0, 0)
@@ -70,9 +77,9 @@ class GBDTConfig:
     pairwise_references: int = bounded(64, 1)
     # Validation pairs per graph for the OPA early-stopping metric (layout; fixed once per fit).
     stopping_pairs_per_graph: int = bounded(2000, 1)
-    # Evidence (small world, 5 folds x 3 seeds): pairwise is best on every layout collection,
+    # Per-collection overrides of the fields above. Pairwise is best on every layout collection,
     # regression on tile (pairwise there is slow for little gain), with within-graph rank features
-    # (issue 17). See base.toml.
+    # (docs/decisions.md).
     collections: dict[str, dict] = field(default_factory=lambda: {
         "tile:xla": {"objective": "regression", "graph_rank_features": True}})
 

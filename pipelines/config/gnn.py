@@ -35,8 +35,8 @@ class GNNConfig:
     # configurable nodes and reach the nodes they meet only through the chain-end messages (config_pairs)
     config_layers: int = bounded(1, 0)
     norm: str = choice("layer", NORMS)  # "layer" (LayerNorm per node) or "none"; graph-level norms break the fusion
-    dropout: float = bounded(0.0, 0.0, below=1.0)
-    gat_heads: int = bounded(2, 1)
+    dropout: float = bounded(0.0, 0.0, below=1.0)  # dropout probability in the message-passing layers
+    gat_heads: int = bounded(2, 1)  # attention heads of conv = "gat" (must divide hidden)
     layout_physics: bool = True  # layout: add the padding the chosen layouts imply (batch.layout_physics)
     cross_config_attention: bool = False  # transformer layer across the K pooled configs of a graph
     # layout: a message per config and chain end (configurable nodes whose layouts meet, directly or
@@ -45,14 +45,14 @@ class GNNConfig:
     # layout: "pooled" (mean/max pooling, LayerNorm, MLP head) or "pooled+sum": plus a per-node cost
     # (MLP on each node state that differs between configs) summed per graph and config, / configurable nodes
     readout: str = choice("pooled", READOUTS)
-    attention_heads: int = bounded(4, 1)
+    attention_heads: int = bounded(4, 1)  # heads of cross_config_attention (must divide hidden)
     # --- loss and sampling
     loss: str = choice("hinge", LOSSES)  # "hinge" (all pairs with different runtimes) or "listmle"
     margin: float = bounded(0.1, 0.0)  # hinge margin on the score scale
     configs_per_graph: int = bounded(32, 2)  # K configs sampled per graph per step (a ranking needs pairs)
     graphs_per_step: int = bounded(1, 1)  # graphs per optimiser step (tile graphs are small: use more)
     # passes over the training graphs per epoch (each with fresh K-config samples) before one validation:
-    # more optimiser steps per epoch without more validation passes (base.toml: the evidence for 4)
+    # more optimiser steps per epoch without more validation passes (docs/decisions.md: why 4)
     passes_per_epoch: int = bounded(4, 1)
     # Configs kept per training graph when loading for a fit. The base schedule draws K=32 configs per
     # graph and pass for 20 epochs (640 draws; 2,560 with the layout collections' 4 passes), so a pool
@@ -61,22 +61,22 @@ class GNNConfig:
     load_max_configs: int = bounded(4096, 2)
     # Other collections of the same kind whose labelled (train + valid) graphs join every fold model's
     # training set, never its validation, out-of-fold or test graphs: e.g. the nlp graphs, all
-    # transformers, for the xla collection, where transformers are a minority (base.toml: evidence).
+    # transformers, for the xla collection, where transformers are a minority (docs/decisions.md).
     extra_train_collections: list[str] = field(default_factory=list)
     # Extra graphs a pass visits, as a share of the collection's own training graphs (rounded; at most
     # all of them, drawn afresh each pass)
     extra_train_share: float = bounded(1.0, 0.0)
     # --- optimisation
-    epochs: int = bounded(20, 1)
-    lr: float = bounded(1e-3, 1e-12)
-    weight_decay: float = bounded(1e-4, 0.0)
+    epochs: int = bounded(20, 1)  # epochs at most (early stopping may end a fit sooner)
+    lr: float = bounded(1e-3, 1e-12)  # AdamW learning rate (the schedule's peak)
+    weight_decay: float = bounded(1e-4, 0.0)  # AdamW weight decay
     schedule: str = choice("cosine", SCHEDULES)  # cosine (after linear warmup), onecycle, constant
-    warmup_fraction: float = bounded(0.05, 0.0, below=1.0)
-    grad_clip: float = bounded(1.0, 1e-12)
+    warmup_fraction: float = bounded(0.05, 0.0, below=1.0)  # share of the steps spent warming up (linear)
+    grad_clip: float = bounded(1.0, 1e-12)  # gradients clipped to this total norm
     patience: int = bounded(5, 0)  # epochs without a better validation score before stopping; 0 = never stop
     # epochs between validations (the last epoch is always validated): a validation scores
-    # eval_max_configs configs of every held-out graph, a seventh of a base xla fit at real scale and
-    # most of one with one pass per epoch (configs/cpu.toml takes 2)
+    # eval_max_configs configs of every held-out graph, a sizeable share of a base xla fit and most of one
+    # with one pass per epoch (configs/cpu.toml takes 2)
     validate_every: int = bounded(1, 1)
     # --- evaluation
     eval_chunk: int = bounded(512, 1)  # at most this many configs scored per forward pass when predicting
@@ -84,19 +84,19 @@ class GNNConfig:
     eval_chunk_mb_cuda: int = bounded(128, 1)  # the same budget when the GNN runs on a CUDA device
     eval_max_configs: int = bounded(256, 2)  # configs per validation graph used for early stopping (fixed sample)
     # --- unsupervised pre-training of the node encoder (graph autoencoder)
-    pretrain: bool = False
-    pretrain_epochs: int = bounded(2, 0)
-    pretrain_lr: float = bounded(1e-3, 1e-12)
+    pretrain: bool = False  # pre-train the node encoder (masked opcodes) before each fit
+    pretrain_epochs: int = bounded(2, 0)  # epochs of that pre-training
+    pretrain_lr: float = bounded(1e-3, 1e-12)  # its learning rate
     pretrain_mask_rate: float = bounded(0.15, 1e-6, below=1.0)  # share of nodes whose opcode is masked and predicted
     # --- runtime
     num_threads: int = bounded(0, 0)  # 0: the training stage's share of the cores (standalone: torch's default)
     device: str = "cpu"  # "cpu", "cuda" ("cuda:N"), or "auto": CUDA when torch sees a GPU, else CPU
     precision: str = choice("fp32", PRECISIONS)  # "fp32", or "bf16": autocast mixed precision of the forward pass (GPU)
     deterministic: bool = False  # torch.use_deterministic_algorithms during the fit (GPU: bitwise repeatable)
-    cpu_heap_reuse: bool = True  # CPU fits keep freed memory in the heap (glibc): same results, ~1.6x faster steps
+    cpu_heap_reuse: bool = True  # CPU fits keep freed memory in the heap (glibc): same results, faster steps
     progress: bool = True  # tqdm bars (also switched off when stderr is not a terminal)
     # per-collection overrides, e.g. {"layout:xla:default": {"cross_config_attention": True}};
-    # tile graphs are tiny, so several go into one step (and the passes were measured on layout only), on
+    # tile graphs are tiny, so several go into one step (and passes were only compared on layout), on
     # one thread (a second is overhead there);
     # nlp:random gains from the summed node cost, the xla collections from 8 passes, xla:random from the
     # nlp:random graphs (base.toml)

@@ -65,16 +65,17 @@ class DataConfig:
 class PruneConfig:
     """How each graph is reduced before features and models see it."""
 
+    # mode "khop": keep every node within this many edges of a configurable node (ignored by "config_only").
+    hops: int = field(default=1, metadata={"min": 0})
     # khop: keep configurable nodes and every node within `hops` edges of one;
     # config_only: keep configurable nodes only (hops ignored).
-    hops: int = field(default=1, metadata={"min": 0})
     mode: str = field(default="khop", metadata={"choices": ("khop", "config_only")})
     # How identical config rows of TRAINING graphs are merged (test rows are never merged):
     # first: keep the first row; mean/min: one row with the mean/min runtime; none: keep all.
     dedup: str = field(default="first", metadata={"choices": ("first", "mean", "min", "none")})
     # How pruned layout configs are stored (pipelines.data.prune.save_pruned): auto: zstd where it shrinks them
     # >= 20x (default-search layouts), a plain memory-mapped .npy elsewhere (fastest); always: zstd for every
-    # graph (random-search configs ~7x less disk: ~3 GB instead of ~23 GB for the real data, a slower prune).
+    # graph (random-search configs take several times less disk, for a slower prune).
     # Tile configs are small and always inside the graph's zstd-compressed file.
     compress_configs: str = field(default="auto", metadata={"choices": ("auto", "always")})
 
@@ -85,6 +86,7 @@ class FeaturesConfig:
 
     # Cap of configs kept per TRAINING graph (sampled with `seed`); test graphs are never capped.
     max_configs_per_graph: int = field(default=20000, metadata={"min": 1})
+    # Seed of that sample.
     seed: int = field(default=0, metadata=SEED_BOUNDS)
 
 
@@ -92,7 +94,9 @@ class FeaturesConfig:
 class FoldsConfig:
     """Graph-level cross-validation folds, assigned once and shared by every model."""
 
+    # Number of folds; every graph of one program family lands in the same fold.
     k: int = field(default=5, metadata={"min": 2})
+    # Seed of the assignment of families to folds.
     seed: int = field(default=0, metadata=SEED_BOUNDS)
     # False: CV over train+valid graphs together; True: CV over train only, valid kept as a holdout.
     holdout_valid: bool = False
@@ -110,6 +114,7 @@ class EnsembleConfig:
     # oof: test the blend's gain as measured on the OOF rows (one fold model per seed); test-runs: the
     # gain expected at the test's average over every fold model and seed (``ensemble.gain_at_runs``).
     gain_at: str = field(default="test-runs", metadata={"choices": ("oof", "test-runs")})
+    # The models a run trains and blends, each one of run.models (`run --models` overrides it).
     models: list[str] = field(
         default_factory=registry.default_models,
         metadata={"choices": registry.configurable_models, "min_items": 1, "unique": True},
@@ -120,13 +125,16 @@ class EnsembleConfig:
 class RunConfig:
     """What a full run trains and how it is scheduled."""
 
+    # Every model is trained once per seed; the submission averages the seeds' normalised predictions.
     seeds: list[int] = field(default_factory=lambda: [0, 1], metadata={"min_items": 1, "unique": True, **SEED_BOUNDS})
+    # The models the config allows (ensemble.models and `run --models` pick among them).
     models: list[str] = field(
         default_factory=registry.default_models,
         metadata={"choices": registry.configurable_models, "min_items": 1, "unique": True},
     )
+    # Parallel worker processes: training jobs and per-file data-stage jobs (on Dask: jobs in flight).
     n_jobs: int = field(default=2, metadata={"min": 1})
-    scheduler: str = "local"  # "local", or later the address of a Dask scheduler
+    scheduler: str = "local"  # "local", or the address of a Dask scheduler (tcp://HOST:8786)
 
 
 SECTIONS_BEFORE_MODELS = (("data", DataConfig), ("prune", PruneConfig), ("features", FeaturesConfig),

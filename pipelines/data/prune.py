@@ -378,7 +378,7 @@ def load_file_target(path: Path | str) -> np.ndarray:
     return _read_pruned(path, only="file_target")[1]["file_target"]
 
 
-# The npz format of prune outputs written before 2026-11-25 (runs made then keep their stage outputs, which
+# The npz format of prune outputs written before the one-file ``.pruned`` format (older runs keep their stage outputs, which
 # notebooks and `analysis` still read): ``meta`` = (stem, kind, configs CRC-32, storage), the arrays, and
 # the configs in their own file beside it, tile configs too. Read only; nothing writes it any more.
 LEGACY_SUFFIX = ".npz"

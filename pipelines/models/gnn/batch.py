@@ -486,8 +486,8 @@ class LayoutConfigs:
     def from_values(cls, values: np.ndarray) -> LayoutConfigs:
         """From int8 (c, nc, 18) layout values -1..5 (checked by the caller: see ``compact_configs``).
 
-        polars' hashing instead of ``np.unique``'s sort: 4-5x faster on a real-size graph's 4,096 configs
-        (a fit compacts every graph it loads); the same sorted keys and ids."""
+        polars' hashing instead of ``np.unique``'s sort: several times faster on a real-size graph's loaded
+        configs (a fit compacts every graph it loads); the same sorted keys and ids."""
         packed = pl.Series(pack_blocks(values).ravel())
         keys = np.sort(packed.unique().to_numpy())
         dtype = pl.UInt16 if keys.shape[0] <= np.iinfo(np.uint16).max + 1 else pl.Int32

@@ -119,12 +119,12 @@ def keep_freed_memory(enabled: bool) -> Iterator[bool]:
     """Inside the block, memory the process frees stays in its heap for the next allocation (glibc);
     yields whether that is in force.
 
-    A CPU training step on an 11k-node graph allocates dozens of (nodes, K, hidden) tensors of ~90 MB.
-    Above glibc's mmap ceiling (32 MiB) each one is mapped afresh and unmapped when freed, so every
-    step page-faults and zero-fills ~2 GB again: 20 steps spent 24 s in the kernel beside 45 s of
-    arithmetic (`benchmarks/results/2026-11-26-vm-cpu-heap-reuse.md`). With mmap off
-    (``M_MMAP_MAX = 0``) and no trimming, the blocks are reused: same arithmetic, same bytes, ~1.6x the
-    steps per second, at a higher peak (freed blocks of other sizes stay mapped). On exit the free
+    A CPU training step on a large graph allocates dozens of (nodes, K, hidden) tensors larger than
+    glibc's mmap ceiling (32 MiB): each one is mapped afresh and unmapped when freed, so every step
+    page-faults and zero-fills them again, and a large share of the step is spent in the kernel. With
+    mmap off (``M_MMAP_MAX = 0``) and no trimming, the blocks are reused: same arithmetic, same bytes,
+    more steps per second, at a higher peak (freed blocks of other sizes stay mapped; figures in
+    docs/decisions.md, ``gnn.cpu_heap_reuse``). On exit the free
     heap is handed back to the system (``malloc_trim``), so a worker process does not keep a fit's
     peak, and mmap is on again with the thresholds glibc settles at by itself after large frees.
     Nested blocks (and threads) share one setting; no-op off glibc.

@@ -85,21 +85,19 @@ def segment_sum(x: torch.Tensor, index: torch.Tensor, size: int) -> torch.Tensor
 
 
 # elements of one block of rows in ``_max_and_first_rows``: 1 MB of float32, within a core's L2 cache
-# (1 thread, 11,332 x 2048 floats: 2^18 elements 55-71 ms, 2^17 67-100, 2^16 87-106, 2^20 207)
+# (the fastest block size on one thread, against half, a quarter and four times it)
 _MAX_BLOCK_ELEMENTS = 1 << 18
 # below this many elements ``x.max(0)`` runs in cache and beats ``_max_and_first_rows`` (1 thread, forward and
-# backward, 2026-11-29's slower boot: 1,000 x 704 floats 4.0 ms vs 5.7; 1,000 x 2048 23.9 vs 13.0; 11,237 x 256
-# 38.0 vs 14.1; 11,237 x 2048 417 vs 170)
+# backward; above it the blocked search is the faster, by more the larger ``x``)
 _LARGE_MAX_ELEMENTS = 1 << 20
 
 
 def _max_and_first_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """``x.max(0)`` of ``x`` (rows, ...): each column's maximum and the first row holding it, from ``max(0)``
-    over row blocks that stay in cache (on a CPU, on tensors larger than its cache, ``x.max(0)`` runs ~16x
-    slower than ``amax(0)``: it tracks the index through the reduction; in cache it does not, and the blocks'
-    results are merged in order, a later block winning only with a strictly larger value). One pass over
-    ``x`` where ``amax`` and a blocked search for its rows took two (benchmarks/results/
-    2026-11-29-vm-gnn-max-one-pass.md)."""
+    over row blocks that stay in cache (on a CPU, on tensors larger than its cache, ``x.max(0)`` runs many
+    times slower than ``amax(0)``: it tracks the index through the reduction; in cache it does not, and the
+    blocks' results are merged in order, a later block winning only with a strictly larger value). One pass
+    over ``x`` where ``amax`` and a blocked search for its rows took two (docs/decisions.md)."""
     rows = x.shape[0]
     flat = x.reshape(rows, -1)
     step = max(1, _MAX_BLOCK_ELEMENTS // max(1, flat.shape[1]))
@@ -134,7 +132,7 @@ def max_over_rows(x: torch.Tensor) -> torch.Tensor:
     """``x.max(0).values`` (rows >= 1), its gradient to the first arg-max row.
 
     ``max(0)`` rather than ``amax(0)`` for the gradient: ``amax``'s backward spreads it over ties with
-    several full-size passes (~40% of a training step on a 10k-node graph). Without a gradient the values
+    several full-size passes (a large share of a training step on a large graph). Without a gradient the values
     come from ``amax``; for the gradient of a large ``x`` on a CPU, from ``max`` over cache-sized row
     blocks; on a GPU ``max(0)`` is kept (not measured).
     """

@@ -63,10 +63,9 @@ def configs_per_chunk(cfg: GNNConfig, graph: PreparedGraph, device_type: str = "
     on a CUDA device, where small passes leave the GPU waiting on kernel launches).
 
     On the CPU the budget assumes ``cpu_heap_reuse`` (fits and predictions run under it): freed
-    passes are reused from the heap, so larger passes pay off up to a point. On an 11k-node graph,
-    2 threads: 8 MiB (2 configs per pass) 78 configs/s, 32 MiB 137-148, 128 MiB 160-169 at 1.5 GB.
-    Without heap reuse each pass above glibc's 32 MiB mmap ceiling is mapped and zero-filled afresh
-    (8 MiB was the faster budget there).
+    passes are reused from the heap, so larger passes pay off up to a point (the figures behind the
+    default are in docs/decisions.md, ``gnn.eval_chunk_mb``). Without heap reuse each pass above glibc's
+    32 MiB mmap ceiling is mapped and zero-filled afresh (8 MiB was the faster budget there).
     """
     per_config = max(graph.varying_rows.shape[0], 1) * cfg.hidden * 4
     budget_mb = cfg.eval_chunk_mb_cuda if device_type == "cuda" else cfg.eval_chunk_mb
