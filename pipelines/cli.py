@@ -438,7 +438,8 @@ def _add_submissions(sub: argparse._SubParsersAction) -> None:
                 "submissions sync")
     actions = p.add_subparsers(dest="action", metavar="ACTION")
     actions.required = True
-    sync = actions.add_parser("sync", help="fetch this account's submissions and their scores from Kaggle")
+    sync = actions.add_parser("sync", help="fetch this account's submissions and their scores from Kaggle",
+                              epilog=f"example:\n  {_prog()} submissions sync\n\n{EXIT_CODES_HELP}")
     sync.add_argument("--submissions-dir", type=Path, default=paths.SUBMISSIONS_DIR)
     p.set_defaults(handler=_run_submissions)
 
@@ -623,12 +624,14 @@ def _add_runs(sub: argparse._SubParsersAction) -> None:
     compare.add_argument("--no-test", action="store_true",
                          help="manifests only: skip the paired tests (they read per-graph scores from the stages)")
     remove = actions.add_parser("rm", help="delete a run folder (its stages stay); asks first; a submitted run "
-                                           "only with --force")
+                                           "only with --force",
+                                epilog=f"example:\n  {_prog()} runs rm 1a2b3c4d\n\n{EXIT_CODES_HELP}")
     remove.add_argument("run_id", metavar="RUN_ID")
     remove.add_argument("--submissions-dir", type=Path, default=paths.SUBMISSIONS_DIR)
     remove.add_argument("-y", "--yes", action="store_true", help="do not ask")
     remove.add_argument("--force", action="store_true", help="also remove a run that was submitted to Kaggle")
-    track = actions.add_parser("track", help="log a published run to a local MLflow store")
+    track = actions.add_parser("track", help="log a published run to a local MLflow store",
+                               epilog=f"example:\n  {_prog()} runs track 1a2b3c4d\n\n{EXIT_CODES_HELP}")
     track.add_argument("run_id", metavar="RUN_ID")
     track.add_argument("--submissions-dir", type=Path, default=paths.SUBMISSIONS_DIR)
     track.add_argument("--uri", default=None, metavar="URI",
