@@ -407,8 +407,8 @@ def test_status_command_prints_the_table(tmp_path, capsys):
     run(tmp_path, stage="folds")
     assert main(["status", "--work-dir", str(tmp_path), "--stage", "feat"]) == 0
     printed = capsys.readouterr().out.splitlines()
-    assert printed[0].startswith("STAGE") and len(printed) == 2
-    assert printed[1].split()[:3] == ["feat", out.key, "complete"]
+    assert printed[0].split()[:2] == ["SIZE", "STAGE"] and len(printed) == 3  # the table, then the total
+    assert printed[1].split()[2:5] == ["feat", out.key, "complete"]  # after the size, e.g. "1.1 kB"
 
 
 def test_permission_errors_inside_compute_propagate_unchanged(tmp_path):

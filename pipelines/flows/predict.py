@@ -126,7 +126,8 @@ def _first_saved(places: list[Path], ref: dict[str, Any]) -> StageOutput | None:
         try:
             return load_stage(where, ref["stage"], ref["key"])
         except PipelineError:
-            continue
+            if (where / ref["stage"] / ref["key"]).exists():  # there, but damaged or unfinished: never skipped
+                raise
     return None
 
 
@@ -188,15 +189,11 @@ def predict_run(run_id: str, data_root: Path | str, *, submissions_dir: Path | s
         for model in models:
             ref = refs[model]
             places = training_stage_dirs(ref, source, work_dir)
-            output = _first_saved(places, ref)
+            try:
+                output = _first_saved(places, ref)
+            except PipelineError as exc:
+                raise PipelineError(f"run {run_id}: the saved {model} models of {cname} cannot be used: {exc}") from None
             if output is None:
-                for where in places:  # there, but damaged or unfinished: say why, not "gone"
-                    if (where / ref["stage"] / ref["key"]).exists():
-                        try:
-                            load_stage(where, ref["stage"], ref["key"])
-                        except PipelineError as exc:
-                            raise PipelineError(f"run {run_id}: the saved {model} models of {cname} cannot be "
-                                                f"used: {exc}") from None
                 looked = ", ".join(str(w / ref["stage"] / ref["key"]) for w in places)
                 raise PipelineError(f"run {run_id}: the saved {model} models of {cname} are gone: looked in "
                                     f"{looked} (pass --work-dir where the run's stages are)")
