@@ -15,7 +15,7 @@ import numpy as np
 
 from pipelines.synth import costmodel
 from pipelines.synth.costmodel import RESHAPE, LayoutCostModel, _trace_producer
-from pipelines.synth.programs import MAX_RANK, OP, TRANSPARENT_OPCODES, Program
+from pipelines.synth.programs import MAX_RANK, OP, TRANSPARENT_OPCODES, Program, TileKernel
 
 CHUNK_CELLS = 1_000_000  # config-node entries per working chunk
 
@@ -103,3 +103,22 @@ def ceil_to(x: np.ndarray, multiple: float) -> np.ndarray:
 
 def is_reshape(s: Structure) -> np.ndarray:
     return s.model.kind == RESHAPE
+
+
+def tile_bounds(kernel: TileKernel, config_feat: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(kernel, output, input) tile sizes of each config, float64, from the 24 config_feat columns."""
+    out_rank, in_rank = len(kernel.out_shape), len(kernel.in_shape)
+    ker_rank = (len(kernel.window) + 2 if kernel.kind == "conv" else 2) if kernel.contract else 0
+    return (config_feat[:, 0:ker_rank].astype(np.float64), config_feat[:, 8:8 + out_rank].astype(np.float64),
+            config_feat[:, 16:16 + in_rank].astype(np.float64))
+
+
+def tile_padded(bounds: np.ndarray, sublanes: float = 8.0) -> np.ndarray:
+    """Padded elements of tiles with the last dim on the 128 lanes and the one before on ``sublanes``."""
+    rank = bounds.shape[1]
+    if rank == 0:
+        return np.zeros(bounds.shape[0])
+    minor = ceil_to(bounds[:, -1], 128)
+    if rank == 1:
+        return minor
+    return np.prod(bounds[:, :-2], axis=1) * ceil_to(bounds[:, -2], sublanes) * minor

@@ -33,7 +33,6 @@ import math
 import numpy as np
 
 from pipelines.synth.families import _common as c
-from pipelines.synth.families.mxu_strict import _tile_bounds, tile_padded
 from pipelines.synth.programs import Program, TileKernel
 
 NAME = "copy_fusion"
@@ -104,16 +103,16 @@ def layout_runtimes(program: Program, blocks: np.ndarray) -> np.ndarray:
 
 
 def tile_runtimes(kernel: TileKernel, config_feat: np.ndarray) -> np.ndarray:
-    ker_t, out_t, in_t = _tile_bounds(kernel, config_feat)
+    ker_t, out_t, in_t = c.tile_bounds(kernel, config_feat)
     out_shape = np.array(kernel.out_shape, dtype=np.float64)
     n_tiles = np.ceil(np.prod(np.ceil(out_shape / out_t), axis=1) / CORES)
     eb = float(kernel.elem_bytes)
     peak = PEAK_FLOPS_NS / (F32_SLOWDOWN if eb >= 4 else 1.0)
-    out_pad, in_pad = tile_padded(out_t), tile_padded(in_t)
+    out_pad, in_pad = c.tile_padded(out_t), c.tile_padded(in_t)
     if kernel.contract:
         k_tile = ker_t[:, -2]
         k_steps = np.ceil(kernel.contract / k_tile)
-        ker_pad = tile_padded(ker_t)
+        ker_pad = c.tile_padded(ker_t)
         window = float(math.prod(kernel.window)) if kernel.window else 1.0
         compute = 2.0 * out_pad * c.ceil_to(k_tile, 8) * window / peak
         epilogue = kernel.epilogue * out_pad / VPU_OPS_NS / k_steps * (1.0 - HIDDEN)

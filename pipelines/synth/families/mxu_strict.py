@@ -106,34 +106,17 @@ def layout_runtimes(program: Program, blocks: np.ndarray) -> np.ndarray:
     return c.chunked(_costs, s, blocks)
 
 
-def _tile_bounds(kernel: TileKernel, config_feat: np.ndarray):
-    out_rank, in_rank = len(kernel.out_shape), len(kernel.in_shape)
-    ker_rank = (len(kernel.window) + 2 if kernel.kind == "conv" else 2) if kernel.contract else 0
-    return (config_feat[:, 0:ker_rank].astype(np.float64), config_feat[:, 8:8 + out_rank].astype(np.float64),
-            config_feat[:, 16:16 + in_rank].astype(np.float64))
-
-
-def tile_padded(bounds: np.ndarray, sublanes: float = 8.0) -> np.ndarray:
-    rank = bounds.shape[1]
-    if rank == 0:
-        return np.zeros(bounds.shape[0])
-    minor = c.ceil_to(bounds[:, -1], 128)
-    if rank == 1:
-        return minor
-    return np.prod(bounds[:, :-2], axis=1) * c.ceil_to(bounds[:, -2], sublanes) * minor
-
-
 def tile_runtimes(kernel: TileKernel, config_feat: np.ndarray) -> np.ndarray:
-    ker_t, out_t, in_t = _tile_bounds(kernel, config_feat)
+    ker_t, out_t, in_t = c.tile_bounds(kernel, config_feat)
     out_shape = np.array(kernel.out_shape, dtype=np.float64)
     n_tiles = np.ceil(np.prod(np.ceil(out_shape / out_t), axis=1) / CORES)
     eb = float(kernel.elem_bytes)
     peak = PEAK_FLOPS_NS / (F32_SLOWDOWN if eb >= 4 else 1.0)
-    out_pad, in_pad = tile_padded(out_t), tile_padded(in_t)
+    out_pad, in_pad = c.tile_padded(out_t), c.tile_padded(in_t)
     if kernel.contract:
         k_tile = ker_t[:, -2]
         k_steps = np.ceil(kernel.contract / k_tile)
-        ker_pad = tile_padded(ker_t)
+        ker_pad = c.tile_padded(ker_t)
         window = float(math.prod(kernel.window)) if kernel.window else 1.0
         rows = np.prod(out_t[:, :-1], axis=1)
         compute = 2.0 * rows * c.ceil_to(out_t[:, -1], 128) * c.ceil_to(k_tile, 128) * window / peak \

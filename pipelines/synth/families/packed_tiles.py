@@ -35,7 +35,6 @@ import math
 import numpy as np
 
 from pipelines.synth.families import _common as c
-from pipelines.synth.families.mxu_strict import _tile_bounds
 from pipelines.synth.programs import Program, TileKernel
 
 NAME = "packed_tiles"
@@ -112,18 +111,8 @@ def layout_runtimes(program: Program, blocks: np.ndarray) -> np.ndarray:
     return c.chunked(_costs, c.structure(program), blocks)
 
 
-def _packed(bounds: np.ndarray, sub: float) -> np.ndarray:
-    rank = bounds.shape[1]
-    if rank == 0:
-        return np.zeros(bounds.shape[0])
-    minor = c.ceil_to(bounds[:, -1], 128)
-    if rank == 1:
-        return minor
-    return np.prod(bounds[:, :-2], axis=1) * c.ceil_to(bounds[:, -2], sub) * minor
-
-
 def tile_runtimes(kernel: TileKernel, config_feat: np.ndarray) -> np.ndarray:
-    ker_t, out_t, in_t = _tile_bounds(kernel, config_feat)
+    ker_t, out_t, in_t = c.tile_bounds(kernel, config_feat)
     out_shape = np.array(kernel.out_shape, dtype=np.float64)
     eb = float(kernel.elem_bytes)
     sub = float(sublanes(eb))
@@ -131,11 +120,11 @@ def tile_runtimes(kernel: TileKernel, config_feat: np.ndarray) -> np.ndarray:
     rest = np.prod(np.ceil(out_shape[1:] / out_t[:, 1:]), axis=1) if out_t.shape[1] > 1 else 1.0
     n_tiles = np.ceil(lead / CORES) * rest
     peak = PEAK_FLOPS_NS / (F32_PASSES if eb >= 4 else 1.0)
-    out_pad, in_pad = _packed(out_t, sub), _packed(in_t, sub)
+    out_pad, in_pad = c.tile_padded(out_t, sub), c.tile_padded(in_t, sub)
     if kernel.contract:
         k_tile = ker_t[:, -2]
         k_steps = np.ceil(kernel.contract / k_tile)
-        ker_pad = _packed(ker_t, sub)
+        ker_pad = c.tile_padded(ker_t, sub)
         window = float(math.prod(kernel.window)) if kernel.window else 1.0
         compute = 2.0 * out_pad * c.ceil_to(k_tile, sub) * window / peak \
             + kernel.epilogue * out_pad / VPU_OPS_NS / k_steps
