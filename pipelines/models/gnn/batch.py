@@ -27,6 +27,7 @@ import torch
 
 from pipelines.core.errors import FormatError
 from pipelines.data.node_arrays import NODE_FEATURE_DIM, RAW_COLUMNS, GraphArrays, shape_and_layout
+from pipelines.data.layout_geometry import CONV, NUM_ROLES, ROLE_ABSENT, dim_roles
 from pipelines.data.tpugraphs import GraphSize, NodeFeat
 
 LAYOUT_VALUE_OFFSET = 1  # layout config values -1..5 become embedding ids 0..6
@@ -34,14 +35,9 @@ LAYOUT_NUM_VALUES = 7
 LAYOUT_BLOCK = 18  # layout values per configurable node and config: output, input, kernel layout
 PHYSICS_DIM = 12  # per configurable node and config: 6 values for the output and 6 for the input tensor
 TPU_TILE = (128, 8)  # HBM tiles pad the minor-most dim to a multiple of 128, the second-minor to 8
-# What a dim of a configurable node's tensor is to its op (``config_roles``): a convolution names the batch,
-# feature and spatial dims of its input, kernel and output; other ops' dims have no known role.
-ROLE_ABSENT, ROLE_OTHER, ROLE_BATCH, ROLE_CONTRACTED, ROLE_OUT_FEATURE, ROLE_SPATIAL = range(6)
-NUM_ROLES = 6
 # per configurable node and config (``layout_roles``): the kernel tensor's 6 padding values as in
 # ``layout_physics``, and the role of the minor-most and second-minor dim of the output, input and kernel
 ROLES_DIM = 6 + 3 * 2 * NUM_ROLES
-CONVOLUTION_OPCODE = 26
 # per chain end and config: disagree, tiled dims disagree, log copy bytes, log tensor bytes, consumer
 # block explicit, producer block explicit, end kind (config->config, fixed->config, config->fixed)
 CHAIN_DIM = 9
@@ -152,18 +148,6 @@ def _convolution_dims(node_feat: np.ndarray, nodes: np.ndarray) -> np.ndarray:
     return np.rint(node_feat[nodes][:, columns]).astype(np.int64)
 
 
-def _roles(rank: np.ndarray, named: list[tuple[np.ndarray, int]], known: np.ndarray) -> np.ndarray:
-    """int8 (n, 6) roles: ``named`` (dim index per node, role) where ``known``, spatial for a known op's
-    other dims, ROLE_OTHER for every dim of an unknown op, ROLE_ABSENT past the rank."""
-    n = rank.shape[0]
-    dim = np.arange(6)[None, :]
-    roles = np.where(dim < rank[:, None], np.where(known[:, None], ROLE_SPATIAL, ROLE_OTHER), ROLE_ABSENT)
-    for index, role in named:
-        hit = known[:, None] & (dim == index[:, None]) & (dim < rank[:, None])
-        roles = np.where(hit, role, roles)
-    return roles.astype(np.int8).reshape(n, 6)
-
-
 def _config_tensors(node_feat: np.ndarray, node_opcode: np.ndarray, src: np.ndarray, dst: np.ndarray,
                     config_nodes: np.ndarray, match_operands: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Shapes, default layouts and dim roles of the output (the node), input and kernel tensor of each
@@ -177,7 +161,7 @@ def _config_tensors(node_feat: np.ndarray, node_opcode: np.ndarray, src: np.ndar
     """
     dims, layout = shape_and_layout(node_feat)
     first, second = _operands(node_feat.shape[0], src, dst, config_nodes)
-    conv = node_opcode[config_nodes] == CONVOLUTION_OPCODE
+    conv = node_opcode[config_nodes] == CONV
     numbers = _convolution_dims(node_feat, config_nodes)
     in_batch, in_feature, kernel_in, kernel_out, out_batch, out_feature = (numbers[:, j] for j in (0, 1, 6, 7, 12, 13))
     out = dims[config_nodes]
@@ -198,11 +182,9 @@ def _config_tensors(node_feat: np.ndarray, node_opcode: np.ndarray, src: np.ndar
         has = (producer >= 0)[:, None]
         tensors_dims.append(np.where(has, dims[np.maximum(producer, 0)], 0.0))
         tensors_layout.append(np.where(has, layout[np.maximum(producer, 0)], 0))
-    rank = [(d > 0).sum(1) for d in tensors_dims]
-    roles = [_roles(rank[0], [(out_batch, ROLE_BATCH), (out_feature, ROLE_OUT_FEATURE)], conv),
-             _roles(rank[1], [(in_batch, ROLE_BATCH), (in_feature, ROLE_CONTRACTED)], conv),
-             _roles(rank[2], [(kernel_in, ROLE_CONTRACTED), (kernel_out, ROLE_OUT_FEATURE)], conv)]
-    return np.stack(tensors_dims, axis=1), np.stack(tensors_layout, axis=1), np.stack(roles, axis=1)
+    shapes = np.stack(tensors_dims, axis=1)
+    roles = np.where(np.arange(6) < (shapes > 0).sum(2)[..., None], dim_roles(numbers, conv), ROLE_ABSENT)
+    return shapes, np.stack(tensors_layout, axis=1), roles.astype(np.int8)
 
 
 def _log_tile_waste(size: torch.Tensor, multiple: int) -> torch.Tensor:
