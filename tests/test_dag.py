@@ -182,3 +182,65 @@ def test_a_dotted_setting_of_a_section_with_per_collection_overrides_is_refused(
     with pytest.raises(DagError, match="per-collection overrides"):
         config_value(load_config("smoke"), "gbdt.num_leaves")
 
+
+# ----------------------------------------------------------------------------- status --explain
+
+
+def _explain(*args: str, capsys) -> str:
+    from pipelines.cli import main
+
+    assert main(["status", "--explain", *args]) == 0
+    return capsys.readouterr().out
+
+
+def _block_of(text: str, stage: str) -> str:
+    """The lines ``status --explain`` prints for ``stage`` (of its first collection)."""
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(f"  {stage}  "))
+    end = next((i for i in range(start + 1, len(lines)) if not lines[i].startswith("    ")), len(lines))
+    return "\n".join(lines[start:end])
+
+
+def test_status_explain_lists_inputs_code_roots_settings_and_keys(tiny_world, tmp_path, capsys):
+    from pipelines.flows.prepare import prepare
+    from pipelines.training.fit import train_model
+
+    work = tmp_path / "work"
+    config = load_config("smoke", ["run.seeds=[0]", "run.n_jobs=1"])
+    collection = parse_collection("tile:xla")
+    item = prepare(config, tiny_world, work, [collection])["tile:xla"]
+    common = ["--data-root", str(tiny_world), "--work-dir", str(work), "--config", "smoke", "--set", "run.seeds=[0]",
+              "--set", "run.n_jobs=1", "--collections", "tile:xla", "--models", "gbdt"]
+    text = _explain(*common, capsys=capsys)
+    assert "prune -> features -> node_arrays -> folds -> train-gbdt -> ensemble" in text
+    for stage in dag.pipeline(["gbdt"]):
+        block = _block_of(text, stage.name)
+        assert f"inputs:   {', '.join(stage.inputs) or 'the raw files'}" in block
+        assert f"code:     {', '.join(stage.code.roots)}" in block
+        values = stage.setting_values(config, collection)
+        for field, source in stage.setting_sources(config, collection).items():
+            if isinstance(source, str):
+                assert f"{source} = {json.dumps(values[field], sort_keys=True)}" in block
+            else:
+                assert "settings = GBDTAdapter.settings(config, tile:xla):" in block and "num_leaves = " in block
+    for name, key in item.stage_keys.items():  # the keys prepare used, found on disk
+        assert f"  {name}  key {key}  (complete)" in text
+    assert "data.on_bad_file = \"error\"" in _block_of(text, "prune") and "prune.hops" not in _block_of(text, "prune")
+    assert "(no complete output)" in _block_of(text, "train-gbdt")
+    assert "not computable: no complete output of train-gbdt" in _block_of(text, "ensemble")
+
+    # the key listed is the key the training stage then computes under
+    listed = _block_of(text, "train-gbdt").split("key ", 1)[1].split()[0]
+    assert train_model(config, item, model="gbdt", work_dir=work).key == listed
+    after = _explain(*common, capsys=capsys)
+    assert f"  train-gbdt  key {listed}  (complete)" in after
+    assert "models = {\"gbdt\": \"train-gbdt\"}" in _block_of(after, "ensemble")
+
+    # a setting in the prune key: another prune key, and every stage after it waits for its output
+    changed = _explain(*common, "--set", "prune.dedup=\"mean\"", capsys=capsys)
+    assert "prune.dedup = \"mean\"" in changed and f"key {item.stage_keys['prune']}" not in changed
+    assert "not computable: no complete output of prune" in _block_of(changed, "features")
+    # --stage keeps those; without --data-root there is no key to compute
+    bare = _explain("--work-dir", str(work), "--config", "smoke", "--collections", "layout:xla:random",
+                    "--stage", "prune", capsys=capsys)
+    assert "prune.hops = 1" in bare and "not computable: needs --data-root" in bare and "  features  " not in bare
