@@ -833,6 +833,17 @@ def test_resume_from_checkpoint_matches_uninterrupted_run(tmp_path, caplog):
         gnn(**{**hp, "lr": 0.01}).fit(graphs[:4], graphs[4:], seed=0, checkpoint_dir=tmp_path)
 
 
+def test_the_training_stage_s_settings_are_not_resolved_twice(monkeypatch):
+    import pipelines.models.gnn.ranker as ranker_module
+    from pipelines.config.settings import load_config, model_settings
+
+    settings = model_settings(load_config("smoke"), "gnn", "layout:xla:random")
+    expected = GNNRanker(settings, collection="layout:xla:random").config
+    monkeypatch.setattr(ranker_module, "resolve_for_collection", lambda *a, **k: pytest.fail("resolved again"))
+    assert GNNRanker(settings, collection="layout:xla:random").config == expected
+    assert expected.passes_per_epoch == 8 and expected.collections == {}  # the table, applied once upstream
+
+
 def test_num_threads_zero_takes_the_stage_share_and_a_set_count_wins():
     assert GNNRanker({"num_threads": 0}, collection="layout:xla:default", num_threads=2).config.num_threads == 2
     assert GNNRanker({"num_threads": 3}, collection="layout:xla:default", num_threads=2).config.num_threads == 3

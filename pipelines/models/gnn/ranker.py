@@ -66,11 +66,13 @@ class GNNRanker:
     def __init__(self, config: GNNConfig | Mapping[str, Any] | None = None, *, collection: Collection | str,
                  num_threads: int | None = None):
         self.collection = parse_collection(collection) if isinstance(collection, str) else collection
-        # checked like a loaded config (also when built by hand or from settings), then resolved
+        # checked like a loaded config (also when built by hand or from settings), then resolved for the
+        # collection unless it comes resolved (the training stage's settings: model_settings, no tables left)
         plain = dict(config) if isinstance(config, Mapping) else config_to_dict(config or GNNConfig())
         if num_threads is not None and not plain.get("num_threads"):
             plain["num_threads"] = int(num_threads)
-        self.config = resolve_for_collection(config_from_dict(GNNConfig, plain, "GNN config"), self.collection)
+        checked = config_from_dict(GNNConfig, plain, "GNN config")
+        self.config = resolve_for_collection(checked, self.collection) if checked.collections else checked
 
     # ------------------------------------------------------------------ fit
 
