@@ -455,31 +455,3 @@ def test_chain_ends_are_linear_along_long_chains() -> None:
     ends = chain_ends(n, edges, np.arange(n), passable)
     assert time.perf_counter() - t0 < 2.0
     np.testing.assert_array_equal(ends, np.stack([np.arange(n - 1), np.full(n - 1, n - 1)], axis=1))
-
-
-def test_role_counts_name_what_each_convolution_layout_puts_minor_most() -> None:
-    """A convolution NHWC (8, 28, 28, 16) with input (8, 32, 32, 3) and kernel HWIO (5, 5, 3, 16) under
-    three configs: default everywhere; output batch-minor with input spatial-minor; kernel set."""
-    conv = node((8, 28, 28, 16), (3, 2, 1, 0))
-    # in-batch, in-feature, in-spatial x4, kernel in/out feature, kernel spatial x4, out-batch, out-feature
-    conv[93:107] = [0, 3, 1, 2, 0, 0, 2, 3, 0, 1, 0, 0, 0, 3]
-    node_feat = np.stack([node((8, 32, 32, 3), (3, 2, 1, 0)), node((5, 5, 3, 16), (3, 2, 1, 0)), conv])
-    configs = np.array([[DEFAULT * 3], [block(0, 3, 2, 1) + block(1, 2, 3, 0) + DEFAULT],
-                        [DEFAULT + DEFAULT + block(2, 3, 1, 0)]], dtype=np.int8)
-    graph = PrunedGraph(
-        stem="conv", kind="layout", node_feat=node_feat, node_opcode=np.array([63, 63, 26], np.uint8),
-        edge_index=np.array([[2, 0], [2, 1]]), node_ids=np.arange(3), config_nodes=np.array([2]),
-        config_feat=configs.reshape(3, 1, 18), config_index=np.arange(3), target=np.array([1.0, 2.0, 3.0]),
-        file_target=np.zeros(3),
-    )
-    got = layout_config_features(graph, value_frequency=False)
-    expect = {name: np.zeros(3) for name in got if name.startswith("f_role_")}
-    # config 0: the output resolves to its default (feature minor-most, then spatial); nothing else is set
-    expect["f_role_out_s0_out_feature"][0] = expect["f_role_out_s1_spatial"][0] = 1
-    expect["f_role_out_s0_batch"][1] = expect["f_role_out_s1_out_feature"][1] = 1
-    expect["f_role_in_s0_spatial"][1] = expect["f_role_in_s1_spatial"][1] = 1
-    expect["f_role_out_s0_out_feature"][2] = expect["f_role_out_s1_spatial"][2] = 1
-    expect["f_role_kernel_s0_contracted"][2] = expect["f_role_kernel_s1_out_feature"][2] = 1
-    assert len(expect) == 24
-    for name, values in expect.items():
-        np.testing.assert_array_equal(got[name], values, err_msg=name)

@@ -534,8 +534,8 @@ def _convolution_graph(kernel_first: bool) -> GraphArrays:
 
 @pytest.mark.parametrize("kernel_first", [False, True])
 def test_layout_roles_name_the_dims_each_layout_puts_minor_most(kernel_first):
-    from pipelines.data.layout_geometry import (NUM_ROLES, ROLE_BATCH, ROLE_CONTRACTED, ROLE_OUT_FEATURE,
-                                                ROLE_SPATIAL)
+    from pipelines.models.gnn.batch import (NUM_ROLES, ROLE_BATCH, ROLE_CONTRACTED, ROLE_OUT_FEATURE,
+                                            ROLE_SPATIAL)
     graph = _convolution_graph(kernel_first)
     prepared = prepare_graph(graph, 1, match_operands=True)
     # the input and kernel are told apart by the dimension numbers, whatever the edge order

@@ -38,12 +38,6 @@ from pipelines.data.layout_geometry import (
     DIMS,
     DOT,
     LAYOUT_OPS,
-    ROLE_ABSENT,
-    ROLE_BATCH,
-    ROLE_CONTRACTED,
-    ROLE_NAMES,
-    ROLE_OUT_FEATURE,
-    ROLE_SPATIAL,
     SLOT_PAIRS,
     TILE_MINOR,
     TILE_SECOND,
@@ -147,7 +141,6 @@ def layout_feature_names(value_frequency: bool) -> list[str]:
              "f_implied_copies", "f_implied_copies_explicit", "f_out_off_default", "f_out_off_default_log_bytes"]
     names += [f"f_default_{block}" for block in BLOCKS]
     names += CHAIN_FEATURES
-    names += ROLE_FEATURES
     names += [f"f_{op}_{block}_s{slot}_v{value}" for op in LAYOUT_OPS for block in BLOCKS
               for slot in (0, 1) for value in LAYOUT_VALUES]
     if value_frequency:
@@ -158,15 +151,6 @@ def layout_feature_names(value_frequency: bool) -> list[str]:
 # Copies along chains of elementwise ops (see :class:`Chains` and :func:`_chain_copies`).
 CHAIN_FEATURES = ["f_chain_copies", "f_chain_copies_tiled", "f_chain_in_fixed", "f_chain_out_fixed",
                   "f_chain_copy_log_bytes", "f_chain_copy_share"]
-
-
-# Convolutions whose output (resolved), input or kernel (when set) layout puts a dim of each role in its
-# minor-most (s0) or second-minor (s1) slot (see :func:`_role_counts`).
-COUNTED_ROLES = (ROLE_BATCH, ROLE_CONTRACTED, ROLE_OUT_FEATURE, ROLE_SPATIAL)
-ROLE_FEATURES = [f"f_role_{block}_s{slot}_{ROLE_NAMES[role]}" for block in BLOCKS for slot in (0, 1)
-                 for role in COUNTED_ROLES]
-# the dim index in slot 0 and slot 1 of each slot-pair code (see slot_pairs), -1 for none
-_PAIR_SLOTS = np.stack([np.arange(SLOT_PAIRS) % 7 - 1, np.arange(SLOT_PAIRS) // 7 - 1])
 
 
 def _lookup(table: np.ndarray, pairs: np.ndarray) -> np.ndarray:
@@ -253,7 +237,6 @@ def layout_config_features(graph: PrunedGraph, value_frequency: bool) -> dict[st
             **_implied_copies(blocks, nodes),
             **_choice_counts(blocks, nodes),
             **_chain_copies(blocks, nodes, chains),
-            **_role_counts(blocks, nodes),
         }
         for name, values in chunk.items():
             columns[name][start : start + cfg.shape[0]] = values
@@ -322,35 +305,6 @@ def _chain_copies(blocks: _Blocks, nodes: ConfigNodes, chains: Chains) -> dict[s
         "f_chain_in_fixed": differ_in.sum(axis=1), "f_chain_out_fixed": off.sum(axis=1),
         "f_chain_copy_log_bytes": np.log1p(moved), "f_chain_copy_share": moved / nodes.nbytes.sum(),
     }
-
-
-def _role_counts(blocks: _Blocks, nodes: ConfigNodes) -> dict[str, np.ndarray]:
-    """Convolutions per (block, slot, role): which of their dims (batch, contracted or output feature,
-    spatial; ``layout_geometry.dim_roles``) each layout puts minor-most and second-minor. The output
-    block is resolved (the compiler's choice is the default layout); an input or kernel block left to
-    the compiler counts in no role. The counts say what the dim *is*, where the value counts
-    (``f_conv_*_v*``) say only its index, which means another dim under other dimension numbers."""
-    conv = np.flatnonzero(nodes.op_masks["conv"])
-    if conv.size == 0:
-        return {}  # the columns stay 0
-    nc = blocks.resolved.shape[1]
-    node = np.arange(conv.size)[None, :]
-    out = {}
-    for b, block in enumerate(BLOCKS):
-        if b == 0:
-            pairs, explicit = np.take(blocks.resolved_pair, conv, axis=1), None
-        else:
-            columns = block_columns(nc, b, conv)
-            pairs, explicit = np.take(blocks.pair, columns, axis=1), ~np.take(blocks.default, columns, axis=1)
-        roles = nodes.roles[conv, b]  # (m, 6)
-        for slot in (0, 1):
-            dim = _PAIR_SLOTS[slot][pairs]  # (k, m)
-            role = np.where(dim >= 0, roles[node, np.maximum(dim, 0)], ROLE_ABSENT)
-            if explicit is not None:
-                role = np.where(explicit, role, ROLE_ABSENT)
-            for counted in COUNTED_ROLES:
-                out[f"f_role_{block}_s{slot}_{ROLE_NAMES[counted]}"] = (role == counted).sum(axis=1)
-    return out
 
 
 def _choice_counts(blocks: _Blocks, nodes: ConfigNodes) -> dict[str, np.ndarray]:

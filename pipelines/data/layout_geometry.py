@@ -48,11 +48,6 @@ TILE_MINOR, TILE_SECOND = 128, 8  # the TPU's (8, 128) tile over the two minor-m
 BLOCKS = ("out", "in", "kernel")  # node_config_feat columns 0-5, 6-11, 12-17
 # Config rows processed at once ~ this many (config, node) cells, so temporaries stay ~16 MB each.
 CELLS_PER_CHUNK = 2_000_000
-# What a dim of a configurable node's output, input or kernel is to its op (``dim_roles``): a convolution
-# names its batch, feature and spatial dims; other ops' dims have no known role.
-ROLE_ABSENT, ROLE_OTHER, ROLE_BATCH, ROLE_CONTRACTED, ROLE_OUT_FEATURE, ROLE_SPATIAL = range(6)
-NUM_ROLES = 6
-ROLE_NAMES = ("absent", "other", "batch", "contracted", "out_feature", "spatial")
 
 
 # ----------------------------------------------------------------------------- node-level helpers
@@ -72,28 +67,6 @@ def node_rank(dims: np.ndarray) -> np.ndarray:
 def element_bytes(node_feat: np.ndarray) -> np.ndarray:
     """float64 (n,) bytes per element from the one-hot element type (0 for tuples and tokens)."""
     return node_feat[:, 2:21].astype(np.float64) @ ELEMENT_BITS / 8.0
-
-
-def dim_roles(conv_numbers: np.ndarray, is_conv: np.ndarray) -> np.ndarray:
-    """int8 (n, 3, 6): the role (``ROLE_*``) of dims 0-5 of each node's output, input and kernel.
-
-    ``conv_numbers`` (n, 14) are the convolution dimension numbers (node_feat 93-106: input batch and
-    feature, 4 input spatial, kernel input and output feature, 4 kernel spatial, output batch and
-    feature). A convolution's named dims get their role and its other dims ``ROLE_SPATIAL``; every
-    dim of another op is ``ROLE_OTHER``. Dims past a tensor's rank are the caller's to mask.
-    """
-    numbers = np.rint(conv_numbers).astype(np.int64)
-    named = {0: ((12, ROLE_BATCH), (13, ROLE_OUT_FEATURE)),  # output
-             1: ((0, ROLE_BATCH), (1, ROLE_CONTRACTED)),  # input
-             2: ((6, ROLE_CONTRACTED), (7, ROLE_OUT_FEATURE))}  # kernel
-    dim = np.arange(6)[None, :]
-    roles = np.empty((numbers.shape[0], 3, 6), np.int8)
-    for block, pairs in named.items():
-        block_roles = np.where(is_conv[:, None], ROLE_SPATIAL, ROLE_OTHER) + 0 * dim
-        for column, role in pairs:
-            block_roles = np.where(is_conv[:, None] & (dim == numbers[:, column][:, None]), role, block_roles)
-        roles[:, block] = block_roles
-    return roles
 
 
 def default_layouts(node_feat: np.ndarray, rank: np.ndarray) -> np.ndarray:
@@ -259,7 +232,6 @@ class ConfigNodes:
     padding: np.ndarray  # float64 (nc, SLOT_PAIRS) tile_padding of the output under each slot pair
     violates: np.ndarray  # bool (nc, SLOT_PAIRS) the minor-most slot's dim is smaller than the largest dim
     default_padding: np.ndarray  # float64 (1, nc) tile_padding of the default layouts
-    roles: np.ndarray  # int8 (nc, 3, 6) dim_roles of each node's output, input and kernel
 
     @classmethod
     def of(cls, graph: PrunedGraph) -> ConfigNodes:
@@ -283,7 +255,6 @@ class ConfigNodes:
             padding=padding_table(dims),
             violates=(minor_slot >= 0) & (minor < largest[:, None]),
             default_padding=tile_padding(dims, default[None]),
-            roles=dim_roles(feat[:, NodeFeat.CONVOLUTION_DIMS], opcode == CONV),
         )
 
 

@@ -27,7 +27,7 @@ import torch
 
 from pipelines.core.errors import FormatError
 from pipelines.data.node_arrays import NODE_FEATURE_DIM, RAW_COLUMNS, GraphArrays, shape_and_layout
-from pipelines.data.layout_geometry import CONV, NUM_ROLES, ROLE_ABSENT, dim_roles
+from pipelines.data.layout_geometry import CONV
 from pipelines.data.tpugraphs import GraphSize, NodeFeat
 
 LAYOUT_VALUE_OFFSET = 1  # layout config values -1..5 become embedding ids 0..6
@@ -35,6 +35,10 @@ LAYOUT_NUM_VALUES = 7
 LAYOUT_BLOCK = 18  # layout values per configurable node and config: output, input, kernel layout
 PHYSICS_DIM = 12  # per configurable node and config: 6 values for the output and 6 for the input tensor
 TPU_TILE = (128, 8)  # HBM tiles pad the minor-most dim to a multiple of 128, the second-minor to 8
+# What a dim of a configurable node's output, input or kernel is to its op (``dim_roles``): a convolution
+# names its batch, feature and spatial dims; other ops' dims have no known role.
+ROLE_ABSENT, ROLE_OTHER, ROLE_BATCH, ROLE_CONTRACTED, ROLE_OUT_FEATURE, ROLE_SPATIAL = range(6)
+NUM_ROLES = 6
 # per configurable node and config (``layout_roles``): the kernel tensor's 6 padding values as in
 # ``layout_physics``, and the role of the minor-most and second-minor dim of the output, input and kernel
 ROLES_DIM = 6 + 3 * 2 * NUM_ROLES
@@ -127,6 +131,28 @@ def _check(graph: GraphArrays) -> None:
         problems.append(f"tile config_feat must be (c, 24), got {graph.config_feat.shape}")
     if problems:
         raise FormatError(where, "; ".join(problems))
+
+
+def dim_roles(conv_numbers: np.ndarray, is_conv: np.ndarray) -> np.ndarray:
+    """int8 (n, 3, 6): the role (``ROLE_*``) of dims 0-5 of each node's output, input and kernel.
+
+    ``conv_numbers`` (n, 14) are the convolution dimension numbers (node_feat 93-106: input batch and
+    feature, 4 input spatial, kernel input and output feature, 4 kernel spatial, output batch and
+    feature). A convolution's named dims get their role and its other dims ``ROLE_SPATIAL``; every
+    dim of another op is ``ROLE_OTHER``. Dims past a tensor's rank are the caller's to mask.
+    """
+    numbers = np.rint(conv_numbers).astype(np.int64)
+    named = {0: ((12, ROLE_BATCH), (13, ROLE_OUT_FEATURE)),  # output
+             1: ((0, ROLE_BATCH), (1, ROLE_CONTRACTED)),  # input
+             2: ((6, ROLE_CONTRACTED), (7, ROLE_OUT_FEATURE))}  # kernel
+    dim = np.arange(6)[None, :]
+    roles = np.empty((numbers.shape[0], 3, 6), np.int8)
+    for block, pairs in named.items():
+        block_roles = np.where(is_conv[:, None], ROLE_SPATIAL, ROLE_OTHER) + 0 * dim
+        for column, role in pairs:
+            block_roles = np.where(is_conv[:, None] & (dim == numbers[:, column][:, None]), role, block_roles)
+        roles[:, block] = block_roles
+    return roles
 
 
 def _operands(num_nodes: int, src: np.ndarray, dst: np.ndarray, nodes: np.ndarray) -> list[np.ndarray]:
