@@ -112,9 +112,9 @@ class GNNRanker:
         if not own:  # a pass is the own graphs plus at most as many others: none would leave no steps
             raise ConfigError(f"GNN: no training graphs of {self.collection.name} (graphs of "
                               "extra_train_collections only join them)")
-        prepared_train = [prepare_graph(g, cfg.config_layers) for g in own]
-        prepared_extra = [prepare_graph(g, cfg.config_layers) for g in train if g.collection != self.collection.name]
-        prepared_valid = [prepare_graph(g, cfg.config_layers) for g in valid]
+        prepared_train = [prepare_graph(g, cfg.config_layers, cfg.layout_roles) for g in own]
+        prepared_extra = [prepare_graph(g, cfg.config_layers, cfg.layout_roles) for g in train if g.collection != self.collection.name]
+        prepared_valid = [prepare_graph(g, cfg.config_layers, cfg.layout_roles) for g in valid]
         fingerprint = _fingerprint(cfg, seed, train, valid, unlabeled)
         checkpoint_path = None if checkpoint_dir is None else Path(checkpoint_dir) / f"gnn_seed{seed}.pt"
 
@@ -162,7 +162,7 @@ class GNNRanker:
                 if graph_kind(g) != self.kind_ or g.node_feat.shape[1] != self.node_feat_dim_:
                     raise FormatError(where, f"graph does not fit a {self.kind_} model with "
                                              f"{self.node_feat_dim_} node features")
-                prepared: PreparedGraph = prepare_graph(g, self.config.config_layers)
+                prepared: PreparedGraph = prepare_graph(g, self.config.config_layers, self.config.layout_roles)
                 out.append(score_graph(self.model_, prepared, self.config))
         return np.concatenate(out).astype(np.float64, copy=False) if out else np.zeros(0, dtype=np.float64)
 
