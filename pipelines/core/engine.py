@@ -626,7 +626,9 @@ def _check_complete(path: Path, stage: str, key: str) -> tuple[dict | None, str]
         except (KeyError, TypeError):
             return None, f"incomplete: {path / MANIFEST} lists an output without its size and SHA-256"
         if size != item["bytes"]:
-            return None, f"damaged: {target} has {size} bytes, its manifest recorded {item['bytes']}"
+            why = f"damaged: {target} has {size} bytes, its manifest recorded {item['bytes']}"
+            logger.warning(with_tag(f"[{stage}] {why}; not served"))
+            return None, why
     for item in outputs:  # sizes first (cheap): only a folder that could be complete is read through
         target = path / item["path"]
         try:

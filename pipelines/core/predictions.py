@@ -14,6 +14,7 @@ import numpy as np
 import polars as pl
 
 from pipelines.core.errors import FormatError
+from pipelines.core.stage_files import read_parquet
 
 PREDICTION_SCHEMA: dict[str, pl.DataType] = {
     "collection": pl.Utf8,
@@ -73,8 +74,4 @@ def validate_predictions(frame: pl.DataFrame, source: str | Path = "<predictions
 
 def read_predictions(path: Path | str) -> pl.DataFrame:
     path = Path(path)
-    try:
-        frame = pl.read_parquet(path)
-    except Exception as exc:  # polars raises several error types for unreadable files
-        raise FormatError(path, f"cannot read prediction table ({exc})") from None
-    return validate_predictions(frame, path)
+    return validate_predictions(read_parquet(path, "prediction table"), path)

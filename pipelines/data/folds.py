@@ -23,6 +23,7 @@ import polars as pl
 from pipelines.core.collection import LABELLED, Collection
 from pipelines.core.engine import Code, StageOutput, fingerprint, run_stage
 from pipelines.core.errors import ConfigError
+from pipelines.core.stage_files import read_parquet
 
 if TYPE_CHECKING:  # type hints only: the config reaches the key as resolved values
     from pipelines.config.settings import PipelineConfig
@@ -141,4 +142,4 @@ def run_folds(config: PipelineConfig, collection: Collection, work_dir: Path, la
 
 def read_folds(folds: StageOutput) -> pl.DataFrame:
     """``graph``, ``split``, ``family``, ``fold`` of every train/valid graph (fold -1: holdout)."""
-    return pl.read_parquet(folds.file(FOLDS_TABLE))
+    return read_parquet(folds.file(FOLDS_TABLE))

@@ -32,6 +32,7 @@ from pipelines.core.engine import Code, StageOutput, run_stage
 from pipelines.core.errors import ConfigError, FormatError
 from pipelines.core.parallel import file_cost, map_in_order
 from pipelines.core.progress import Progress
+from pipelines.core.stage_files import read_parquet
 from pipelines.data.tpugraphs import GraphRef, GraphSize, LayoutGraph, TileGraph, load_ref
 
 if TYPE_CHECKING:  # type hints only: the config reaches the key as resolved values
@@ -568,7 +569,7 @@ def run_prune(config: PipelineConfig, collection: Collection, work_dir: Path, re
 
 def read_graph_table(prune: StageOutput) -> pl.DataFrame:
     """One row per kept graph: ``graph``, ``split`` and the before/after counts."""
-    return pl.read_parquet(prune.file(GRAPHS_TABLE))
+    return read_parquet(prune.file(GRAPHS_TABLE))
 
 
 def read_pruned(prune: StageOutput, split: str, stem: str) -> PrunedGraph:

@@ -42,6 +42,7 @@ import polars as pl
 from pipelines.core import paths
 from pipelines.core.engine import StageOutput, load_stage
 from pipelines.core.errors import ConfigError, PipelineError
+from pipelines.core.stage_files import read_parquet
 
 logger = logging.getLogger(__name__)
 
@@ -457,7 +458,7 @@ def load_scores(trained: Iterable[Trained]) -> pl.DataFrame:
     ``variant`` and ``model`` columns."""
     from pipelines.training.fit import SCORES_FILE
 
-    frames = [pl.read_parquet(t.output.file(SCORES_FILE)).filter(pl.col("split") == "oof")
+    frames = [read_parquet(t.output.file(SCORES_FILE)).filter(pl.col("split") == "oof")
               .with_columns(pl.lit(t.variant).alias("variant"), pl.lit(t.model).alias("model"))
               for t in trained]
     if not frames:
@@ -472,7 +473,7 @@ def load_importance(trained: Iterable[Trained]) -> pl.DataFrame:
     frames = []
     for t in trained:
         if (t.output.path / IMPORTANCE_FILE).exists():
-            frames.append(pl.read_parquet(t.output.file(IMPORTANCE_FILE))
+            frames.append(read_parquet(t.output.file(IMPORTANCE_FILE))
                           .with_columns(pl.lit(t.collection).alias("collection"), pl.lit(t.variant).alias("variant"),
                                         pl.lit(t.model).alias("model")))
     if not frames:
