@@ -288,7 +288,11 @@ def _run_train(args: argparse.Namespace) -> int:
     from pipelines.flows.run import check_devices
 
     # a GPU asked for and absent fails before the data stages, as in `run`
-    check_devices(config, [args.model], collections_to_prepare(config, args.data_root, collections)[0])
+    chosen = collections_to_prepare(config, args.data_root, collections)[0]
+    check_devices(config, [args.model], chosen)
+    from pipelines.training.fit import check_models
+
+    check_models([args.model], chosen)
     prepared = prepare(config, args.data_root, args.work_dir, collections)
     for name, item in prepared.items():
         output = train_model(config, item, model=args.model, work_dir=args.work_dir, force=args.force)

@@ -135,6 +135,12 @@ def graph_aggregates(node_feat: np.ndarray, node_opcode: np.ndarray, edge_index:
 # ----------------------------------------------------------------------------- layout per-config
 
 
+def feature_columns(collection: Collection) -> list[str]:
+    """The ``f_*`` columns the features stage writes for ``collection`` (value frequencies: default
+    search only), in order: what a model may name (``feature:<column>``, ``gbdt.exclude_features``)."""
+    return tile_feature_names() if collection.is_tile else layout_feature_names(collection.search == "default")
+
+
 def layout_feature_names(value_frequency: bool) -> list[str]:
     """The ``f_*`` columns :func:`layout_config_features` returns, in order."""
     names = ["f_violation_ratio", "f_pad_ratio_sum", "f_pad_ratio_mean", "f_pad_log_bytes", "f_pad_waste",

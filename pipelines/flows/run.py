@@ -580,8 +580,10 @@ def train_and_blend(config: PipelineConfig, data_root: Path | str, *, work_dir: 
     # their models train on (gnn.extra_train_collections)
     chosen, companions = collections_to_prepare(config, data_root, collections)
     check_devices(config, names, chosen)  # a GPU asked for and absent fails before the data stages
+    from pipelines.training.fit import check_models, stage_name
+
+    check_models(names, chosen)  # e.g. feature:<column> naming no column: before the data stages
     plan = {stage: len(chosen) + len(companions) for stage in STAGES}
-    from pipelines.training.fit import stage_name
 
     for name in names:
         plan[stage_name(name)] = plan.get(stage_name(name), 0) + len(chosen)

@@ -99,6 +99,15 @@ def stage_name(model: str) -> str:
     return "train-" + model.replace(":", ".")
 
 
+def check_models(models: list[str], collections: list[Collection]) -> None:
+    """Each model's own check of the collections it will train on (the optional ``check`` of its
+    adapter, :mod:`pipelines.models.contract`): a ConfigError before any stage runs."""
+    for model in models:
+        check = getattr(get_adapter(model), "check", None)
+        if check is not None:
+            check(list(collections))
+
+
 def model_file_name(model: str, fold: int, seed: int) -> str:
     """The name a fold model is saved under (``Ranker.save(folder, name)``): ``gbdt-f0-s1`` ..."""
     return f"{model.replace(':', '.')}-{fold_job_name(fold, seed)}"
