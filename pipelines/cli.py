@@ -663,10 +663,10 @@ def _run_runs(args: argparse.Namespace) -> int:
             print(gs.format_tests(tests, [f"A {m}" for m in missing_a] + [f"B {m}" for m in missing_b]))
         return 0
     if args.action == "rm":
-        from pipelines.outputs.run_folders import remove_run_folder
+        from pipelines.outputs.run_folders import check_removable, remove_run_folder
 
         run_id = resolve_run_id(args.submissions_dir, args.run_id)
-        read_run_manifest(args.submissions_dir, run_id)
+        check_removable(args.submissions_dir, run_id)
         if not args.yes:
             if not sys.stdin.isatty():
                 raise ConfigError(f"runs rm {run_id}: not asking on a non-interactive input; pass --yes")
