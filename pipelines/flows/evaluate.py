@@ -233,9 +233,9 @@ def _num(value: float | None) -> str:
 
 def require_sidecar(data_root: Path | str) -> dict[str, Any]:
     """The world's label record; a data root without the sidecar (e.g. the real data) is refused."""
-    from pipelines.synth.world import LABELS_DIR, LABELS_MARKER, labels_marker
+    from pipelines.synth.world import LABELS_DIR, LABELS_MARKER, read_labels_marker
 
-    marker = labels_marker(data_root)
+    marker = read_labels_marker(data_root)
     if marker is None:
         raise PipelineError(
             f"{data_root}: no hidden test labels ({LABELS_DIR}/{LABELS_MARKER} is missing): evaluate needs a "
