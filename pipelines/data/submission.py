@@ -41,6 +41,10 @@ from pipelines.data.tpugraphs import (
 
 HEADER = "ID,TopConfigs"
 _INDEX = re.compile(r"[0-9]+")
+# More digits than any config index can have (a graph has at most ~10^5 configs): such a token is out
+# of range without converting it (int() of a 5,000-digit string is refused by Python, and costs time
+# quadratic in its length below that limit).
+MAX_INDEX_DIGITS = 12
 _EXAMPLES = 5  # indices quoted per problem, so a broken 100k-config row yields a short message
 _BOM = b"\xef\xbb\xbf"
 # sample_submission.csv of the real data is ~4 MB (894 rows, 1000-config layout permutations).
@@ -122,6 +126,12 @@ def _parse(text: str) -> tuple[list[_ParsedRow], list[str]]:
         bad = [t for t in tokens if not _INDEX.fullmatch(t)]
         negative = [t for t in bad if t.startswith("-") and _INDEX.fullmatch(t[1:])]
         bad = [t for t in bad if t not in negative]
+        huge = [t for t in tokens if len(t.lstrip("-0")) > MAX_INDEX_DIGITS and _INDEX.fullmatch(t.lstrip("-"))]
+        if huge:
+            problems.append(f"ID {sid} (line {number}): index of {len(huge[0].lstrip('-0'))} digits "
+                            f"({huge[0][:12]}...) is out of range for any graph"
+                            + (f" (and {len(huge) - 1} more)" if len(huge) > 1 else ""))
+            negative = [t for t in negative if t not in huge]
         if not top:
             problems.append(f"ID {sid} (line {number}): empty TopConfigs")
         if negative:
@@ -132,7 +142,7 @@ def _parse(text: str) -> tuple[list[_ParsedRow], list[str]]:
             shown = ", ".join(repr(t) for t in bad[:_EXAMPLES])
             problems.append(f"ID {sid} (line {number}): non-integer token(s) {shown}"
                             + (f" (and {len(bad) - _EXAMPLES} more)" if len(bad) > _EXAMPLES else ""))
-        rows.append(_ParsedRow(number, sid, None if bad or negative or not top else [int(t) for t in tokens]))
+        rows.append(_ParsedRow(number, sid, None if bad or negative or huge or not top else [int(t) for t in tokens]))
     return rows, problems
 
 
