@@ -19,7 +19,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from pipelines.core.collection import ALL_COLLECTIONS, SPLITS, Collection, split_submission_id
+from pipelines.core.collection import ALL_COLLECTIONS, SPLITS, Collection, split_submission_id, stem_problem
 from pipelines.core.errors import ConfigError, FormatError, PipelineError, SubmissionError
 from pipelines.core.metric import (
     TILE_TOP_K,
@@ -290,6 +290,12 @@ def read_sample_ids(data_root: Path | str) -> list[str]:
     return ids
 
 
+def test_ref_problem(ref: GraphRef) -> str | None:
+    """Why test file ``ref`` cannot be ranked in a submission, from its directory entry alone (not a
+    regular file, or a name its submission ID cannot carry), or None."""
+    return unreadable_reason(ref.path) or stem_problem(ref.stem)
+
+
 def test_file_problems(data_root: Path | str, collections: Sequence[Collection] = ALL_COLLECTIONS,
                        sample_ids: Sequence[str] | None = None) -> tuple[dict[str, GraphRef], list[str]]:
     """The test graphs of ``collections`` by submission ID, and how they differ from the IDs of
@@ -306,7 +312,7 @@ def test_file_problems(data_root: Path | str, collections: Sequence[Collection] 
                             "(no *.npz file)")
         for ref in refs:
             found[ref.submission_id] = ref
-            reason = unreadable_reason(ref.path)
+            reason = test_ref_problem(ref)
             if reason is not None:
                 problems.append(f"{ref.path}: {reason}")
             elif ref.submission_id not in listed:

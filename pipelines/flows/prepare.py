@@ -125,11 +125,12 @@ def check_data_root(data_root: Path | str, collections: Sequence[Collection], on
       of the chosen collections match its IDs exactly (the submission must cover them all);
     * every ``*.npz`` entry is a regular file (not a dangling or looping link, directory, FIFO...).
       Such an entry is an error; with ``on_bad_file = "skip"`` a train/valid one is a warning (the
-      prune stage records it in ``skipped_files``), a test one stays an error (the submission needs it).
+      prune stage records it in ``skipped_files``), a test one stays an error (the submission needs it);
+    * every test file's name fits a submission ID.
 
     Every problem found is reported in one FormatError, so one fix-and-retry round suffices.
     """
-    from pipelines.data.submission import read_sample_ids, test_file_problems
+    from pipelines.data.submission import read_sample_ids, test_file_problems, test_ref_problem
 
     data_root = Path(data_root)
     npz_root(data_root)  # "no data here" is its own clear error
@@ -175,7 +176,7 @@ def check_data_root(data_root: Path | str, collections: Sequence[Collection], on
             problems += test_problems
         else:
             problems += [f"{ref.path}: {reason}" for ref in list_graphs(data_root, collection, "test")
-                         if (reason := unreadable_reason(ref.path)) is not None]
+                         if (reason := test_ref_problem(ref)) is not None]
     if problems:
         hint = ("" if on_bad_file == "skip" or not any("not a regular file" in p or "symlink" in p for p in problems)
                 else "\n(to leave unreadable train/valid entries out with a warning: --set data.on_bad_file=skip)")
