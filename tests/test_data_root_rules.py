@@ -1,7 +1,10 @@
 """Issue 71, classes 3 and 4: what the data-root check and the prune stage refuse before training.
 
 * a test file whose name a submission ID cannot carry (``;``, ``,``, a quote, whitespace, non-ASCII)
-  is refused before any stage, naming it (a ``;`` passed and crashed at publishing, after every stage).
+  is refused before any stage, naming it (a ``;`` passed and crashed at publishing, after every stage);
+* ``data.on_bad_file = "skip"`` leaves bad train/valid files out, never a whole split: every train
+  file of a collection bad is an error (it trained on the valid graphs and reported OOF 1.0000), and a
+  bad test file is an error before the first stage (it was found only after every stage).
 """
 
 from __future__ import annotations
@@ -12,8 +15,9 @@ from pathlib import Path
 import pytest
 
 from pipelines.cli import main
-from pipelines.core.collection import TILE_XLA, stem_problem
-from pipelines.data.tpugraphs import list_graphs
+from pipelines.core.collection import LAYOUT_NLP_RANDOM, TILE_XLA, stem_problem
+from pipelines.data.tpugraphs import collection_dir, list_graphs
+from tests.test_faults import _flipped, _garbage, _truncated
 
 FAST = ["--config", "smoke", "--models", "random"]
 
@@ -67,3 +71,39 @@ def test_without_a_sample_submission_prepare_refuses_such_a_name_too(world, tmp_
     bad = rename_test_file(world, name, in_sample=False)
     assert main(["prepare", "--data-root", str(world), "--work-dir", str(tmp_path / "work"), "--config", "smoke"]) == 1
     assert str(bad) in capsys.readouterr().err and nothing_computed(tmp_path)
+
+
+def test_skip_with_every_train_file_of_a_collection_bad_is_an_error(world, tmp_path, capsys):
+    train = list_graphs(world, TILE_XLA, "train")
+    for ref in train:
+        _garbage(ref.path)
+    assert main(run_args(world, tmp_path, "--set", "data.on_bad_file=skip")) == 1
+    err = capsys.readouterr().err
+    assert f"{collection_dir(world, TILE_XLA, 'train')}: tile:xla: every train file ({len(train)}) is unreadable" in err
+    assert not (tmp_path / "subs").exists()
+
+
+def test_skip_with_some_train_files_bad_still_trains_on_the_others(world, tmp_path):
+    for ref in list_graphs(world, TILE_XLA, "train")[:-1]:
+        _garbage(ref.path)
+    assert main(["prepare", "--data-root", str(world), "--work-dir", str(tmp_path / "work"), "--config", "smoke",
+                 "--collections", "tile:xla", "--set", "data.on_bad_file=skip"]) == 0
+
+
+@pytest.mark.parametrize("damage", [_garbage, _truncated])
+def test_skip_with_a_bad_test_file_fails_before_the_first_stage(world, tmp_path, capsys, damage):
+    victim = list_graphs(world, LAYOUT_NLP_RANDOM, "test")[0].path  # the last collection prepared
+    damage(victim)
+    assert main(run_args(world, tmp_path, "--set", "data.on_bad_file=skip")) == 1
+    err = capsys.readouterr().err
+    assert f"{victim}: corrupt or truncated archive" in err and "nothing was computed" in err
+    assert nothing_computed(tmp_path)
+
+
+def test_skip_never_leaves_out_a_test_file_damaged_deep_inside(world, tmp_path, capsys):
+    victim = list_graphs(world, TILE_XLA, "test")[0].path
+    _flipped(victim)  # headers intact: found when the prune stage reads the data
+    assert main(run_args(world, tmp_path, "--set", "data.on_bad_file=skip")) == 1
+    err = capsys.readouterr().err
+    assert str(victim) in err and "Traceback" not in err and not (tmp_path / "subs").exists()
+    assert not list((tmp_path / "work").glob("train-*/*/manifest.json"))  # before any training

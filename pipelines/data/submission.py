@@ -35,6 +35,7 @@ from pipelines.data.tpugraphs import (
     count_configs,
     list_graphs,
     load_ref,
+    probe_problem,
     sample_submission_path,
     unreadable_reason,
 )
@@ -290,14 +291,19 @@ def read_sample_ids(data_root: Path | str) -> list[str]:
     return ids
 
 
-def test_ref_problem(ref: GraphRef) -> str | None:
-    """Why test file ``ref`` cannot be ranked in a submission, from its directory entry alone (not a
-    regular file, or a name its submission ID cannot carry), or None."""
-    return unreadable_reason(ref.path) or stem_problem(ref.stem)
+def test_ref_problem(ref: GraphRef, probe: bool = False) -> str | None:
+    """Why test file ``ref`` cannot be ranked in a submission, or None: from its directory entry (not a
+    regular file, a name its submission ID cannot carry) and, with ``probe``, from a quick look inside
+    (:func:`pipelines.data.tpugraphs.probe_problem`: garbage, cut short, a member missing). A test file
+    cannot be left out (``data.on_bad_file = "skip"`` applies to train and valid files only), so the
+    data-root check probes them all before the first stage."""
+    return unreadable_reason(ref.path) or stem_problem(ref.stem) or (probe_problem(ref.path, ref.collection)
+                                                                      if probe else None)
 
 
 def test_file_problems(data_root: Path | str, collections: Sequence[Collection] = ALL_COLLECTIONS,
-                       sample_ids: Sequence[str] | None = None) -> tuple[dict[str, GraphRef], list[str]]:
+                       sample_ids: Sequence[str] | None = None,
+                       probe: bool = False) -> tuple[dict[str, GraphRef], list[str]]:
     """The test graphs of ``collections`` by submission ID, and how they differ from the IDs of
     sample_submission.csv (an ID without a file, a file not listed, an unreadable entry)."""
     sample_ids = read_sample_ids(data_root) if sample_ids is None else sample_ids
@@ -312,7 +318,7 @@ def test_file_problems(data_root: Path | str, collections: Sequence[Collection] 
                             "(no *.npz file)")
         for ref in refs:
             found[ref.submission_id] = ref
-            reason = test_ref_problem(ref)
+            reason = test_ref_problem(ref, probe)
             if reason is not None:
                 problems.append(f"{ref.path}: {reason}")
             elif ref.submission_id not in listed:
