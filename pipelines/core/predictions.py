@@ -22,7 +22,7 @@ PREDICTION_SCHEMA: dict[str, pl.DataType] = {
     "split": pl.Utf8,  # "oof" or "test"
     "config_index": pl.Int32,
     "fold": pl.Int16,
-    "seed": pl.Int32,
+    "seed": pl.Int64,  # the run seed, [0, 2^32)
     "model": pl.Utf8,
     "score": pl.Float64,
 }
@@ -53,7 +53,7 @@ def prediction_frame(
             "split": [split] * n,
             "config_index": np.asarray(config_index, dtype=np.int32),
             "fold": np.full(n, fold, dtype=np.int16),
-            "seed": np.full(n, seed, dtype=np.int32),
+            "seed": np.full(n, seed, dtype=np.int64),
             "model": [model] * n,
             "score": scores,
         },

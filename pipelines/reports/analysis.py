@@ -478,7 +478,7 @@ def load_importance(trained: Iterable[Trained]) -> pl.DataFrame:
                                         pl.lit(t.model).alias("model")))
     if not frames:
         return pl.DataFrame(schema={"feature": pl.Utf8, "gain": pl.Float64, "split": pl.Int64, "fold": pl.Int16,
-                                    "seed": pl.Int32, "collection": pl.Utf8, "variant": pl.Utf8, "model": pl.Utf8})
+                                    "seed": pl.Int64, "collection": pl.Utf8, "variant": pl.Utf8, "model": pl.Utf8})
     return pl.concat(frames)
 
 
