@@ -718,11 +718,9 @@ def ensemble_runs(run_ids: Sequence[str], *, submissions_dir: Path | str = paths
 
 
 def _load_saved(work_dir: Path, stage: str, key: str, run_id: str, what: str, collection: str) -> StageOutput:
-    try:
-        return load_stage(work_dir, stage, key)
-    except PipelineError:
-        raise PipelineError(f"run {run_id}: the saved {what} output of {collection} is gone: {work_dir / stage / key} "
-                            "(was the work dir cache deleted? re-run the run, or pass --work-dir)") from None
+    from pipelines.outputs.run_folders import load_named_stage  # "gone" only when absent; else why not usable
+
+    return load_named_stage(work_dir, stage, key, f"run {run_id}: the saved {what} output of {collection}")
 
 
 # ----------------------------------------------------------------------------- command line helpers

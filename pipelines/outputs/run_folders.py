@@ -294,6 +294,22 @@ def training_stage_dirs(ref: Mapping[str, Any], manifest: Mapping[str, Any],
     return list(dict.fromkeys(places))
 
 
+def load_named_stage(where: Path | str, stage: str, key: str, what: str) -> Any:
+    """The complete stage output a run manifest names (``what``: "run X: the saved gbdt output of
+    tile:xla"); a PipelineError that says whether it is gone (no folder) or damaged or incomplete
+    (the engine's reason, naming the file: resized, content not matching its SHA-256, missing)."""
+    from pipelines.core.engine import load_stage
+
+    path = Path(where) / stage / key
+    try:
+        return load_stage(Path(where), stage, key)
+    except PipelineError as exc:
+        if not path.exists():
+            raise PipelineError(f"{what} is gone: {path} (was the work dir cache deleted? re-run the run, or pass "
+                                "--work-dir where its stages are)") from None
+        raise PipelineError(f"{what} cannot be used: {exc} (re-run the run to compute it again)") from None
+
+
 def check_removable(submissions_dir: Path | str, run_id: str) -> None:
     """Only run folders are removed: a PipelineError unless ``run_id`` (resolved) is one, its manifest
     valid, or present but damaged by hand (which its error suggests removing)."""
