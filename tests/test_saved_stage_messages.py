@@ -1,8 +1,10 @@
 """Issue 71, class 7: messages about the stages a run names say what is wrong. A resized model file
-was reported as the models being "gone" by report and ensemble --runs (the engine knew it was damaged)."""
+was reported as the models being "gone" by report and ensemble --runs (the engine knew it was damaged);
+``ensemble --runs`` on a predict run blamed a graph missing from the prepared data."""
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -57,3 +59,14 @@ def test_a_deleted_stage_folder_is_gone(published, tmp_path, capsys, command):
     args = ["report", run_id, "--out", str(tmp_path / "r.html")] if command == "report" else ["ensemble", "--runs", run_id]
     assert main([*args, "--submissions-dir", str(subs)]) == 1
     assert f"is gone: {stage}" in capsys.readouterr().err
+
+
+def test_ensemble_of_a_predict_run_says_it_is_one(published, tiny_world, tmp_path, capsys):
+    work, subs, run_id = private_copy(published, tmp_path)
+    assert main(["predict", "--run", run_id, "--data-root", str(tiny_world), "--submissions-dir", str(subs)]) == 0
+    predicted = next(p.name for p in subs.iterdir() if p.name != run_id and
+                     json.loads((p / "manifest.json").read_text()).get("kind") == "predict")
+    capsys.readouterr()
+    assert main(["ensemble", "--runs", predicted, "--submissions-dir", str(subs)]) == 2
+    err = capsys.readouterr().err
+    assert f"run {predicted} is a 'predict' run" in err and f"its source run {run_id}" in err and "graph" not in err

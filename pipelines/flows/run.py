@@ -56,7 +56,8 @@ from pipelines.core.errors import ConfigError, FormatError, PipelineError
 from pipelines.core.logs import tagged
 from pipelines.core.parallel import JobPool, fan_out
 from pipelines.core.progress import format_duration
-from pipelines.outputs.run_folders import publish_submission, read_run_manifest, resolve_run_id, training_stage_dir
+from pipelines.outputs.run_folders import (check_trained, publish_submission, read_run_manifest, resolve_run_id,
+                                         training_stage_dir)
 
 logger = logging.getLogger(__name__)
 
@@ -662,6 +663,8 @@ def ensemble_runs(run_ids: Sequence[str], *, submissions_dir: Path | str = paths
     if not run_ids:
         raise ConfigError("ensemble needs at least one run-id")
     manifests = {r: read_run_manifest(submissions_dir, r) for r in run_ids}
+    for run_id, manifest in manifests.items():
+        check_trained(manifest, run_id, "ensemble --runs")  # a predict run has no OOF predictions to blend
     first = manifests[run_ids[0]]
     method = method or first.get("config", {}).get("ensemble", {}).get("method", "minmax")
     if method not in NORMALISE_METHODS:

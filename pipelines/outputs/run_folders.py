@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from pipelines.core.engine import fingerprint, write_json_atomic
-from pipelines.core.errors import FormatError, PipelineError
+from pipelines.core.errors import ConfigError, FormatError, PipelineError
 
 logger = logging.getLogger(__name__)
 
@@ -292,6 +292,21 @@ def training_stage_dirs(ref: Mapping[str, Any], manifest: Mapping[str, Any],
     places = [Path(work_dir)] if work_dir is not None else []
     places += [Path(p) for p in (ref.get("work_dir"), manifest.get("work_dir")) if p]
     return list(dict.fromkeys(places))
+
+
+def check_trained(manifest: Mapping[str, Any], run_id: str, command: str) -> None:
+    """A ConfigError unless the run trained models (kind ``run``) or re-blended such runs (``ensemble``):
+    a ``predict`` run only ranked new graphs with another run's fold models, so it has no out-of-fold
+    training predictions to blend (its stages name that run's training stages, but not its graphs)."""
+    kind = manifest.get("kind", "run")
+    if kind in ("run", "ensemble"):
+        return
+    source = manifest.get("source_run")
+    origin = f" (it ranked {manifest.get('data_root') or 'new graphs'} with the fold models of run {source})" \
+        if source else ""
+    instead = f"; {command} its source run {source} instead" if source else ""
+    raise ConfigError(f"run {run_id} is a {kind!r} run{origin}: it has no training predictions of its own for "
+                      f"{command}{instead}")
 
 
 def load_named_stage(where: Path | str, stage: str, key: str, what: str) -> Any:
