@@ -627,7 +627,7 @@ def _check_complete(path: Path, stage: str, key: str) -> tuple[dict | None, str]
             return None, f"incomplete: {path / MANIFEST} lists an output without its size and SHA-256"
         if size != item["bytes"]:
             why = f"damaged: {target} has {size} bytes, its manifest recorded {item['bytes']}"
-            logger.warning(with_tag(f"[{stage}] {why}; not served"))
+            logger.warning(with_tag(f"warning: [{stage}] {why}; not served"))
             return None, why
     for item in outputs:  # sizes first (cheap): only a folder that could be complete is read through
         target = path / item["path"]
@@ -638,7 +638,7 @@ def _check_complete(path: Path, stage: str, key: str) -> tuple[dict | None, str]
         if actual != item["sha256"]:
             why = f"damaged: {target}: content does not match its manifest (SHA-256 {actual[:12]}, " \
                   f"recorded {str(item['sha256'])[:12]})"
-            logger.warning(with_tag(f"[{stage}] {why}; not served"))
+            logger.warning(with_tag(f"warning: [{stage}] {why}; not served"))
             return None, why
     return manifest, ""
 
