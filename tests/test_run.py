@@ -113,6 +113,25 @@ def test_a_cached_run_still_tells_the_compute_time_of_its_stages(runs):
     assert stages_wall_time(again.manifest["stages"], work) == pytest.approx(by_hand)
 
 
+def test_a_cached_run_reads_each_output_through_once(runs, monkeypatch):
+    """Issue 71, class 2 (the check's cost): the ETA's listing of earlier stages read every output of the
+    work dir through for its SHA-256, then the reuse read it again; the listing needs only wall times."""
+    import pipelines.core.engine as engine
+
+    work = runs["work"]
+    outputs = [m.parent / item["path"] for m in work.glob("*/*/manifest.json")
+               for item in json.loads(m.read_text())["outputs"]]
+    hashed: list[str] = []
+    real = engine.file_sha256
+    monkeypatch.setattr(engine, "file_sha256", lambda path: (hashed.append(str(path)), real(path))[1])
+    again = run_pipeline(fast_config(), runs["root"], work_dir=work, models=["gbdt", "random"],
+                         submissions_dir=runs["subs"])
+    assert again.computed == ()
+    assert max(hashed.count(h) for h in set(hashed)) == 1 and set(hashed) <= {str(p) for p in outputs}
+    before = len(hashed)
+    assert engine.list_stages(work, verify_content=False) and len(hashed) == before  # manifests and sizes only
+
+
 def test_the_stage_index_counts_the_data_stages_of_collections_a_model_also_trains_on(tiny_world, tmp_path):
     # xla:random's GNN also trains on nlp:random's graphs: nlp:random is prepared but not scored
     config = fast_config("run.seeds=[0]", 'gnn.collections."layout:xla:random".passes_per_epoch=1',
