@@ -636,7 +636,7 @@ def _check_complete(path: Path, stage: str, key: str, verify_content: bool = Tru
     for item in outputs if verify_content else ():  # sizes first (cheap): only what could be complete is read
         target = path / item["path"]
         try:
-            actual = file_sha256(target)
+            actual = _verified_sha256(target)
         except OSError:
             return None, f"incomplete: {target} is unreadable"
         if actual != item["sha256"]:
@@ -645,6 +645,18 @@ def _check_complete(path: Path, stage: str, key: str, verify_content: bool = Tru
             logger.warning(with_tag(f"warning: [{stage}] {why}; not served"))
             return None, why
     return manifest, ""
+
+
+def _verified_sha256(path: Path) -> str:
+    """``file_sha256(path)``, read through once per process while the file is unchanged (same inode, size
+    and modification time): a run checks its stages' outputs, then its report loads some of them again."""
+    st = path.stat()
+    return _sha256_of_version(str(path), st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _sha256_of_version(path: str, inode: int, size: int, mtime_ns: int) -> str:
+    return file_sha256(Path(path))
 
 
 def _list_outputs(folder: Path) -> list[dict]:
