@@ -42,10 +42,12 @@ result = {{"wall_s": time.perf_counter() - t0, "cpu_s": time.process_time() - c0
 
 _STAGE = """
 from pipelines.flows import prepare as p
-from pipelines.data.features import run_features, seeded_rng
+from pipelines.core.stages import RawFiles
+from pipelines.data.features import FEATURES, seeded_rng
 from pipelines.core.parallel import map_in_order
-from pipelines.data.node_arrays import run_node_arrays
-from pipelines.data.prune import read_graph_table, run_prune
+from pipelines.data.node_arrays import NODE_ARRAYS
+from pipelines.data.prune import PRUNE
+from pipelines.flows.dag import data_stage_call
 from pipelines.core.collection import parse_collection
 from pipelines.config.settings import load_config
 config = load_config(None, {overrides!r} + ["run.n_jobs={jobs}"])
@@ -55,13 +57,13 @@ key = p.raw_data_key({root!r}, refs)
 work, stage = __import__("pathlib").Path({work!r}), {stage!r}
 {start_pool}
 t0, c0 = time.perf_counter(), time.process_time()
-prune = run_prune(config, collection, work, refs, key, stage == "prune")
+raw = RawFiles(refs, key)
+prune = PRUNE.run(data_stage_call(PRUNE, config, collection, work, raw, {{}}, stage == "prune"))
 if stage != "prune":
     t0, c0 = time.perf_counter(), time.process_time()  # prune is cached: only this stage is timed
-if stage == "features":
-    run_features(config, collection, work, refs, key, prune, True)
-elif stage == "node_arrays":
-    run_node_arrays(collection, work, read_graph_table(prune), prune, True, config.run.n_jobs)
+if stage in ("features", "node_arrays"):
+    timed = FEATURES if stage == "features" else NODE_ARRAYS
+    timed.run(data_stage_call(timed, config, collection, work, raw, {{"prune": prune}}, True))
 wall, cpu = time.perf_counter() - t0, time.process_time() - c0
 # stop the worker processes, so their CPU time and peak RSS show in RUSAGE_CHILDREN
 if config.run.n_jobs > 1:

@@ -67,9 +67,11 @@ CORES = 2  # the machine the targets are set for
 _FOLD = """
 from pathlib import Path
 from pipelines.flows import prepare as p
-from pipelines.data.features import run_features
-from pipelines.data.node_arrays import run_node_arrays
-from pipelines.data.prune import read_graph_table, run_prune
+from pipelines.core.stages import RawFiles
+from pipelines.data.features import FEATURES
+from pipelines.data.node_arrays import NODE_ARRAYS
+from pipelines.data.prune import PRUNE
+from pipelines.flows.dag import data_stage_call
 from pipelines.core.collection import parse_collection
 from pipelines.config.settings import load_config
 from pipelines.config.registry import get_adapter
@@ -78,13 +80,10 @@ config = load_config({config!r}, {overrides!r})
 root, work = {root!r}, Path({work!r})
 def prepare_collection(collection):
     refs = p.collection_refs(root, collection)
-    key = p.raw_data_key(root, refs)
-    prune = run_prune(config, collection, work, refs, key, False)
-    stages = {{"prune": prune}}
-    if {model!r} == "gnn":
-        stages["node_arrays"] = run_node_arrays(collection, work, read_graph_table(prune), prune, False)
-    else:
-        stages["features"] = run_features(config, collection, work, refs, key, prune, False)
+    raw = RawFiles(refs, p.raw_data_key(root, refs))
+    stages = {{"prune": PRUNE.run(data_stage_call(PRUNE, config, collection, work, raw, {{}}))}}
+    stage = NODE_ARRAYS if {model!r} == "gnn" else FEATURES
+    stages[stage.name] = stage.run(data_stage_call(stage, config, collection, work, raw, stages))
     return p.Prepared(collection, stages)  # no folds stage: the sample is split train / valid / test
 collection = parse_collection({collection!r})
 prepared = prepare_collection(collection)

@@ -240,6 +240,23 @@ def test_the_collection_resolves_what_the_config_leaves_to_it():
     assert (fixed.graph_features, fixed.num_threads) == (False, 3)
 
 
+def test_the_training_stage_s_settings_are_not_resolved_twice(monkeypatch):
+    """The adapter's settings come resolved (model_settings: no per-collection tables left): the ranker
+    takes them as they are; a section with tables is resolved by the ranker itself (above)."""
+    import pipelines.models.gbdt as gbdt_module
+    from pipelines.config.settings import load_config, model_settings
+
+    settings = model_settings(load_config("smoke"), "gbdt", "tile:xla")
+    expected = GBDTRanker(settings, collection="tile:xla").config
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("resolved again")
+
+    monkeypatch.setattr(gbdt_module, "resolve_for_collection", refuse)
+    assert GBDTRanker(settings, collection="tile:xla").config == expected
+    assert expected.objective == "regression"  # smoke's tile:xla table, applied once by model_settings
+
+
 def test_group_rows_can_sort_within_groups():
     order, offsets = group_rows(pl.Series(["b", "a", "b", "a"]), within=np.array([5, 2, 1, 0]))
     assert order.tolist() == [2, 0, 3, 1]

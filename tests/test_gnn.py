@@ -18,7 +18,7 @@ from pipelines.config.settings import config_from_dict, resolve_for_collection
 from pipelines.core.errors import ConfigError, FormatError
 from pipelines.models.gnn import GNNRanker
 from pipelines.models.gnn.batch import (LayoutConfigs, collate, compact_configs, distinct_blocks, gather_configs,
-                                        layout_physics, pack_blocks, prepare_graph)
+                                        layout_physics, layout_roles, pack_blocks, prepare_graph)
 from pipelines.models.gnn.device import autocast
 from pipelines.models.gnn.losses import list_mle_loss, make_loss, pairwise_hinge_loss
 from pipelines.models.gnn.model import GNNModel, segment_sum
@@ -512,6 +512,59 @@ def test_layout_physics_hand_case():
     np.testing.assert_allclose(got[2], default_out + [0.0, 1.0] + input_default, rtol=1e-6)
 
 
+def _convolution_graph(kernel_first: bool) -> GraphArrays:
+    """input (8, 32, 32, 3) NHWC and kernel (5, 5, 3, 16) HWIO -> convolution (8, 28, 28, 16) NHWC, the
+    convolution configurable; with ``kernel_first`` the kernel's edge comes first (files need not
+    list edges in operand order)."""
+    raw = np.zeros((3, 140))
+    raw[0, 21:25], raw[1, 21:25], raw[2, 21:25] = [8, 32, 32, 3], [5, 5, 3, 16], [8, 28, 28, 16]
+    raw[:, 134:138] = [3, 2, 1, 0]
+    # in-batch, in-feature, in-spatial x4, kernel in/out feature, kernel spatial x4, out-batch, out-feature
+    raw[2, 93:107] = [0, 3, 1, 2, 0, 0, 2, 3, 0, 1, 0, 0, 0, 3]
+    edges = np.array([[1, 0], [2, 2]]) if kernel_first else np.array([[0, 1], [2, 2]])
+    configs = np.full((2, 1, 18), -1, np.int8)
+    configs[0, 0, :4] = [3, 2, 1, 0]  # output: feature dim minor-most
+    configs[1, 0, :4] = [0, 3, 2, 1]  # output: batch dim minor-most, feature second
+    configs[1, 0, 6:10] = [1, 2, 3, 0]  # input: a spatial dim minor-most, then the other spatial
+    return GraphArrays(collection="layout:xla:random", stem="conv", split="train",
+                       node_opcode=np.array([63, 63, 26]), node_feat=transform_node_feat(raw), message_edges=edges,
+                       config_nodes=np.array([2]), config_feat=configs, target=np.array([1.0, 2.0]),
+                       config_index=np.arange(2))
+
+
+@pytest.mark.parametrize("kernel_first", [False, True])
+def test_layout_roles_name_the_dims_each_layout_puts_minor_most(kernel_first):
+    from pipelines.models.gnn.batch import (NUM_ROLES, ROLE_BATCH, ROLE_CONTRACTED, ROLE_OUT_FEATURE,
+                                            ROLE_SPATIAL)
+    graph = _convolution_graph(kernel_first)
+    prepared = prepare_graph(graph, 1, match_operands=True)
+    # the input and kernel are told apart by the dimension numbers, whatever the edge order
+    np.testing.assert_array_equal(prepared.config_shapes[0, 1], [8, 32, 32, 3, 0, 0])
+    np.testing.assert_array_equal(prepared.config_shapes[0, 2], [5, 5, 3, 16, 0, 0])
+    np.testing.assert_array_equal(prepared.config_roles[0], [
+        [ROLE_BATCH, ROLE_SPATIAL, ROLE_SPATIAL, ROLE_OUT_FEATURE, 0, 0],
+        [ROLE_BATCH, ROLE_SPATIAL, ROLE_SPATIAL, ROLE_CONTRACTED, 0, 0],
+        [ROLE_SPATIAL, ROLE_SPATIAL, ROLE_CONTRACTED, ROLE_OUT_FEATURE, 0, 0]])
+    blocks, inverse = distinct_blocks(graph.config_feat.transpose(1, 0, 2))  # (nodes, configs) as a batch has them
+    got = layout_roles(*(torch.from_numpy(a) for a in (blocks, inverse, prepared.config_shapes,
+                                                         prepared.config_layouts, prepared.config_roles)))[0].numpy()
+    one_hot = lambda role: np.eye(NUM_ROLES)[role]
+    waste = lambda size, multiple: np.log(np.ceil(size / multiple) * multiple / size)
+    # kernel left to its default {3, 2, 1, 0}: 16 output features minor-most, 3 input features second
+    kernel = [np.log1p(16), waste(16, 128), np.log1p(3), waste(3, 8), 0.0, 1.0]
+    default_in = [*one_hot(ROLE_CONTRACTED), *one_hot(ROLE_SPATIAL)]
+    default_kernel = [*one_hot(ROLE_OUT_FEATURE), *one_hot(ROLE_CONTRACTED)]
+    np.testing.assert_allclose(got[0], kernel + [*one_hot(ROLE_OUT_FEATURE), *one_hot(ROLE_SPATIAL)]
+                               + default_in + default_kernel, rtol=1e-6)
+    np.testing.assert_allclose(got[1], kernel + [*one_hot(ROLE_BATCH), *one_hot(ROLE_OUT_FEATURE)]
+                               + [*one_hot(ROLE_SPATIAL), *one_hot(ROLE_SPATIAL)] + default_kernel, rtol=1e-6)
+
+
+def test_operands_keep_the_edge_order_without_matching():
+    prepared = prepare_graph(_convolution_graph(kernel_first=True), 1)
+    np.testing.assert_array_equal(prepared.config_shapes[0, 1], [5, 5, 3, 16, 0, 0])
+
+
 def test_chunk_size_follows_the_memory_budget():
     rng = np.random.default_rng(4)
     small = prepare_graph(layout_graph(rng, n=12, nc=3), 1)
@@ -778,6 +831,17 @@ def test_resume_from_checkpoint_matches_uninterrupted_run(tmp_path, caplog):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, msg=name)
     with pytest.raises(ConfigError, match="fresh checkpoint"):
         gnn(**{**hp, "lr": 0.01}).fit(graphs[:4], graphs[4:], seed=0, checkpoint_dir=tmp_path)
+
+
+def test_the_training_stage_s_settings_are_not_resolved_twice(monkeypatch):
+    import pipelines.models.gnn.ranker as ranker_module
+    from pipelines.config.settings import load_config, model_settings
+
+    settings = model_settings(load_config("smoke"), "gnn", "layout:xla:random")
+    expected = GNNRanker(settings, collection="layout:xla:random").config
+    monkeypatch.setattr(ranker_module, "resolve_for_collection", lambda *a, **k: pytest.fail("resolved again"))
+    assert GNNRanker(settings, collection="layout:xla:random").config == expected
+    assert expected.passes_per_epoch == 8 and expected.collections == {}  # the table, applied once upstream
 
 
 def test_num_threads_zero_takes_the_stage_share_and_a_set_count_wins():

@@ -43,6 +43,8 @@ def test_every_registered_model_keeps_the_contract(model, collection, prepared, 
     item = items[collection]
     adapter = get_adapter(model)
     settings = adapter.settings(config, item.collection)
+    # the stages it reads: its training stage's inputs in the DAG, and the keys its stage records
+    assert set(adapter.inputs(item)) == set(adapter.input_stages) <= set(item.stages)
     train, valid, test = _data(adapter, item, settings)
     graphs, config_index = adapter.index(test)
 

@@ -38,6 +38,9 @@ class GNNConfig:
     dropout: float = bounded(0.0, 0.0, below=1.0)  # dropout probability in the message-passing layers
     gat_heads: int = bounded(2, 1)  # attention heads of conv = "gat" (must divide hidden)
     layout_physics: bool = True  # layout: add the padding the chosen layouts imply (batch.layout_physics)
+    # layout: add the kernel's padding and the role (batch, feature, spatial) of the dims each layout puts
+    # minor-most (batch.layout_roles)
+    layout_roles: bool = True
     cross_config_attention: bool = False  # transformer layer across the K pooled configs of a graph
     # layout: a message per config and chain end (configurable nodes whose layouts meet, directly or
     # through elementwise chains, or one and a fixed-layout node), added at both ends and pooled

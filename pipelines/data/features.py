@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import zlib
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -28,7 +28,7 @@ import numpy as np
 import polars as pl
 
 from pipelines.core.collection import LABELLED, Collection
-from pipelines.core.engine import Code, StageOutput, run_stage
+from pipelines.core.engine import Code, StageOutput
 from pipelines.core.errors import PipelineError
 from pipelines.data.layout_geometry import (
     BLOCKS,
@@ -53,6 +53,7 @@ from pipelines.data.layout_geometry import (
 )
 from pipelines.core.parallel import file_cost, map_in_order
 from pipelines.core.progress import Progress
+from pipelines.core.stages import Stage, StageCall, run_declared, section_fields
 from pipelines.core.stage_files import read_parquet
 from pipelines.data.prune import PrunedGraph, load_pruned, pruned_path, sample_configs
 from pipelines.data.tpugraphs import GraphRef, NodeFeat, load_ref
@@ -579,10 +580,13 @@ def seeded_rng(seed: int, stem: str) -> np.random.Generator:
     return np.random.default_rng([seed, zlib.crc32(stem.encode("utf-8"))])
 
 
-def features_config(config: PipelineConfig, collection: Collection) -> dict[str, Any]:
-    return {"collection": collection.name, **asdict(config.features),
-            # how often each chosen value occurs is only informative where configs come from a search
-            "value_frequency": collection.search == "default"}
+def _features_facts(call: StageCall) -> dict[str, Any]:
+    # how often each chosen value occurs is only informative where configs come from a search
+    return {"collection": call.collection.name, "value_frequency": call.collection.search == "default"}
+
+
+def _features_settings(config: PipelineConfig, collection: Collection) -> dict[str, str]:
+    return section_fields(config, "features")
 
 
 def graph_features(ref: GraphRef, prune_path: Path, config: PipelineConfig,
@@ -618,12 +622,12 @@ def _features_part_to(folder: Path, refs: list[GraphRef], name: str, prune_path:
     return results
 
 
-def run_features(config: PipelineConfig, collection: Collection, work_dir: Path, refs: dict[str, list[GraphRef]],
-                 data_key: str, prune: StageOutput, force: bool) -> StageOutput:
-    """The features stage: prune output + raw structure -> config feature tables (a file per layout
-    graph, parts of TILE_GRAPHS_PER_PART tile graphs) and one graph-aggregate table per split (read them
-    back with :func:`read_feature_rows`)."""
-    stage_config = features_config(config, collection)
+def run_features(call: StageCall) -> StageOutput:
+    """The features stage: prune output (``call.upstream["prune"]``) + raw structure of the graphs it kept
+    (``call.raw``) -> config feature tables (a file per layout graph, parts of TILE_GRAPHS_PER_PART tile
+    graphs) and one graph-aggregate table per split (read them back with :func:`read_feature_rows`)."""
+    config, collection, prune, refs = call.config, call.collection, call.upstream["prune"], call.raw.refs
+    stage_config = FEATURES.key_config(call)
 
     def compute(folder: Path) -> dict[str, Any]:
         rows = 0
@@ -663,9 +667,16 @@ def run_features(config: PipelineConfig, collection: Collection, work_dir: Path,
                 folder / split / GRAPH_FEATURES)
         return {"rows": rows, "config_features": len(columns)}
 
-    return run_stage(work_dir=work_dir, stage="features", config=stage_config,
-                     inputs={"prune": prune.key, "data": data_key}, code=FEATURES_CODE, compute=compute,
-                     seeds={"features": config.features.seed}, force=force)
+    return run_declared(FEATURES, call, compute, seeds={"features": config.features.seed})
+
+
+def _features_inputs(call: StageCall) -> dict[str, str]:
+    return {"prune": call.upstream["prune"].key, "data": call.raw.data_key}
+
+
+# The features stage as data (pipelines.core.stages): its key is built from this declaration alone.
+FEATURES = Stage("features", inputs=("prune",), code=FEATURES_CODE, settings=_features_settings, run=run_features,
+                 input_keys=_features_inputs, facts=_features_facts)
 
 
 class _ConfigTables:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -21,8 +20,9 @@ import numpy as np
 import polars as pl
 
 from pipelines.core.collection import LABELLED, Collection
-from pipelines.core.engine import Code, StageOutput, fingerprint, run_stage
+from pipelines.core.engine import Code, StageOutput, fingerprint
 from pipelines.core.errors import ConfigError
+from pipelines.core.stages import Stage, StageCall, run_declared, section_fields
 from pipelines.core.stage_files import read_parquet
 
 if TYPE_CHECKING:  # type hints only: the config reaches the key as resolved values
@@ -122,11 +122,10 @@ def folds_table(config: PipelineConfig, labelled: Sequence[tuple[str, str]]) -> 
                         config.folds.seed, config.folds.holdout_valid)
 
 
-def run_folds(config: PipelineConfig, collection: Collection, work_dir: Path, labelled: Sequence[tuple[str, str]],
-              force: bool) -> StageOutput:
-    """The folds stage: the labelled (stem, split) pairs -> ``folds.parquet`` (read back with
-    :func:`read_folds`)."""
-    labelled = list(labelled)
+def run_folds(call: StageCall) -> StageOutput:
+    """The folds stage: the labelled (stem, split) pairs of ``call.raw`` (the graphs the prune stage
+    kept) -> ``folds.parquet`` (read back with :func:`read_folds`)."""
+    config, labelled = call.config, _labelled(call)
 
     def compute(folder: Path) -> dict[str, Any]:
         table = folds_table(config, labelled)
@@ -135,9 +134,24 @@ def run_folds(config: PipelineConfig, collection: Collection, work_dir: Path, la
         return {"families": table["family"].n_unique(),
                 "graphs_per_fold": {str(f): int(n) for f, n in counts.iter_rows()}}
 
-    return run_stage(work_dir=work_dir, stage="folds", config={"collection": collection.name, **asdict(config.folds)},
-                     inputs={"graphs": fingerprint(labelled)}, code=FOLDS_CODE, compute=compute,
-                     seeds={"folds": config.folds.seed}, force=force)
+    return run_declared(FOLDS, call, compute, seeds={"folds": config.folds.seed})
+
+
+def _labelled(call: StageCall) -> list[tuple[str, str]]:
+    return labelled_graphs(call.raw.refs)
+
+
+def _folds_inputs(call: StageCall) -> dict[str, str]:
+    return {"graphs": fingerprint(_labelled(call))}
+
+
+def _folds_settings(config: PipelineConfig, collection: Collection) -> dict[str, str]:
+    return section_fields(config, "folds")
+
+
+# The folds stage as data (pipelines.core.stages): keyed by the labelled graphs prune kept, not by prune's key.
+FOLDS = Stage("folds", inputs=("prune",), code=FOLDS_CODE, settings=_folds_settings, run=run_folds,
+              input_keys=_folds_inputs, training_only=True)
 
 
 def read_folds(folds: StageOutput) -> pl.DataFrame:

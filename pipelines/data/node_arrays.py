@@ -11,15 +11,15 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import polars as pl
 
-from pipelines.core.collection import SPLITS, Collection
-from pipelines.core.engine import Code, StageOutput, run_stage
+from pipelines.core.collection import SPLITS
+from pipelines.core.engine import Code, StageOutput
 from pipelines.core.stage_files import npz_errors, unreadable
 from pipelines.data.layout_geometry import Chains, ConfigNodes
 from pipelines.core.parallel import file_cost, map_in_order
 from pipelines.core.progress import Progress
-from pipelines.data.prune import PrunedGraph, load_pruned, pruned_path
+from pipelines.core.stages import Stage, StageCall, run_declared
+from pipelines.data.prune import PrunedGraph, load_pruned, pruned_path, read_graph_table
 from pipelines.data.tpugraphs import GraphSize, NodeFeat
 
 
@@ -193,10 +193,12 @@ def _node_arrays_to(folder: Path, prune_path: Path, stem: str, split: str, colle
     save_graph_arrays(folder / _arrays_name(split, stem), make_graph_arrays(pruned, collection, split))
 
 
-def run_node_arrays(collection: Collection, work_dir: Path, graphs: pl.DataFrame, prune: StageOutput,
-                    force: bool, n_jobs: int = 1) -> StageOutput:
-    """The node-arrays stage: the ``graphs`` (``graph``, ``split`` rows of the prune stage's table)
-    -> one :class:`GraphArrays` file each (read back with :func:`read_graph_arrays`)."""
+def run_node_arrays(call: StageCall) -> StageOutput:
+    """The node-arrays stage: every graph the prune stage (``call.upstream["prune"]``) kept -> one
+    :class:`GraphArrays` file each (read back with :func:`read_graph_arrays`)."""
+    collection, prune = call.collection, call.upstream["prune"]
+    graphs = read_graph_table(prune)
+
     def compute(folder: Path) -> dict[str, Any]:
         for split in SPLITS:
             (folder / split).mkdir()
@@ -204,12 +206,20 @@ def run_node_arrays(collection: Collection, work_dir: Path, graphs: pl.DataFrame
         jobs = [(folder, prune.path, stem, split, collection.name)
                 for stem, split in graphs.select("graph", "split").iter_rows()]
         costs = [file_cost(pruned_path(prune.path, split, stem)) for _, _, stem, split, _ in jobs]
-        for _ in map_in_order(_node_arrays_to, jobs, n_jobs, costs=costs):
+        for _ in map_in_order(_node_arrays_to, jobs, call.config.run.n_jobs, costs=costs):
             progress.step()
         return {"graphs": graphs.height}
 
-    return run_stage(work_dir=work_dir, stage="node_arrays", config={"collection": collection.name},
-                     inputs={"prune": prune.key}, code=NODE_ARRAYS_CODE, compute=compute, force=force)
+    return run_declared(NODE_ARRAYS, call, compute)
+
+
+def _node_arrays_inputs(call: StageCall) -> dict[str, str]:
+    return {"prune": call.upstream["prune"].key}
+
+
+# The node-arrays stage as data (pipelines.core.stages): no setting shapes it.
+NODE_ARRAYS = Stage("node_arrays", inputs=("prune",), code=NODE_ARRAYS_CODE, settings={}, run=run_node_arrays,
+                    input_keys=_node_arrays_inputs)
 
 
 def read_graph_arrays(node_arrays: StageOutput, split: str, stem: str) -> GraphArrays:

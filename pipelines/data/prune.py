@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import io
 import json
+import logging
 import math
 import struct
 import tokenize
@@ -20,6 +21,7 @@ import zipfile
 import zlib
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -28,15 +30,19 @@ import zstandard
 from zlib_ng import zlib_ng
 
 from pipelines.core.collection import LABELLED, Collection
-from pipelines.core.engine import Code, StageOutput, run_stage
+from pipelines.core.engine import Code, StageOutput
 from pipelines.core.errors import ConfigError, FormatError
+from pipelines.core.logs import with_tag
 from pipelines.core.parallel import file_cost, map_in_order
 from pipelines.core.progress import Progress
+from pipelines.core.stages import Stage, StageCall, run_declared, section_fields
 from pipelines.core.stage_files import read_parquet
 from pipelines.data.tpugraphs import GraphRef, GraphSize, LayoutGraph, TileGraph, load_ref
 
 if TYPE_CHECKING:  # type hints only: the config reaches the key as resolved values
     from pipelines.config.settings import PipelineConfig
+
+logger = logging.getLogger(__name__)
 
 PRUNE_MODES = ("khop", "config_only")
 DEDUP_MODES = ("first", "mean", "min", "none")
@@ -487,13 +493,17 @@ def pruned_path(folder: Path, split: str, stem: str) -> Path:
     return folder / _pruned_name(split, stem)
 
 
-def prune_config(config: PipelineConfig, collection: Collection) -> dict[str, Any]:
-    """What the prune stage of ``collection`` depends on (tile graphs ignore the pruning knobs and
+def prune_settings(config: PipelineConfig, collection: Collection) -> dict[str, str]:
+    """The settings the prune stage of ``collection`` is keyed by (tile graphs ignore the pruning knobs and
     ``compress_configs``: their configs are part of the graph file)."""
+    own = {"dedup": "prune.dedup"} if collection.is_tile else section_fields(config, "prune")
     # on_bad_file is keyed: an output that skipped files must never be reused by a run that asks for errors
-    if collection.is_tile:
-        return {"collection": collection.name, "dedup": config.prune.dedup, "on_bad_file": config.data.on_bad_file}
-    return {"collection": collection.name, **asdict(config.prune), "on_bad_file": config.data.on_bad_file}
+    return {**own, "on_bad_file": "data.on_bad_file"}
+
+
+def prune_config(config: PipelineConfig, collection: Collection) -> dict[str, Any]:
+    """What the prune stage of ``collection`` depends on: the config of its key (:data:`PRUNE`)."""
+    return PRUNE.key_config(StageCall(config, collection))
 
 
 def prune_one(ref: GraphRef, config: PipelineConfig) -> tuple[PrunedGraph, dict[str, Any]]:
@@ -541,11 +551,13 @@ def check_something_left(collection: Collection, refs: dict[str, list[GraphRef]]
                           f"{examples}{' ...' if len(bad) > 3 else ''}")
 
 
-def run_prune(config: PipelineConfig, collection: Collection, work_dir: Path, refs: dict[str, list[GraphRef]],
-              data_key: str, force: bool) -> StageOutput:
-    """The prune stage: raw files -> per graph a ``.pruned`` file and, for layout, its configs file (see
-    :func:`save_pruned`), plus ``graphs.parquet`` (read them back with :func:`read_graph_table`,
-    :func:`read_pruned`, :func:`read_file_target`)."""
+def run_prune(call: StageCall) -> StageOutput:
+    """The prune stage: the raw files of ``call.raw`` -> per graph a ``.pruned`` file and, for layout, its
+    configs file (see :func:`save_pruned`), plus ``graphs.parquet`` (read them back with
+    :func:`read_graph_table`, :func:`read_pruned`, :func:`read_file_target`). Files left out
+    (``data.on_bad_file = "skip"``) are warned about on every call, cached or not."""
+    config, refs = call.config, call.raw.refs
+
     def compute(folder: Path) -> dict[str, Any]:
         rows, skipped = [], []
         for split in refs:
@@ -567,7 +579,7 @@ def run_prune(config: PipelineConfig, collection: Collection, work_dir: Path, re
                 raise FormatError(path, f"{problem} (to leave such files out with a warning: "
                                         "--set data.on_bad_file=skip)")
             skipped.append({"split": ref.split, "graph": ref.stem, "path": str(ref.path), "reason": problem})
-        check_something_left(collection, refs, skipped)
+        check_something_left(call.collection, refs, skipped)
         table = pl.DataFrame(rows, schema=_GRAPHS_SCHEMA)
         table.write_parquet(folder / GRAPHS_TABLE)
         labelled = table.filter(pl.col("split").is_in(LABELLED))
@@ -580,8 +592,26 @@ def run_prune(config: PipelineConfig, collection: Collection, work_dir: Path, re
             "skipped_files": skipped,
         }
 
-    return run_stage(work_dir=work_dir, stage="prune", config=prune_config(config, collection),
-                     inputs={"data": data_key}, code=PRUNE_CODE, compute=compute, force=force)
+    output = run_declared(PRUNE, call, compute)
+    for item in output.metrics.get("skipped_files", []):
+        logger.warning(with_tag(f"warning: skipped bad file {item['path']}: {item['reason']} "
+                                "(data.on_bad_file = \"skip\")"))
+    return output
+
+
+def _prune_inputs(call: StageCall) -> dict[str, str]:
+    return {"data": call.raw.data_key}
+
+
+# The prune stage as data (pipelines.core.stages): its key is built from this declaration alone.
+PRUNE = Stage("prune", inputs=(), code=PRUNE_CODE, settings=prune_settings, run=run_prune, input_keys=_prune_inputs)
+
+
+def kept_refs(refs: Mapping[str, Sequence[GraphRef]], prune: StageOutput) -> dict[str, list[GraphRef]]:
+    """``refs`` (split -> graph references) without the graphs the prune stage ``prune`` left out (bad
+    files skipped): the raw files of the stages that read its output."""
+    kept = set(read_graph_table(prune)["graph"].to_list())
+    return {split: [ref for ref in items if ref.stem in kept] for split, items in refs.items()}
 
 
 def read_graph_table(prune: StageOutput) -> pl.DataFrame:

@@ -25,13 +25,15 @@ from pipelines.core.collection import Collection, parse_collection
 from pipelines.core.engine import StageOutput, code_version, file_sha256, fingerprint, library_versions, load_stage
 from pipelines.core.errors import ConfigError, PipelineError
 from pipelines.core.paths import SUBMISSIONS_DIR
+from pipelines.flows import dag
 from pipelines.core.seeds import fit_seed as derived_fit_seed
 from pipelines.flows.run import RunResult, scores_from_manifest
 from pipelines.outputs.run_folders import read_run_manifest, resolve_run_id, training_stage_dirs
 
 logger = logging.getLogger(__name__)
 
-PREPARE_FOR_PREDICTION = ("prune", "features", "node_arrays")
+# The data stages predict runs over new graphs: the DAG's, less the training-only ones (folds).
+PREPARE_FOR_PREDICTION = tuple(stage.name for stage in dag.data_stages(training=False))
 
 
 def _source_config(manifest: dict[str, Any], model_name: str) -> dict[str, Any]:
@@ -101,15 +103,17 @@ def predict_test(output: StageOutput, prepared: Any, *, num_threads: int = 0) ->
 
 def prepare_test_graphs(config: Any, collection: Collection, data_root: Path, work_dir: Path,
                         split: str = "test") -> Any:
-    """The prune, features and node-arrays stages over the ``split`` graphs of ``data_root`` only (no
-    folds needed): a :class:`pipelines.data.prepared.Prepared` handle for prediction. The graphs are
+    """The data stages that are not training-only (:data:`PREPARE_FOR_PREDICTION`: prune, features, node
+    arrays; no folds) over the ``split`` graphs of ``data_root`` only: a
+    :class:`pipelines.data.prepared.Prepared` handle for prediction. The graphs are
     prepared as unlabelled ``test`` graphs whatever their split (every config kept, none merged),
     because a submission ranks every config of the file."""
     import dataclasses
 
     from pipelines.core.collection import SPLITS
     from pipelines.data.prepared import Prepared
-    from pipelines.flows.prepare import raw_data_key, run_data_stages
+    from pipelines.core.stages import RawFiles
+    from pipelines.flows.prepare import raw_data_key
     from pipelines.data.tpugraphs import list_graphs
 
     refs = {name: [] for name in SPLITS}  # the other splits may be absent from a root of new graphs
@@ -117,7 +121,8 @@ def prepare_test_graphs(config: Any, collection: Collection, data_root: Path, wo
     if not refs["test"]:
         raise PipelineError(f"{data_root}: no {collection.name} {split} graphs to rank (the run has models for it; "
                             f"the data root must hold its {split} files in the Kaggle layout)")
-    stages = run_data_stages(config, collection, work_dir, refs, raw_data_key(data_root, refs), with_folds=False)
+    stages = dag.run_data_stages(config, collection, work_dir, RawFiles(refs, raw_data_key(data_root, refs)),
+                                 training=False)
     return Prepared(collection, stages)
 
 

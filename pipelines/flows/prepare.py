@@ -2,9 +2,10 @@
 
 Each stage lives in its own module with its pure functions, its ``run_*`` shell and typed readers
 of what it writes (``pipelines.data.prune``, ``features``, ``node_arrays``, ``folds``); this module only
-checks the inputs and runs them in order. Each stage runs once per collection through
-:func:`pipelines.core.engine.run_stage`, so its output is keyed by its code, resolved config and input
-keys, and reused until one of them changes:
+checks the inputs and runs them in the order of the stage DAG (:mod:`pipelines.flows.dag`). Each stage
+runs once per collection through :func:`pipelines.core.engine.run_stage`, so its output is keyed by
+its code, resolved config and input keys (as its declaration names them), and reused until one of them
+changes:
 
 * ``prune``: raw files of the collection (key: sizes and times of its files) -> per-graph pruned
   npz (layout graphs cut to the k-hop neighbourhood of their configurable nodes; labelled configs
@@ -40,12 +41,11 @@ from pipelines.core.collection import ALL_COLLECTIONS, SPLITS, Collection, parse
 from pipelines.config.settings import PipelineConfig, resolve_for_collection
 from pipelines.core.engine import StageOutput, data_fingerprint, fingerprint
 from pipelines.core.errors import ConfigError, FormatError
-from pipelines.data.features import layout_feature_names, run_features, tile_feature_names
-from pipelines.data.folds import folds_table, labelled_graphs, run_folds
-from pipelines.core.logs import tagged, with_tag
-from pipelines.data.node_arrays import run_node_arrays
-from pipelines.data.prune import read_graph_table, run_prune
+from pipelines.core.stages import RawFiles
+from pipelines.data.features import layout_feature_names, tile_feature_names
+from pipelines.data.folds import folds_table, labelled_graphs
 from pipelines.data.prepared import Prepared
+from pipelines.flows import dag
 from pipelines.data.tpugraphs import (
     GraphRef,
     available_collections,
@@ -58,7 +58,8 @@ from pipelines.data.tpugraphs import (
 
 logger = logging.getLogger(__name__)
 
-STAGES = ("prune", "features", "node_arrays", "folds")
+# The data stages, in order (pipelines.flows.dag)
+STAGES = tuple(stage.name for stage in dag.data_stages())
 
 
 # ----------------------------------------------------------------------------- inputs
@@ -270,20 +271,9 @@ def prepare_collection(config: PipelineConfig, collection: Collection, data_root
 
 def run_data_stages(config: PipelineConfig, collection: Collection, work_dir: Path, refs: dict[str, list[GraphRef]],
                     data_key: str, force: bool = False, with_folds: bool = True) -> dict[str, StageOutput]:
-    """Prune, then features and node arrays over the graphs prune kept, then (``with_folds``) folds:
-    the one sequence of data stages, for training (:func:`prepare`) and for prediction. Their
-    messages carry the collection's name."""
-    with tagged(collection.name):
-        stages = {"prune": run_prune(config, collection, work_dir, refs, data_key, force)}
-        prune = stages["prune"]
-        for item in prune.metrics.get("skipped_files", []):  # warned on every run, cached or not
-            logger.warning(with_tag(f"warning: skipped bad file {item['path']}: {item['reason']} "
-                                    "(data.on_bad_file = \"skip\")"))
-        graphs = read_graph_table(prune)
-        kept = set(graphs["graph"].to_list())
-        refs = {split: [ref for ref in items if ref.stem in kept] for split, items in refs.items()}
-        stages["features"] = run_features(config, collection, work_dir, refs, data_key, prune, force)
-        stages["node_arrays"] = run_node_arrays(collection, work_dir, graphs, prune, force, config.run.n_jobs)
-        if with_folds:
-            stages["folds"] = run_folds(config, collection, work_dir, labelled_graphs(refs), force)
-    return stages
+    """The data stages of the DAG (:func:`pipelines.flows.dag.data_stages`), in order: prune, then the
+    stages over the graphs prune kept; without the training-only ones (folds) unless ``with_folds``.
+    The one sequence of data stages, for training (:func:`prepare`) and for prediction. Their messages
+    carry the collection's name."""
+    return dag.run_data_stages(config, collection, work_dir, RawFiles(refs, data_key), force=force,
+                               training=with_folds)

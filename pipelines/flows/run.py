@@ -51,6 +51,8 @@ from pipelines.core.engine import (
     library_versions,
     load_stage,
 )
+from pipelines.core.stages import Stage, StageCall
+from pipelines.flows import dag
 from pipelines.training.ensemble import ENSEMBLE_STAGE, ensemble_stage, load_blended_test
 from pipelines.core.errors import ConfigError, FormatError, PipelineError
 from pipelines.core.logs import tagged
@@ -214,8 +216,10 @@ def format_scores(table: pl.DataFrame) -> str:
 
 
 def train_models(config: PipelineConfig, prepared: Mapping[str, Any], models: Sequence[str], *,
-                 work_dir: Path, backend: str = "loky", force: bool = False) -> dict[str, dict[str, StageOutput]]:
-    """Run (or reuse) the training stage of every model on every prepared collection.
+                 work_dir: Path, backend: str = "loky", force: bool = False,
+                 stages: Sequence[Stage] | None = None) -> dict[str, dict[str, StageOutput]]:
+    """Run (or reuse) the training stage of every model on every prepared collection (``stages``: those
+    of the DAG, :func:`pipelines.flows.dag.model_stages` of ``models``, in their order).
 
     Each stage fans its fold x seed jobs out through joblib. With the ``"dask"`` backend the stages
     themselves run concurrently (one driver thread each), so the cluster receives the fold x seed x
@@ -228,18 +232,19 @@ def train_models(config: PipelineConfig, prepared: Mapping[str, Any], models: Se
     in its stage run alone (``train.stage_job_threads``: ``cores // run.n_jobs`` unless the stage has
     fewer fold jobs), and so gives the same results.
     """
-    from pipelines.training.fit import train_model
-
+    by_model = dict(zip(models, dag.model_stages(models) if stages is None else stages))
     tasks = [(cname, model) for cname in prepared for model in models]
 
     def one(task: tuple[str, str], pool: JobPool | None = None) -> StageOutput:
         cname, model = task
+        call = StageCall(config, prepared[cname].collection, Path(work_dir), prepared=prepared[cname],
+                         options={"pool": pool}, force=force)
         if backend == "dask":
             import joblib
 
             with joblib.parallel_config(backend="dask"):  # the backend choice is per thread
-                return train_model(config, prepared[cname], model=model, work_dir=work_dir, force=force)
-        return train_model(config, prepared[cname], model=model, work_dir=work_dir, force=force, pool=pool)
+                return by_model[model].run(call)
+        return by_model[model].run(call)
 
     if backend == "dask" and len(tasks) > 1:
         from concurrent.futures import ThreadPoolExecutor
@@ -572,7 +577,7 @@ def train_and_blend(config: PipelineConfig, data_root: Path | str, *, work_dir: 
     serves work on some collections only (scoring one collection on a world with hidden labels, see
     :func:`pipelines.flows.evaluate.evaluate_collection_runs`); its stages are the ones a full run reuses.
     """
-    from pipelines.flows.prepare import STAGES, collections_to_prepare, prepare
+    from pipelines.flows.prepare import collections_to_prepare, prepare
 
     data_root, work_dir = Path(data_root), Path(work_dir)
     names = checked_models(config, models)
@@ -581,14 +586,15 @@ def train_and_blend(config: PipelineConfig, data_root: Path | str, *, work_dir: 
     # their models train on (gnn.extra_train_collections)
     chosen, companions = collections_to_prepare(config, data_root, collections)
     check_devices(config, names, chosen)  # a GPU asked for and absent fails before the data stages
-    from pipelines.training.fit import check_models, stage_name
+    from pipelines.training.fit import check_models
 
     check_models(names, chosen)  # e.g. feature:<column> naming no column: before the data stages
-    plan = {stage: len(chosen) + len(companions) for stage in STAGES}
-
-    for name in names:
-        plan[stage_name(name)] = plan.get(stage_name(name), 0) + len(chosen)
-    plan[ENSEMBLE_STAGE] = len(chosen)
+    stages = dag.pipeline(names)  # data stages, a training stage per model, the ensemble
+    data_names = {stage.name for stage in dag.data_stages()}
+    plan: dict[str, int] = {}
+    for stage in stages:
+        plan[stage.name] = plan.get(stage.name, 0) + len(chosen) + (len(companions) if stage.name in data_names else 0)
+    trainers, blend = tuple(stage for stage in stages[:-1] if stage.name not in data_names), stages[-1]
     counter = StageCounter(sum(plan.values()), plan, stage_history(work_dir))
 
     def track(output: StageOutput) -> StageOutput:
@@ -604,17 +610,18 @@ def train_and_blend(config: PipelineConfig, data_root: Path | str, *, work_dir: 
             every = {name: c for p in prepared.values() for name, c in p.companions.items()} | prepared
             for item in every.values():
                 computed += [f"{stage}/{key}" for stage, key in item.stage_keys.items() if not item.cached.get(stage)]
-            trained = train_models(config, prepared, names, work_dir=work_dir, backend=backend, force=force)
+            trained = train_models(config, prepared, names, work_dir=work_dir, backend=backend, force=force,
+                                   stages=trainers)
         for outputs in trained.values():
             for output in outputs.values():
                 track(output)
         runs = []
         for cname, item in prepared.items():
             with tagged(cname):
-                output = track(ensemble_stage(item.collection, item.stages["prune"], trained[cname],
-                                              method=config.ensemble.method, min_gain_se=config.ensemble.min_gain_se,
-                                              gain_at=config.ensemble.gain_at,
-                                              work_dir=work_dir, force=force))
+                output = track(blend.run(StageCall(config, item.collection, work_dir,
+                                                   upstream={name: item.stages[name] for name in blend.inputs
+                                                             if name in item.stages},
+                                                   options={"trained": trained[cname]}, force=force)))
             runs.append(CollectionRun(item.collection, item.stage_keys, trained[cname], output,
                                       {name: c.stage_keys for name, c in item.companions.items()}))
     return runs, computed

@@ -13,8 +13,11 @@ Learned state lives in attributes ending in ``_``. The **adapter** tells the tra
 (:mod:`pipelines.training.fit`) how to feed it, and never changes the stage's loop::
 
     name: str; ranker_class: type[Ranker]
+    input_stages: tuple[str, ...]           # the data stages the model reads ("features", "folds"): its
+                                            # stage's inputs in the DAG (pipelines.flows.dag)
     settings(config, collection) -> dict    # resolved hyperparameters, JSON-able (part of the stage key)
-    inputs(prepared) -> dict[str, str]      # upstream stage keys the model reads (part of the stage key)
+    inputs(prepared) -> dict[str, str]      # upstream stage keys the model reads, one per input stage
+                                            # (part of the stage key)
     load(prepared, graphs, *, settings, fit, seed) -> data
                                             # fit=True: for fitting (may subsample configs);
                                             # fit=False: every config, for prediction
@@ -60,6 +63,7 @@ class ModelAdapter(Protocol):
 
     name: str
     ranker_class: type
+    input_stages: tuple[str, ...]
 
     def settings(self, config: Any, collection: Any) -> dict[str, Any]: ...
 

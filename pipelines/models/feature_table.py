@@ -18,9 +18,10 @@ class FeatureTableAdapter:
 
     name = "feature-table"
     ranker_class: type
+    input_stages = ("features", "folds")
 
     def inputs(self, prepared: Any) -> dict[str, str]:
-        return {"features": prepared.stages["features"].key, "folds": prepared.stages["folds"].key}
+        return {name: prepared.stages[name].key for name in self.input_stages}
 
     def load(self, prepared: Any, graphs: list[str], *, settings: dict[str, Any], fit: bool,
              seed: int) -> pl.DataFrame:

@@ -249,10 +249,11 @@ class GBDTRanker:
     def __init__(self, config: GBDTConfig | Mapping[str, Any] | None = None, *, collection: Collection | str,
                  num_threads: int = 1):
         self.collection = parse_collection(collection) if isinstance(collection, str) else collection
-        # checked like a loaded config (also when built by hand or from settings), then resolved for the collection
+        # checked like a loaded config (also when built by hand or from settings), then resolved for the
+        # collection unless it comes resolved (the training stage's settings: model_settings, no tables left)
         plain = config if isinstance(config, Mapping) else config_to_dict(config or GBDTConfig())
         checked = config_from_dict(GBDTConfig, plain, "gbdt")
-        self.config = resolve_for_collection(checked, self.collection)
+        self.config = resolve_for_collection(checked, self.collection) if checked.collections else checked
         is_tile = self.collection.is_tile
         self.graph_features = {"auto": is_tile, "always": True, "never": False}[self.config.graph_features]
         self.stopping_metric = "top5" if is_tile else "opa"

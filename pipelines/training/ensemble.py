@@ -37,6 +37,7 @@ import itertools
 import logging
 import math
 from dataclasses import dataclass
+from types import SimpleNamespace
 from pathlib import Path
 from typing import Any, Callable, Literal, Mapping, NamedTuple, Sequence
 
@@ -44,10 +45,11 @@ import numpy as np
 import polars as pl
 
 from pipelines.core.collection import Collection, parse_collection
-from pipelines.core.engine import Code, StageOutput, run_stage
+from pipelines.core.engine import Code, StageOutput
 from pipelines.core.errors import ConfigError, FormatError, PipelineError
 from pipelines.core.metric import best_scoring, layout_kendall_tau, order_from_scores, tile_score, tile_top_k
 from pipelines.core.predictions import validate_predictions
+from pipelines.core.stages import Stage, StageCall, run_declared
 
 NormaliseMethod = Literal["minmax", "rank"]
 NORMALISE_METHODS: tuple[str, ...] = ("minmax", "rank")
@@ -548,14 +550,17 @@ def load_blend_inputs(collection: Collection, prune: StageOutput, trained: Mappi
 def ensemble_stage(collection: Collection, prune: StageOutput, trained: Mapping[str, StageOutput], *,
                    method: str, grid: float | None = None, min_gain_se: float = 0.0, gain_at: str = "oof",
                    work_dir: Path, force: bool = False) -> StageOutput:
-    """Run (or reuse) the blend of ``trained`` (model name -> training output) for one collection."""
+    """Run (or reuse) the blend of ``trained`` (model name -> training output) for one collection, keyed by
+    :func:`ensemble_spec` (``method``, ``min_gain_se`` and ``gain_at`` are its settings: the ``ensemble``
+    section's, or those a re-blend of earlier runs takes from their manifests)."""
     grid = DEFAULT_GRID_STEP if grid is None else grid
     names = list(trained)
     if not names:
         raise ConfigError(f"{collection.name}: nothing to ensemble (no model)")
-    config = {"collection": collection.name, "method": method, "grid": grid, "min_gain_se": float(min_gain_se),
-              "gain_at": gain_at, "models": {name: trained[name].stage for name in names}}
-    inputs = {"prune": prune.key, **{f"model:{name}": trained[name].key for name in names}}
+    settings = SimpleNamespace(ensemble=SimpleNamespace(method=method, min_gain_se=float(min_gain_se), gain_at=gain_at))
+    call = StageCall(settings, collection, Path(work_dir), upstream={"prune": prune},
+                     options={"trained": dict(trained), "grid": grid}, force=force)
+    stage = ensemble_spec(("prune", *dict.fromkeys(output.stage for output in trained.values())))
 
     def compute(folder: Path) -> dict[str, Any]:
         table, oof, dropped, truths = load_blend_inputs(collection, prune, trained)
@@ -579,8 +584,38 @@ def ensemble_stage(collection: Collection, prune: StageOutput, trained: Mapping[
                 "oof_scores": result.scores, "best_single_model": best, "oof_rows_used": oof.height,
                 "oof_rows_dropped": dropped}
 
-    return run_stage(work_dir=Path(work_dir), stage=ENSEMBLE_STAGE, code=ENSEMBLE_CODE, config=config,
-                     inputs=inputs, compute=compute, force=force)
+    return run_declared(stage, call, compute)
+
+
+# The settings of the ensemble stage's key (key field -> setting).
+ENSEMBLE_SETTINGS = {"method": "ensemble.method", "min_gain_se": "ensemble.min_gain_se", "gain_at": "ensemble.gain_at"}
+
+
+def ensemble_spec(inputs: Sequence[str]) -> Stage:
+    """The ensemble stage as data (:class:`pipelines.core.stages.Stage`) over the stages ``inputs``: the
+    prune stage (true runtimes) and the training stages it blends. Its call carries the training outputs
+    by model name (``options["trained"]``), which name the blend's weights."""
+    return Stage(ENSEMBLE_STAGE, inputs=tuple(inputs), code=ENSEMBLE_CODE, settings=ENSEMBLE_SETTINGS,
+                 run=_run_ensemble, input_keys=_ensemble_inputs, facts=_ensemble_facts, training_only=True)
+
+
+def _ensemble_facts(call: StageCall) -> dict[str, Any]:
+    trained, grid = call.options["trained"], call.options.get("grid")
+    return {"collection": call.collection.name, "grid": DEFAULT_GRID_STEP if grid is None else grid,
+            "models": {name: output.stage for name, output in trained.items()}}
+
+
+def _ensemble_inputs(call: StageCall) -> dict[str, str]:
+    return {"prune": call.upstream["prune"].key,
+            **{f"model:{name}": output.key for name, output in call.options["trained"].items()}}
+
+
+def _run_ensemble(call: StageCall) -> StageOutput:
+    """The shell of a run's ensemble stage: the ``ensemble`` section of ``call.config``."""
+    section = call.config.ensemble
+    return ensemble_stage(call.collection, call.upstream["prune"], call.options["trained"], method=section.method,
+                          grid=call.options.get("grid"), min_gain_se=section.min_gain_se, gain_at=section.gain_at,
+                          work_dir=call.work_dir, force=call.force)
 
 
 def weights_text(weights: Mapping[str, float]) -> str:

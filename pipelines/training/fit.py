@@ -53,8 +53,7 @@ import polars as pl
 
 from pipelines.core.collection import LABELLED, Collection
 from pipelines.config.settings import PipelineConfig
-from pipelines.core.engine import (Code, StageOutput, file_sha256, rename_if_free, run_stage, stage_key,
-                                   write_json_atomic)
+from pipelines.core.engine import Code, StageOutput, file_sha256, rename_if_free, write_json_atomic
 from pipelines.core.logs import tagged
 from pipelines.core.errors import PipelineError
 from pipelines.core.machine import available_cores, available_memory
@@ -63,6 +62,7 @@ from pipelines.config.registry import adapter_module, get_adapter
 from pipelines.core.parallel import JobPool
 from pipelines.core.predictions import PREDICTION_SCHEMA, prediction_frame
 from pipelines.core.progress import format_duration
+from pipelines.core.stages import Stage, StageCall, run_declared
 from pipelines.core.seeds import fit_seed as derived_fit_seed
 
 logger = logging.getLogger(__name__)
@@ -446,6 +446,36 @@ def shared_fold_pool(workers: int) -> JobPool:
                    memory_budget=memory * MEMORY_SHARE if memory else None)
 
 
+def model_stage(model: str) -> Stage:
+    """The training stage of ``model`` as data (:class:`pipelines.core.stages.Stage`), derived from its
+    registry entry: it reads the stages its adapter declares (``input_stages``), runs this module and the
+    adapter's, and is keyed by the adapter's ``settings(config, collection)`` and ``run.seeds``."""
+    adapter = get_adapter(model)
+    inputs = getattr(adapter, "input_stages", None)
+    if not inputs:
+        raise PipelineError(f"model {model!r}: its adapter declares no input_stages, the stages it reads "
+                            "(see pipelines.models.contract)")
+
+    def run(call: StageCall) -> StageOutput:
+        return _train(stage, adapter, call)
+
+    def input_keys(call: StageCall) -> dict[str, str]:
+        prepared = call.prepared
+        keys = adapter.inputs(prepared)
+        for companion in companions(prepared, adapter.settings(call.config, prepared.collection)):
+            # their data shapes the fits too
+            keys |= {f"{companion.collection.name}:{name}": key for name, key in adapter.inputs(companion).items()}
+        return keys
+
+    def facts(call: StageCall) -> dict[str, Any]:
+        return {"collection": call.collection.name, "model": model}
+
+    stage = Stage(stage_name(model), inputs=tuple(inputs), code=Code(("pipelines.training.fit", adapter_module(model))),
+                  settings={"settings": adapter.settings, "seeds": "run.seeds"}, run=run, input_keys=input_keys,
+                  facts=facts, training_only=True)
+    return stage
+
+
 def train_model(config: PipelineConfig, prepared: Any, *, model: str, work_dir: Path | str,
                 force: bool = False, pool: JobPool | None = None) -> StageOutput:
     """Run (or reuse) the training stage of ``model`` on the collection of ``prepared``.
@@ -455,27 +485,26 @@ def train_model(config: PipelineConfig, prepared: Any, *, model: str, work_dir: 
     With ``pool`` the fold jobs run in those shared workers (see ``run.train_models``), else in
     ``run.n_jobs`` workers of the stage's own.
     """
-    adapter = get_adapter(model)
-    collection: Collection = prepared.collection
-    settings = adapter.settings(config, collection)
-    seeds = [int(s) for s in config.run.seeds]
-    stage_config = {"collection": collection.name, "model": model, "settings": settings, "seeds": seeds}
-    stage, inputs = stage_name(model), adapter.inputs(prepared)
-    for companion in companions(prepared, settings):  # their data shapes the fits too
-        inputs |= {f"{companion.collection.name}:{name}": key for name, key in adapter.inputs(companion).items()}
-    code = Code(("pipelines.training.fit", adapter_module(model)))
-    partial = partial_dir(Path(work_dir), stage, stage_key(stage, stage_config, inputs, code))
-    if force:
+    return model_stage(model).run(StageCall(config, prepared.collection, Path(work_dir), prepared=prepared,
+                                            options={"pool": pool}, force=force))
+
+
+def _train(stage: Stage, adapter: ModelAdapter, call: StageCall) -> StageOutput:
+    """The training stage's shell (:func:`model_stage`): ``call.prepared`` is the collection's data and
+    ``call.options["pool"]`` the shared workers, if any."""
+    config, prepared, collection = call.config, call.prepared, call.collection
+    stage_config = stage.key_config(call)
+    settings, seeds = stage_config["settings"], [int(s) for s in stage_config["seeds"]]
+    partial = partial_dir(Path(call.work_dir), stage.name, stage.key(call))
+    if call.force:
         shutil.rmtree(partial, ignore_errors=True)
 
     def compute(folder: Path) -> dict[str, Any]:
         return _run_folds(adapter, prepared, collection, settings, seeds, n_jobs=config.run.n_jobs,
-                          folder=folder, partial=partial, pool=pool)
+                          folder=folder, partial=partial, pool=call.options.get("pool"))
 
     with tagged(collection.name):  # the stage's cached / computing / done lines name the collection
-        output = run_stage(work_dir=Path(work_dir), stage=stage, config=stage_config, code=code,
-                           inputs=inputs, compute=compute, seeds={f"run_{i}": s for i, s in enumerate(seeds)},
-                           force=force)
+        output = run_declared(stage, call, compute, seeds={f"run_{i}": s for i, s in enumerate(seeds)})
     shutil.rmtree(partial, ignore_errors=True)  # the stage output holds everything now
     return output
 

@@ -38,6 +38,7 @@ class GNNAdapter:
     ranker_class = GNNRanker
     checkpoints = True  # the training stage passes a checkpoint_dir, so a killed fit resumes at its last epoch
     long_jobs = True  # fold jobs of many epochs: a run starts these stages first (run.train_models)
+    input_stages = ("node_arrays", "folds")
 
     def settings(self, config: Any, collection: Collection) -> dict[str, Any]:
         from pipelines.config.settings import model_settings
@@ -46,7 +47,7 @@ class GNNAdapter:
         return model_settings(config, "gnn", collection)
 
     def inputs(self, prepared: Any) -> dict[str, str]:
-        return {"node_arrays": prepared.stages["node_arrays"].key, "folds": prepared.stages["folds"].key}
+        return {name: prepared.stages[name].key for name in self.input_stages}
 
     def load(self, prepared: Any, graphs: list[str], *, settings: dict[str, Any], fit: bool,
              seed: int) -> list[GraphArrays]:

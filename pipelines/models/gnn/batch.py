@@ -26,14 +26,22 @@ import polars as pl
 import torch
 
 from pipelines.core.errors import FormatError
-from pipelines.data.node_arrays import NODE_FEATURE_DIM, GraphArrays, shape_and_layout
-from pipelines.data.tpugraphs import GraphSize
+from pipelines.data.node_arrays import NODE_FEATURE_DIM, RAW_COLUMNS, GraphArrays, shape_and_layout
+from pipelines.data.layout_geometry import CONV
+from pipelines.data.tpugraphs import GraphSize, NodeFeat
 
 LAYOUT_VALUE_OFFSET = 1  # layout config values -1..5 become embedding ids 0..6
 LAYOUT_NUM_VALUES = 7
 LAYOUT_BLOCK = 18  # layout values per configurable node and config: output, input, kernel layout
 PHYSICS_DIM = 12  # per configurable node and config: 6 values for the output and 6 for the input tensor
 TPU_TILE = (128, 8)  # HBM tiles pad the minor-most dim to a multiple of 128, the second-minor to 8
+# What a dim of a configurable node's output, input or kernel is to its op (``dim_roles``): a convolution
+# names its batch, feature and spatial dims; other ops' dims have no known role.
+ROLE_ABSENT, ROLE_OTHER, ROLE_BATCH, ROLE_CONTRACTED, ROLE_OUT_FEATURE, ROLE_SPATIAL = range(6)
+NUM_ROLES = 6
+# per configurable node and config (``layout_roles``): the kernel tensor's 6 padding values as in
+# ``layout_physics``, and the role of the minor-most and second-minor dim of the output, input and kernel
+ROLES_DIM = 6 + 3 * 2 * NUM_ROLES
 # per chain end and config: disagree, tiled dims disagree, log copy bytes, log tensor bytes, consumer
 # block explicit, producer block explicit, end kind (config->config, fixed->config, config->fixed)
 CHAIN_DIM = 9
@@ -71,8 +79,9 @@ class PreparedGraph(GraphSize):
     config_nodes: np.ndarray
     levels: list[PreparedLevel]
     config_in_final: np.ndarray  # position of each configurable node in the last level's rows
-    config_shapes: np.ndarray  # float64 (nc, 2, 6): dims of each configurable node's output and input tensor
-    config_layouts: np.ndarray  # int64 (nc, 2, 6): their default minor_to_major (node features 134-139)
+    config_shapes: np.ndarray  # float64 (nc, 3, 6): dims of each configurable node's output, input and kernel
+    config_layouts: np.ndarray  # int64 (nc, 3, 6): their default minor_to_major (node features 134-139)
+    config_roles: np.ndarray  # int8 (nc, 3, 6): the role (ROLE_*) of each of their dims
     config_feat: LayoutConfigs | np.ndarray  # layout: LayoutConfigs (c, nc, 18); tile: float32 (c, 24)
     target: np.ndarray  # float64 (c,)
     chain_src: np.ndarray  # int64 (E,) chain ends, see GraphArrays.chain_*
@@ -124,23 +133,84 @@ def _check(graph: GraphArrays) -> None:
         raise FormatError(where, "; ".join(problems))
 
 
-def _config_tensors(node_feat: np.ndarray, src: np.ndarray, dst: np.ndarray,
-                    config_nodes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Shapes and default layouts of the output (the node) and input tensor of each configurable node.
+def dim_roles(conv_numbers: np.ndarray, is_conv: np.ndarray) -> np.ndarray:
+    """int8 (n, 3, 6): the role (``ROLE_*``) of dims 0-5 of each node's output, input and kernel.
 
-    The input is the producer on the node's first incoming edge (operand 0 where the file lists
-    operands in order); a node without producers gets zeros, i.e. "no tensor".
+    ``conv_numbers`` (n, 14) are the convolution dimension numbers (node_feat 93-106: input batch and
+    feature, 4 input spatial, kernel input and output feature, 4 kernel spatial, output batch and
+    feature). A convolution's named dims get their role and its other dims ``ROLE_SPATIAL``; every
+    dim of another op is ``ROLE_OTHER``. Dims past a tensor's rank are the caller's to mask.
+    """
+    numbers = np.rint(conv_numbers).astype(np.int64)
+    named = {0: ((12, ROLE_BATCH), (13, ROLE_OUT_FEATURE)),  # output
+             1: ((0, ROLE_BATCH), (1, ROLE_CONTRACTED)),  # input
+             2: ((6, ROLE_CONTRACTED), (7, ROLE_OUT_FEATURE))}  # kernel
+    dim = np.arange(6)[None, :]
+    roles = np.empty((numbers.shape[0], 3, 6), np.int8)
+    for block, pairs in named.items():
+        block_roles = np.where(is_conv[:, None], ROLE_SPATIAL, ROLE_OTHER) + 0 * dim
+        for column, role in pairs:
+            block_roles = np.where(is_conv[:, None] & (dim == numbers[:, column][:, None]), role, block_roles)
+        roles[:, block] = block_roles
+    return roles
+
+
+def _operands(num_nodes: int, src: np.ndarray, dst: np.ndarray, nodes: np.ndarray) -> list[np.ndarray]:
+    """The producers on each of ``nodes``' first and second incoming edge (-1 where it has fewer)."""
+    order = np.argsort(dst, kind="stable")
+    consumers, first, counts = np.unique(dst[order], return_index=True, return_counts=True)
+    result = []
+    for k in range(2):
+        producer = np.full(num_nodes, -1, np.int64)
+        has = counts > k
+        producer[consumers[has]] = src[order[first[has] + k]]
+        result.append(producer[nodes])
+    return result
+
+
+def _convolution_dims(node_feat: np.ndarray, nodes: np.ndarray) -> np.ndarray:
+    """int64 (len(nodes), 14) the convolution dimension numbers (node_feat 93-106) of ``nodes``."""
+    columns = [RAW_COLUMNS.index(c) for c in NodeFeat.columns(NodeFeat.CONVOLUTION_DIMS)]
+    return np.rint(node_feat[nodes][:, columns]).astype(np.int64)
+
+
+def _config_tensors(node_feat: np.ndarray, node_opcode: np.ndarray, src: np.ndarray, dst: np.ndarray,
+                    config_nodes: np.ndarray, match_operands: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Shapes, default layouts and dim roles of the output (the node), input and kernel tensor of each
+    configurable node, each (nc, 3, 6).
+
+    The input and kernel are the producers on the node's first and second incoming edge. With
+    ``match_operands``, for a convolution, whose dimension numbers say which dims must agree (input
+    batch = output batch, kernel output feature = output feature, input feature = kernel input
+    feature), the two are swapped when the swap agrees better (files need not list edges in operand
+    order). A missing tensor gets zeros, i.e. "no tensor".
     """
     dims, layout = shape_and_layout(node_feat)
-    consumers, first_edge = np.unique(dst, return_index=True)
-    producer = np.full(node_feat.shape[0], -1, np.int64)
-    producer[consumers] = src[first_edge]
-    operand = producer[config_nodes]
-    has_input = (operand >= 0)[:, None]
-    in_dims = np.where(has_input, dims[np.maximum(operand, 0)], 0.0)
-    in_layout = np.where(has_input, layout[np.maximum(operand, 0)], 0)
-    return (np.stack([dims[config_nodes], in_dims], axis=1),
-            np.stack([layout[config_nodes], in_layout], axis=1))
+    first, second = _operands(node_feat.shape[0], src, dst, config_nodes)
+    conv = node_opcode[config_nodes] == CONV
+    numbers = _convolution_dims(node_feat, config_nodes)
+    in_batch, in_feature, kernel_in, kernel_out, out_batch, out_feature = (numbers[:, j] for j in (0, 1, 6, 7, 12, 13))
+    out = dims[config_nodes]
+
+    def at(tensor_dims: np.ndarray, index: np.ndarray) -> np.ndarray:
+        return np.take_along_axis(tensor_dims, np.clip(index, 0, 5)[:, None], axis=1)[:, 0]
+
+    def agreement(inp: np.ndarray, ker: np.ndarray) -> np.ndarray:
+        di = np.where((inp >= 0)[:, None], dims[np.maximum(inp, 0)], 0.0)
+        dk = np.where((ker >= 0)[:, None], dims[np.maximum(ker, 0)], 0.0)
+        return ((at(di, in_batch) == at(out, out_batch)).astype(int) + (at(dk, kernel_out) == at(out, out_feature))
+                + (at(di, in_feature) == at(dk, kernel_in)))
+
+    swap = match_operands & conv & (second >= 0) & (agreement(second, first) > agreement(first, second))
+    operand, kernel = np.where(swap, second, first), np.where(swap, first, second)
+    tensors_dims, tensors_layout = [out], [layout[config_nodes]]
+    for producer in (operand, kernel):
+        has = (producer >= 0)[:, None]
+        tensors_dims.append(np.where(has, dims[np.maximum(producer, 0)], 0.0))
+        tensors_layout.append(np.where(has, layout[np.maximum(producer, 0)], 0))
+    shapes = np.stack(tensors_dims, axis=1)
+    roles = np.where(np.arange(6) < (shapes > 0).sum(2)[..., None], dim_roles(numbers, conv), ROLE_ABSENT)
+    return shapes, np.stack(tensors_layout, axis=1), roles.astype(np.int8)
 
 
 def _log_tile_waste(size: torch.Tensor, multiple: int) -> torch.Tensor:
@@ -149,12 +219,43 @@ def _log_tile_waste(size: torch.Tensor, multiple: int) -> torch.Tensor:
     return torch.where(size > 0, torch.log(torch.ceil(safe / multiple) * multiple / safe), 0.0)
 
 
+def _minor_dims(values: torch.Tensor, inverse: torch.Tensor, block: int, shapes: torch.Tensor,
+                layouts: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor], list[torch.Tensor]]:
+    """Of tensor ``block`` (0 output, 1 input, 2 kernel) of each (configurable node, config): whether the
+    config sets its layout (R, K), and, for its minor-most and second-minor slot, the dim index the layout
+    puts there and whether that slot holds a dim (each (R, K)). The layout is the config's minor_to_major,
+    or the tensor's default where the config leaves it to the compiler (-1)."""
+    perm = values[:, 6 * block:6 * block + 2].long()[inverse] - LAYOUT_VALUE_OFFSET  # (R, K, 2): slots 0-1
+    rank = (shapes[:, block] > 0).sum(1)[:, None]  # (R, 1)
+    chosen = perm[..., 0] >= 0
+    indices, present = [], []
+    for slot in range(len(TPU_TILE)):
+        index = torch.where(chosen, perm[..., slot], layouts[:, block, slot].long()[:, None])  # (R, K)
+        # slot < rank: default layouts are 0-padded, so slot 1 of a rank-1 tensor reads a 0 that is no dim
+        indices.append(index)
+        present.append((index >= 0) & (index < rank) & (slot < rank))
+    return chosen, indices, present
+
+
+def _block_physics(values: torch.Tensor, inverse: torch.Tensor, block: int, shapes: torch.Tensor,
+                   layouts: torch.Tensor) -> list[torch.Tensor]:
+    """The 6 padding values of tensor ``block`` (see ``layout_physics``), each (R, K) float64."""
+    chosen, indices, present = _minor_dims(values, inverse, block, shapes, layouts)
+    dims = shapes[:, block]  # (R, 6)
+    out, sizes = [], []
+    for slot, multiple in enumerate(TPU_TILE):
+        size = torch.where(present[slot], dims.gather(1, indices[slot].clamp(0, 5)), 0.0)
+        sizes.append(size)
+        out += [torch.log1p(size), _log_tile_waste(size, multiple)]
+    return out + [chosen.to(torch.float64), ((sizes[0] > 0) & (sizes[0] >= dims.max(1).values[:, None])).to(torch.float64)]
+
+
 def layout_physics(values: torch.Tensor, inverse: torch.Tensor, shapes: torch.Tensor,
                    layouts: torch.Tensor) -> torch.Tensor:
     """(R, K, PHYSICS_DIM) float32: what the layout of each (configurable node, config) implies in memory.
 
     ``values`` (U, 18) layout ids 0..6 and ``inverse`` (R, K) are a ``ConfigBatch``'s distinct blocks and
-    each node's block per config; ``shapes`` (float64) and ``layouts`` (R, 2, 6) are ``GraphBatch.config_*``.
+    each node's block per config; ``shapes`` (float64) and ``layouts`` (R, 3, 6) are ``GraphBatch.config_*``.
     Runs on their device (in the model), so only the sampled blocks cross to a GPU per step.
     Per tensor (output block 0-5 with the node's shape, input block 6-11 with its operand's), the
     layout is the config's minor_to_major, or the tensor's default where the config leaves it to
@@ -163,27 +264,35 @@ def layout_physics(values: torch.Tensor, inverse: torch.Tensor, shapes: torch.Te
     padding facts a TPU layout decides; message passing alone would have to learn an index lookup.
     Computed in float64 and rounded once to float32.
     """
-    out = []
     shapes = shapes.to(torch.float64)
-    for block in range(2):
-        perm = values[:, 6 * block:6 * block + 2].long()[inverse] - LAYOUT_VALUE_OFFSET  # (R, K, 2): slots 0-1
-        dims = shapes[:, block]  # (R, 6)
-        rank = (dims > 0).sum(1)[:, None]  # (R, 1)
-        chosen = perm[..., 0] >= 0
-        sizes = []
-        for slot, multiple in enumerate(TPU_TILE):
-            index = torch.where(chosen, perm[..., slot], layouts[:, block, slot].long()[:, None])  # (R, K)
-            # slot < rank: default layouts are 0-padded, so slot 1 of a rank-1 tensor reads a 0 that is no dim
-            present = (index >= 0) & (index < rank) & (slot < rank)
-            size = torch.where(present, dims.gather(1, index.clamp(0, 5)), 0.0)
-            sizes.append(size)
-            out += [torch.log1p(size), _log_tile_waste(size, multiple)]
-        out += [chosen.to(torch.float64), ((sizes[0] > 0) & (sizes[0] >= dims.max(1).values[:, None])).to(torch.float64)]
+    out = [v for block in range(2) for v in _block_physics(values, inverse, block, shapes, layouts)]
     return torch.stack(out, dim=-1).to(torch.float32)
 
 
-def prepare_graph(graph: GraphArrays, config_layers: int) -> PreparedGraph:
-    """Validate one graph and precompute degrees and (layout) the hop levels of the fused layers."""
+def layout_roles(values: torch.Tensor, inverse: torch.Tensor, shapes: torch.Tensor, layouts: torch.Tensor,
+                 roles: torch.Tensor) -> torch.Tensor:
+    """(R, K, ROLES_DIM) float32: which dims the layout of each (configurable node, config) puts minor-most.
+
+    The kernel tensor's (block 12-17) 6 padding values as ``layout_physics`` gives the other two, then,
+    for the output, input and kernel, one-hot the role (``ROLE_*``: batch, contracted or output feature,
+    spatial, unknown, absent) of the dim in the minor-most and the second-minor slot. Which role a TPU
+    wants in its 128 lanes is left for the model to learn; the features only spare it the index lookup
+    from a permutation into the op's dimension numbers.
+    """
+    shapes = shapes.to(torch.float64)
+    out = _block_physics(values, inverse, 2, shapes, layouts)
+    for block in range(3):
+        _, indices, present = _minor_dims(values, inverse, block, shapes, layouts)
+        block_roles = roles[:, block].long()  # (R, 6)
+        for slot in range(len(TPU_TILE)):
+            role = torch.where(present[slot], block_roles.gather(1, indices[slot].clamp(0, 5)), ROLE_ABSENT)
+            out += list(torch.nn.functional.one_hot(role, NUM_ROLES).to(torch.float64).unbind(-1))
+    return torch.stack(out, dim=-1).to(torch.float32)
+
+
+def prepare_graph(graph: GraphArrays, config_layers: int, match_operands: bool = False) -> PreparedGraph:
+    """Validate one graph and precompute degrees and (layout) the hop levels of the fused layers;
+    ``match_operands``: see ``_config_tensors`` (on with ``GNNConfig.layout_roles``)."""
     _check(graph)
     n = graph.num_nodes
     src, dst = (graph.message_edges[i].astype(np.int64, copy=False) for i in (0, 1))
@@ -214,14 +323,15 @@ def prepare_graph(graph: GraphArrays, config_layers: int) -> PreparedGraph:
             ))
             prev_rows, prev_mask, prev_pos = rows, mask, pos
         config_in_final = prev_pos[config_nodes]
-    config_shapes, config_layouts = _config_tensors(graph.node_feat, src, dst, config_nodes)
+    config_shapes, config_layouts, config_roles = _config_tensors(graph.node_feat, graph.node_opcode, src, dst,
+                                                                  config_nodes, match_operands)
     return PreparedGraph(
         # copy=False: a collection's node features can take GBs; never hold them twice
         kind=kind, node_opcode=graph.node_opcode.astype(np.int64, copy=False),
         node_feat=graph.node_feat.astype(np.float32, copy=False), message_edges=np.stack([src, dst]),
         inv_deg_in=inv_in, inv_deg_out=inv_out,
         config_nodes=config_nodes, levels=levels, config_in_final=config_in_final,
-        config_shapes=config_shapes, config_layouts=config_layouts,
+        config_shapes=config_shapes, config_layouts=config_layouts, config_roles=config_roles,
         config_feat=_layout_configs(graph.config_feat) if kind == "layout" else graph.config_feat,
         target=graph.target.astype(np.float64, copy=False),
         chain_src=graph.chain_src, chain_dst=graph.chain_dst, chain_kernel=graph.chain_kernel,
@@ -295,8 +405,9 @@ class GraphBatch:
     chain_bytes: torch.Tensor | None = None  # float64 (E,) its unpadded bytes
     num_chain_ends: torch.Tensor | None = None  # (B,) float
     # what ``layout_physics`` reads per configurable node (layout graphs)
-    config_shapes: torch.Tensor | None = None  # float64 (R0, 2, 6) dims of its output and input tensor
-    config_layouts: torch.Tensor | None = None  # int8 (R0, 2, 6) their default minor_to_major
+    config_shapes: torch.Tensor | None = None  # float64 (R0, 3, 6) dims of its output, input and kernel tensor
+    config_layouts: torch.Tensor | None = None  # int8 (R0, 3, 6) their default minor_to_major
+    config_roles: torch.Tensor | None = None  # int8 (R0, 3, 6) the role of each of their dims (``layout_roles``)
 
     def to(self, device: torch.device | str, non_blocking: bool = False) -> GraphBatch:
         """This batch with every tensor on ``device`` (once per graph batch, not per config chunk)."""
@@ -373,9 +484,10 @@ def collate(graphs: list[PreparedGraph]) -> GraphBatch:
         chain_dims=_cat([g.chain_dims for g in graphs], torch.long).reshape(-1, 6),
         chain_bytes=_cat([g.chain_bytes for g in graphs], torch.float64),
         num_chain_ends=torch.tensor([g.chain_src.shape[0] for g in graphs], dtype=torch.float32),
-        config_shapes=torch.from_numpy(np.concatenate([g.config_shapes for g in graphs]).reshape(-1, 2, 6)),
-        config_layouts=torch.from_numpy(np.concatenate([g.config_layouts for g in graphs]).reshape(-1, 2, 6)
+        config_shapes=torch.from_numpy(np.concatenate([g.config_shapes for g in graphs]).reshape(-1, 3, 6)),
+        config_layouts=torch.from_numpy(np.concatenate([g.config_layouts for g in graphs]).reshape(-1, 3, 6)
                                         .astype(np.int8)),
+        config_roles=torch.from_numpy(np.concatenate([g.config_roles for g in graphs]).reshape(-1, 3, 6)),
     )
 
 

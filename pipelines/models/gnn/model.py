@@ -58,8 +58,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from pipelines.models.gnn.batch import (CHAIN_DIM, LAYOUT_NUM_VALUES, PHYSICS_DIM, ChainLayouts, ConfigBatch,
-                                         GraphBatch, Level, chain_layouts, layout_physics)
+from pipelines.models.gnn.batch import (CHAIN_DIM, LAYOUT_NUM_VALUES, PHYSICS_DIM, ROLES_DIM, ChainLayouts,
+                                         ConfigBatch, GraphBatch, Level, chain_layouts, layout_physics, layout_roles)
 from pipelines.models.gnn.device import full_precision
 from pipelines.config.gnn import GNNConfig
 
@@ -368,6 +368,7 @@ class GNNModel(nn.Module):
         self.head = nn.Sequential(nn.GELU(), nn.Linear(hidden, hidden), nn.GELU(), nn.Linear(hidden, 1))
         # built last so that the other modules draw the same initial weights with the option off
         self.node_cost = NodeCostHead(hidden) if kind == "layout" and cfg.readout == "pooled+sum" else None
+        self.roles_proj = nn.Linear(ROLES_DIM, hidden) if kind == "layout" and cfg.layout_roles else None
 
     @property
     def fused_config_layers(self) -> bool:
@@ -421,6 +422,10 @@ class GNNModel(nn.Module):
         if self.physics_proj is not None:
             physics = layout_physics(configs.values, configs.inverse, batch.config_shapes, batch.config_layouts)
             embedded = embedded + self.physics_proj(physics)
+        if self.roles_proj is not None:
+            roles = layout_roles(configs.values, configs.inverse, batch.config_shapes, batch.config_layouts,
+                                 batch.config_roles)
+            embedded = embedded + self.roles_proj(roles)
         return embedded
 
     def inject(self, ctx: Context, configs: ConfigBatch) -> tuple[torch.Tensor, torch.Tensor | None]:

@@ -66,11 +66,13 @@ class GNNRanker:
     def __init__(self, config: GNNConfig | Mapping[str, Any] | None = None, *, collection: Collection | str,
                  num_threads: int | None = None):
         self.collection = parse_collection(collection) if isinstance(collection, str) else collection
-        # checked like a loaded config (also when built by hand or from settings), then resolved
+        # checked like a loaded config (also when built by hand or from settings), then resolved for the
+        # collection unless it comes resolved (the training stage's settings: model_settings, no tables left)
         plain = dict(config) if isinstance(config, Mapping) else config_to_dict(config or GNNConfig())
         if num_threads is not None and not plain.get("num_threads"):
             plain["num_threads"] = int(num_threads)
-        self.config = resolve_for_collection(config_from_dict(GNNConfig, plain, "GNN config"), self.collection)
+        checked = config_from_dict(GNNConfig, plain, "GNN config")
+        self.config = resolve_for_collection(checked, self.collection) if checked.collections else checked
 
     # ------------------------------------------------------------------ fit
 
@@ -110,9 +112,9 @@ class GNNRanker:
         if not own:  # a pass is the own graphs plus at most as many others: none would leave no steps
             raise ConfigError(f"GNN: no training graphs of {self.collection.name} (graphs of "
                               "extra_train_collections only join them)")
-        prepared_train = [prepare_graph(g, cfg.config_layers) for g in own]
-        prepared_extra = [prepare_graph(g, cfg.config_layers) for g in train if g.collection != self.collection.name]
-        prepared_valid = [prepare_graph(g, cfg.config_layers) for g in valid]
+        prepared_train = [prepare_graph(g, cfg.config_layers, cfg.layout_roles) for g in own]
+        prepared_extra = [prepare_graph(g, cfg.config_layers, cfg.layout_roles) for g in train if g.collection != self.collection.name]
+        prepared_valid = [prepare_graph(g, cfg.config_layers, cfg.layout_roles) for g in valid]
         fingerprint = _fingerprint(cfg, seed, train, valid, unlabeled)
         checkpoint_path = None if checkpoint_dir is None else Path(checkpoint_dir) / f"gnn_seed{seed}.pt"
 
@@ -160,7 +162,7 @@ class GNNRanker:
                 if graph_kind(g) != self.kind_ or g.node_feat.shape[1] != self.node_feat_dim_:
                     raise FormatError(where, f"graph does not fit a {self.kind_} model with "
                                              f"{self.node_feat_dim_} node features")
-                prepared: PreparedGraph = prepare_graph(g, self.config.config_layers)
+                prepared: PreparedGraph = prepare_graph(g, self.config.config_layers, self.config.layout_roles)
                 out.append(score_graph(self.model_, prepared, self.config))
         return np.concatenate(out).astype(np.float64, copy=False) if out else np.zeros(0, dtype=np.float64)
 
