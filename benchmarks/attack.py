@@ -949,7 +949,7 @@ def issue71_cases(add: Callable) -> None:
         return ["report", ctx.run_id, "--submissions-dir", str(ctx.subs), "--out", str(ctx.base / "r.html")]
 
     @add("71.7", "ensemble --runs of a predict run", check=both(says("is a 'predict' run", "source run"),
-                                                                 not_said("graph")))
+                                                                 not_said("in the prepared data")))
     def _(ctx):
         done = run_cli(["predict", "--run", ctx.run_id, "--data-root", str(ctx.data), "--submissions-dir",
                         str(ctx.subs)], ctx.base, 300)

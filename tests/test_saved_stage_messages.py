@@ -56,7 +56,8 @@ def test_a_deleted_stage_folder_is_gone(published, tmp_path, capsys, command):
     work, subs, run_id = private_copy(published, tmp_path)
     stage = training_stage(work)
     shutil.rmtree(stage)
-    args = ["report", run_id, "--out", str(tmp_path / "r.html")] if command == "report" else ["ensemble", "--runs", run_id]
+    args = (["report", run_id, "--out", str(tmp_path / "r.html")] if command == "report"
+            else ["ensemble", "--runs", run_id])
     assert main([*args, "--submissions-dir", str(subs)]) == 1
     assert f"is gone: {stage}" in capsys.readouterr().err
 
@@ -69,4 +70,5 @@ def test_ensemble_of_a_predict_run_says_it_is_one(published, tiny_world, tmp_pat
     capsys.readouterr()
     assert main(["ensemble", "--runs", predicted, "--submissions-dir", str(subs)]) == 2
     err = capsys.readouterr().err
-    assert f"run {predicted} is a 'predict' run" in err and f"its source run {run_id}" in err and "graph" not in err
+    assert f"run {predicted} is a 'predict' run" in err and f"its source run {run_id}" in err
+    assert "in the prepared data" not in err
