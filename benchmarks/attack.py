@@ -1,6 +1,10 @@
-"""Replay the black-box attack of issue 13 (and more) against the command line, and print a table.
+"""Replay the black-box attacks of issues 13 and 71 (and more) against the command line, and print a table.
 
-Usage: python -m benchmarks.attack [--out DIR] [--keep] [--only SUBSTRING] [--timeout S]
+Usage: python -m benchmarks.attack [--out DIR] [--keep] [--only SUBSTRING] [--timeout S] [--fast]
+
+``--fast`` replays only the quick cases (``Case.fast``), the subset ``tests/test_attack_replay.py`` runs.
+Items ``71.N`` are the classes of issue 71: 1 code from files, 2 corrupt cache, 3 tracebacks, 4 accepted
+wrongly, 5 super-linear time, 6 races, 7 messages.
 
 Every case is one hostile input or fault, run as ``python -m pipelines ...`` in a fresh subprocess on
 a private copy of the ``tiny`` synthetic world. Each is classified:
@@ -12,6 +16,9 @@ a private copy of the ``tiny`` synthetic world. Each is classified:
   with the case's check passing;
 * traceback: a Python traceback on stderr; timeout: killed after ``--timeout`` seconds;
 * accepted wrongly: exit 0 where a rejection was due, or a case check that failed;
+* code executed: a pickle payload the case planted (in a model or checkpoint file) ran;
+* too slow: longer than the case's bound (time super-linear in the input);
+* setup failed: the harness could not build the case's input (counted as a failure, never a pass);
 * raw data changed: the data root's listing, sizes, times or bytes differ afterwards.
 
 Peak RSS is the child's own (``wait4``). The table (and a JSON of every case) goes to stdout and
@@ -122,6 +129,14 @@ class Context:
     subs: Path  # its submissions folder (copied per case)
     work: Path  # its work dir (shared, read-mostly)
     csv: Path  # its submission (in this case's copy of subs)
+    gnn: tuple[str, Path, Path] | None = None  # a published GNN run: (run-id, its submissions folder, work dir)
+    background: list = field(default_factory=list)  # processes a case started beside its command (races)
+    runs_before: set = field(default_factory=set)  # the run folders in subs before the case's command ran
+
+    @property
+    def code_marker(self) -> Path:
+        """The file a planted payload creates if it is ever executed ("code executed")."""
+        return self.base / "CODE_RAN"
 
 
 @dataclass
@@ -133,6 +148,10 @@ class Case:
     check: Callable[[Context, Outcome], str | None] = lambda ctx, out: None  # a problem, or None
     needs_mount: bool = False
     results: dict = field(default_factory=dict)
+    fast: bool = False  # in the quick subset (--fast) the test suite replays
+    needs_gnn: bool = False  # uses the published GNN run (built once, when a chosen case needs it)
+    needs_bombs: bool = False
+    max_wall_s: float | None = None  # longer than this: "too slow" (time super-linear in the input)
 
 
 def tile(ctx: Context, split: str) -> Path:
@@ -235,9 +254,10 @@ def csv_unchanged(ctx: Context, out: Outcome) -> str | None:
 def build_cases(bombs: Path) -> list[Case]:
     cases: list[Case] = []
 
-    def add(item: str, name: str, expect: str = "reject", check=lambda ctx, out: None, needs_mount: bool = False):
+    def add(item: str, name: str, expect: str = "reject", check=lambda ctx, out: None, needs_mount: bool = False,
+            **options):
         def register(prepare: Callable[[Context], list[str]]) -> Callable[[Context], list[str]]:
-            cases.append(Case(item, name, prepare, expect, check, needs_mount))
+            cases.append(Case(item, name, prepare, expect, check, needs_mount, **options))
             return prepare
         return register
 
@@ -336,7 +356,7 @@ def build_cases(bombs: Path) -> list[Case]:
     for bomb in ("edges-200M.npz", "edges-20M.npz", "node-feat-2M.npz", "config-feat-100M.npz"):
         cases.append(Case("5", f"prepare with a bomb in train: {bomb}", lambda ctx, bomb=bomb: (
             shutil.copy(bombs / bomb, tile(ctx, "train") / f"zz_{bomb}"), prepare_args(ctx))[1], "reject",
-            both(no_stage_output, says("refusing"))))
+            both(no_stage_output, says("refusing")), needs_bombs=True))
 
     @add("5", "prepare with a lying npy header (10**8 configs declared)", check=says("declared shape"))
     def _(ctx):
@@ -561,7 +581,387 @@ def build_cases(bombs: Path) -> list[Case]:
     @add("+", "report of a run-id with path traversal", check=says("not a run-id"))
     def _(ctx):
         return ["report", "../../etc", "--submissions-dir", str(ctx.subs)]
+
+    issue71_cases(add)
     return cases
+
+
+# ----------------------------------------------------------------------------- issue 71: the second attack
+
+# Item labels: 71.<class> of issue 71: 1 code from files, 2 corrupt cache, 3 tracebacks, 4 accepted wrongly,
+# 5 super-linear time, 6 races, 7 messages.
+
+
+class _Payload:
+    """Unpickling this runs ``touch MARKER``: what a planted model or checkpoint file would do."""
+
+    def __init__(self, marker: Path):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+def payload_bytes(marker: Path) -> bytes:
+    import pickle
+
+    return pickle.dumps({"format": 1, "model": _Payload(marker)}, protocol=2)
+
+
+def private_work(ctx: Context, source: Path | None = None, subs: Path | None = None) -> Path:
+    """A copy of a baseline work dir in the case's folder; run manifests under ``subs`` are pointed at it."""
+    source = source or ctx.work
+    work = ctx.base / "work"
+    shutil.copytree(source, work)
+    for manifest in (subs or ctx.subs).glob("*/manifest.json"):
+        manifest.write_text(manifest.read_text().replace(str(source.resolve()), str(work.resolve()))
+                            .replace(str(source), str(work)))
+    return work
+
+
+def reseal(target: Path, data: bytes) -> None:
+    """Write ``data`` to a stage output file and record its size and SHA-256 in the stage manifest (and in
+    the fold-model hashes of a training stage), as someone who can write the work dir could."""
+    target.write_bytes(data)
+    folder = next(p for p in target.parents if (p / "manifest.json").is_file())
+    manifest = json.loads((folder / "manifest.json").read_text())
+    rel = target.relative_to(folder).as_posix()
+    digest = hashlib.sha256(data).hexdigest()
+    for item in manifest["outputs"]:
+        if item["path"] == rel:
+            item["bytes"], item["sha256"] = len(data), digest
+    for entry in (manifest.get("metrics") or {}).get("models") or []:
+        if rel in (entry.get("sha256") or {}):
+            entry["sha256"][rel] = digest
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+
+
+def stage_file(work: Path, stage: str, pattern: str) -> Path:
+    return sorted(p for p in (work / stage).glob(f"*/{pattern}") if not p.parts[-2].startswith("."))[0]
+
+
+def same_csv(ctx: Context, out: Outcome) -> str | None:
+    """The run published the baseline's exact submission bytes."""
+    published = [p for p in (ctx.base / "subs").glob("*/submission.csv") if p.parent.name not in ctx.runs_before]
+    if len(published) != 1:
+        return f"expected one new run folder, found {len(published)}"
+    return None if published[0].read_bytes() == ctx.csv.read_bytes() else "the submission bytes differ"
+
+
+def no_new_run(ctx: Context, out: Outcome) -> str | None:
+    published = [p.name for p in (ctx.base / "subs").iterdir() if p.name not in ctx.runs_before]
+    return f"published {published}" if published else None
+
+
+def warns(*words: str) -> Callable[[Context, Outcome], str | None]:
+    return both(says("warning", *words))
+
+
+def no_more_than(seconds: float) -> Callable[[Context, Outcome], str | None]:
+    return lambda ctx, out: None if out.wall_s <= seconds else f"took {out.wall_s:.1f} s (> {seconds} s)"
+
+
+def not_said(*words: str) -> Callable[[Context, Outcome], str | None]:
+    def check(ctx: Context, out: Outcome) -> str | None:
+        found = [w for w in words if w in out.stdout + out.stderr]
+        return f"message says {found}" if found else None
+    return check
+
+
+def edit_labels(ctx: Context, change: Callable[[dict, int], None]) -> None:
+    path = sorted((ctx.data / "labels" / "npz" / "tile" / "xla" / "test").glob("*.npz"))[0]
+    with np.load(path) as archive:
+        arrays = {name: archive[name] for name in archive.files}
+    change(arrays, arrays["runtime"].shape[0])
+    with open(path, "wb") as handle:
+        np.savez(handle, **arrays)
+
+
+def edit_member(path: Path, key: str, change: Callable[[np.ndarray], np.ndarray]) -> None:
+    write_members(path, [(n, npy_bytes(change(np.load(io.BytesIO(d)))) if n == f"{key}.npy" else d)
+                         for n, d in read_members(path)])
+
+
+def layout(ctx: Context, collection: str, split: str) -> Path:
+    return ctx.data.joinpath("npz_all", "npz", "layout", *collection.split(":"), split)
+
+
+def long_chain_graph(path: Path, n: int) -> None:
+    """A layout train file whose n nodes are one long chain of elementwise adds between a few dots (the
+    shape that made the chain search cubic), written in the Kaggle format."""
+    from pipelines.data.tpugraphs import LayoutGraph, save_graph
+
+    rng = np.random.default_rng(0)
+    node_feat = np.zeros((n, 140), np.float32)
+    node_feat[:, 13] = 1  # f32
+    node_feat[:, 21:23] = (8, 128)
+    node_feat[:, 27], node_feat[:, 28] = 136, 1024
+    node_feat[:, 134:136] = (1, 0)
+    opcode = np.full(n, 2, np.uint8)  # add
+    opcode[0] = 63  # parameter
+    config_ids = np.arange(1, n, max(1, n // 8))[:8]
+    opcode[config_ids] = 34  # dot
+    edges = np.stack([np.arange(1, n), np.arange(n - 1)], axis=1)
+    configs = rng.integers(-1, 2, size=(16, config_ids.size, 18)).astype(np.int8)
+    configs[:, :, 2:] = -1
+    save_graph(path, LayoutGraph(path.stem, node_feat, opcode, edges, config_ids, configs,
+                                 rng.integers(10**6, 10**9, 16), np.array([[0, n]])))
+
+
+def start_beside(ctx: Context, args: list[str], delay: float) -> None:
+    """Start ``python -m pipelines ARGS`` now (in the background) and wait ``delay`` seconds."""
+    ctx.background.append(subprocess.Popen([sys.executable, "-m", "pipelines", *args], cwd=ctx.base,
+                                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                           env={**os.environ, "PYTHONPATH": str(REPO)}, start_new_session=True))
+    time.sleep(delay)
+
+
+def both_runs_same_csv(ctx: Context, out: Outcome) -> str | None:
+    """The background run also succeeded, and both published the baseline's bytes."""
+    for process in ctx.background:
+        _, err = process.communicate(timeout=600)
+        if process.returncode != 0:
+            return f"the other run failed (rc {process.returncode}): {err.strip().splitlines()[-1:]}"
+    csvs = sorted((ctx.base / "race").glob("*/*/submission.csv"))
+    if len(csvs) != 2:
+        return f"expected two published runs, found {len(csvs)}"
+    return None if all(c.read_bytes() == ctx.csv.read_bytes() for c in csvs) else "the submission bytes differ"
+
+
+def race_args(ctx: Context, i: int) -> list[str]:
+    return ["run", "--data-root", str(ctx.data), "--work-dir", str(ctx.base / "work"), "--submissions-dir",
+            str(ctx.base / "race" / str(i)), "--models", "random", *FAST]
+
+
+def kill_when_checkpointed(ctx: Context, args: list[str], timeout: float) -> Path | None:
+    """Run ``args`` and SIGKILL it once a GNN epoch checkpoint exists in a fold job's folder; the checkpoint."""
+    child = subprocess.Popen([sys.executable, "-m", "pipelines", *args], cwd=ctx.base, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL, env={**os.environ, "PYTHONPATH": str(REPO)},
+                             start_new_session=True)
+    started, found = time.perf_counter(), None
+    while child.poll() is None and time.perf_counter() - started < timeout:
+        found = next(iter((ctx.base / "work").glob("train-gnn/.folds-*/*.ckpt/*.pt")), None)
+        if found is not None:
+            os.killpg(child.pid, signal.SIGKILL)
+            break
+        time.sleep(0.002)
+    child.wait()
+    return found
+
+
+def issue71_cases(add: Callable) -> None:
+    # 71.1 code from files: a planted pickle payload must never run
+    @add("71.1", "predict with a pickle payload planted as a saved GNN model (hashes resealed)", needs_gnn=True,
+         check=says("cannot read GNN model"))
+    def _(ctx):
+        run_id, subs, work = ctx.gnn
+        shutil.copytree(subs, ctx.base / "gnn-subs")
+        mine = private_work(ctx, work, ctx.base / "gnn-subs")
+        reseal(stage_file(mine, "train-gnn", "models/*.pt"), payload_bytes(ctx.code_marker))
+        return ["predict", "--run", run_id, "--data-root", str(ctx.data), "--submissions-dir",
+                str(ctx.base / "gnn-subs")]
+
+    @add("71.1", "train resuming from a pickle payload planted as its epoch checkpoint (hash resealed)",
+         needs_gnn=True, check=says("cannot read GNN checkpoint", "to train this fold afresh"))
+    def _(ctx):
+        args = ["train", "--model", "gnn", "--collections", "tile:xla", "--data-root", str(ctx.data), "--work-dir",
+                str(ctx.base / "work"), "--config", "smoke", "--set", "gnn.epochs=40"]
+        checkpoint = kill_when_checkpointed(ctx, args, 300)
+        if checkpoint is None:
+            raise RuntimeError("no checkpoint was written before the fit finished")
+        checkpoint.write_bytes(payload_bytes(ctx.code_marker))
+        checkpoint.with_name(checkpoint.name + ".sha256").write_text(
+            hashlib.sha256(checkpoint.read_bytes()).hexdigest() + "\n")  # a planted file that matches its hash
+        return args
+
+    # 71.2 corrupt cache: never served; recomputed with a warning, or an error naming the file
+    @add("71.2", "rerun with one bit flipped in a cached ensemble predictions.parquet", expect="accept",
+         check=both(warns("does not match its manifest"), same_csv), fast=True)
+    def _(ctx):
+        target = stage_file(private_work(ctx), "ensemble", "predictions.parquet")
+        data = bytearray(target.read_bytes())
+        data[len(data) // 2] ^= 1
+        target.write_bytes(bytes(data))
+        return run_args(ctx)
+
+    @add("71.2", "rerun with a cached features table truncated", expect="accept",
+         check=both(warns("bytes, its manifest recorded"), same_csv))
+    def _(ctx):
+        target = stage_file(private_work(ctx), "features", "train/graph_features.parquet")
+        target.write_bytes(target.read_bytes()[:100])
+        return run_args(ctx)
+
+    @add("71.2", "a features table written as garbage, its hash resealed, read by a new model",
+         check=says("unreadable stage output table", "graph_features.parquet"))
+    def _(ctx):
+        target = stage_file(private_work(ctx), "features", "train/graph_features.parquet")
+        reseal(target, os.urandom(target.stat().st_size))
+        return [*run_args(ctx), "--models", "feature"]
+
+    @add("71.2", "a node-arrays file written truncated, its hash resealed, read by the GNN",
+         check=says("unreadable cached graph arrays"))
+    def _(ctx):
+        target = stage_file(private_work(ctx), "node_arrays", "train/*.npz")
+        reseal(target, target.read_bytes()[: target.stat().st_size // 2])
+        return [*run_args(ctx), "--models", "gnn"]
+
+    # 71.3 tracebacks instead of errors
+    @add("71.3", "run --models feature:f_nope (no such column)", check=both(nothing_written, says("f_cfg_0")),
+         fast=True)
+    def _(ctx):
+        return [*run_args(ctx), "--models", "feature:f_nope"]
+
+    @add("71.3", "runs list with one manifest hand-edited into a list", expect="accept",
+         check=both(warns("not a valid run manifest"), says("{base}")), fast=True)
+    def _(ctx):
+        other = ctx.subs / "20260101T000000Z-badbadba"
+        shutil.copytree(ctx.subs / ctx.run_id, other)
+        manifest = other / "manifest.json"
+        manifest.write_text(json.dumps([json.loads(manifest.read_text())]))
+        return ["runs", "list", "--submissions-dir", str(ctx.subs)]
+
+    @add("71.3", "report of a run whose manifest has a string for a collection's stages",
+         check=says("not a valid run manifest", "stages.tile:xla"), fast=True)
+    def _(ctx):
+        path = ctx.subs / ctx.run_id / "manifest.json"
+        manifest = json.loads(path.read_text())
+        manifest["stages"]["tile:xla"] = "x"
+        path.write_text(json.dumps(manifest))
+        return ["report", ctx.run_id, "--submissions-dir", str(ctx.subs), "--out", str(ctx.base / "r.html")]
+
+    @add("71.3", "evaluate with label runtimes stored as strings", check=says("expected integers"), fast=True)
+    def _(ctx):
+        edit_labels(ctx, lambda a, n: a.update(runtime=np.array(["a"] * n)))
+        return ["evaluate", ctx.run_id, "--data-root", str(ctx.data), "--submissions-dir", str(ctx.subs),
+                "--no-models"]
+
+    @add("71.3", "evaluate with labels.json a list", check=says("labels.json", "not a label record"), fast=True)
+    def _(ctx):
+        marker = ctx.data / "labels" / "labels.json"
+        marker.write_text(json.dumps([json.loads(marker.read_text())]))
+        return ["evaluate", ctx.run_id, "--data-root", str(ctx.data), "--submissions-dir", str(ctx.subs),
+                "--no-models"]
+
+    for command in ("validate-submission", "score"):
+        @add("71.3", f"{command} with a 5,000-digit index", check=says("index of 5000 digits"), fast=True)
+        def _(ctx, command=command):
+            if command == "score":  # a submission for the valid split (score refuses the test split's)
+                ids = [f"tile:xla:{p.stem}" for p in sorted(tile(ctx, "valid").glob("*.npz"))]
+                lines = ["ID,TopConfigs", *(f"{sid},0;1;2;3;4" for sid in ids)]
+            else:
+                lines = ctx.csv.read_text().splitlines()
+            sid, top = lines[1].split(",")
+            lines[1] = f"{sid},{'9' * 5000};{top.split(';', 1)[1]}"
+            return [command, "--data-root", str(ctx.data), str(_touch(ctx.base / "digits.csv",
+                                                                       "\n".join(lines) + "\n"))]
+
+    @add("71.3", "run with a test file named ab;cd.npz (listed so in sample_submission.csv)",
+         check=both(nothing_written, says("ab;cd.npz", "cannot carry")), fast=True)
+    def _(ctx):
+        victim = first_npz(tile(ctx, "test"))
+        victim.rename(victim.with_name("ab;cd.npz"))
+        sample = ctx.data / "sample_submission.csv"
+        sample.write_text(sample.read_text().replace(f"tile:xla:{victim.stem},", "tile:xla:ab;cd,"))
+        return run_args(ctx)
+
+    @add("71.3", "train with gbdt.seed = 2^32-1 and run.seeds = [0, 2^32-1]", expect="accept")
+    def _(ctx):
+        return ["train", "--model", "gbdt", "--collections", "tile:xla", "--data-root", str(ctx.data), "--work-dir",
+                str(ctx.base / "work"), *FAST, "--set", "gbdt.seed=4294967295", "--set", "run.seeds=[0, 4294967295]"]
+
+    @add("71.3", "config --set gbdt.num_leaves=1000000 (above LightGBM's limit)", check=says("num_leaves"),
+         fast=True)
+    def _(ctx):
+        return ["config", "--set", "gbdt.num_leaves=1000000"]
+
+    @add("71.3", "config --set run.seeds=[18446744073709551616]", check=says("run.seeds"), fast=True)
+    def _(ctx):
+        return ["config", "--set", "run.seeds=[18446744073709551616]"]
+
+    @add("71.3", "config with a chain of 1,200 extends files", check=says("extends"), fast=True)
+    def _(ctx):
+        for i in range(1200):
+            _touch(ctx.base / f"c{i}.toml", f'extends = "{ctx.base / f"c{i + 1}.toml"}"\n' if i < 1199 else
+                   'extends = "base"\n')
+        return ["config", "--config", str(ctx.base / "c0.toml")]
+
+    # 71.4 accepted wrongly
+    @add("71.4", "run with data.on_bad_file=skip and every tile train file garbage",
+         check=both(says("every train file"), no_new_run), fast=True)
+    def _(ctx):
+        for path in tile(ctx, "train").glob("*.npz"):
+            path.write_bytes(b"garbage" * 30)
+        return [*run_args(ctx), "--set", "data.on_bad_file=skip"]
+
+    @add("71.4", "run with data.on_bad_file=skip and a garbage test file in the last collection",
+         check=both(nothing_written, says("corrupt or truncated archive")), fast=True)
+    def _(ctx):
+        first_npz(layout(ctx, "nlp:random", "test")).write_bytes(b"garbage" * 30)
+        return [*run_args(ctx), "--set", "data.on_bad_file=skip"]
+
+    @add("71.4", "prepare with boolean runtimes in a tile train file", check=says("bool"), fast=True)
+    def _(ctx):
+        edit_member(first_npz(tile(ctx, "train")), "config_runtime", lambda a: a > 0)
+        return prepare_args(ctx)
+
+    @add("71.4", "prepare with a self-loop edge in a tile train file", check=says("u > v"), fast=True)
+    def _(ctx):
+        edit_member(first_npz(tile(ctx, "train")), "edge_index", lambda a: np.vstack([a, [[1, 1]]]).astype(a.dtype))
+        return prepare_args(ctx)
+
+    @add("71.4", "evaluate with boolean label runtimes", check=says("bool"), fast=True)
+    def _(ctx):
+        edit_labels(ctx, lambda a, n: a.update(runtime=np.ones(n, bool)))
+        return ["evaluate", ctx.run_id, "--data-root", str(ctx.data), "--submissions-dir", str(ctx.subs),
+                "--no-models"]
+
+    # 71.5 super-linear time
+    @add("71.5", "validate-submission with a 1,000,000-digit index", check=both(says("digits"), no_more_than(5)),
+         fast=True)
+    def _(ctx):
+        lines = ctx.csv.read_text().splitlines()
+        sid, top = lines[1].split(",")
+        lines[1] = f"{sid},{'7' * 1_000_000};{top.split(';', 1)[1]}"
+        return ["validate-submission", "--data-root", str(ctx.data), str(_touch(ctx.base / "long.csv",
+                                                                               "\n".join(lines) + "\n"))]
+
+    @add("71.5", "prepare a layout train graph of one 20,000-node elementwise chain", expect="accept",
+         check=no_more_than(60))
+    def _(ctx):
+        long_chain_graph(layout(ctx, "xla:default", "train") / "zz_chain.npz", 20_000)
+        return ["prepare", "--data-root", str(ctx.data), "--work-dir", str(ctx.base / "work"), "--collections",
+                "layout:xla:default", *FAST]
+
+    # 71.6 races: two runs on one work dir
+    for delay in (0.0, 1.0):
+        @add("71.6", f"two runs on one work dir started {delay:g} s apart", expect="accept",
+             check=both_runs_same_csv)
+        def _(ctx, delay=delay):
+            start_beside(ctx, race_args(ctx, 0), delay)
+            return race_args(ctx, 1)
+
+    # 71.7 messages
+    @add("71.7", "report with a saved model file one byte longer", check=both(says("damaged", "random-f0-s0.json"),
+                                                                                not_said("gone")), fast=True)
+    def _(ctx):
+        model = stage_file(private_work(ctx), "train-random", "models/random-f0-s0.json")
+        model.write_bytes(model.read_bytes() + b" ")
+        return ["report", ctx.run_id, "--submissions-dir", str(ctx.subs), "--out", str(ctx.base / "r.html")]
+
+    @add("71.7", "ensemble --runs of a predict run", check=both(says("is a 'predict' run", "source run"),
+                                                                 not_said("in the prepared data")))
+    def _(ctx):
+        done = run_cli(["predict", "--run", ctx.run_id, "--data-root", str(ctx.data), "--submissions-dir",
+                        str(ctx.subs)], ctx.base, 300)
+        if done.rc != 0:
+            raise RuntimeError(f"predict failed: {done.stderr[-500:]}")
+        predicted = Path(done.stdout.strip().splitlines()[-1]).parent.name
+        return ["ensemble", "--runs", predicted, "--submissions-dir", str(ctx.subs)]
+
+    @add("71.7", "ensemble --runs with a stage folder deleted says gone", check=says("is gone"), fast=True)
+    def _(ctx):
+        shutil.rmtree(stage_file(private_work(ctx), "train-random", "manifest.json").parent)
+        return ["ensemble", "--runs", ctx.run_id, "--submissions-dir", str(ctx.subs)]
 
 
 def _big_file(path: Path, head: bytes, fill: bytes, size: int) -> Path:
@@ -666,12 +1066,18 @@ def build_bombs(folder: Path, world: Path) -> None:
 REJECTION_CODES = (1, 2)
 
 
-def judge(expect: str, outcome: Outcome, problem: str | None) -> str:
-    """The verdict on one case: ``expect`` is "reject" or "accept"; ``problem`` the case check's complaint."""
+def judge(expect: str, outcome: Outcome, problem: str | None, code_ran: bool = False,
+          max_wall_s: float | None = None) -> str:
+    """The verdict on one case: ``expect`` is "reject" or "accept"; ``problem`` the case check's complaint;
+    ``code_ran``: the case's planted payload left its marker; ``max_wall_s``: slower is "too slow"."""
+    if code_ran:
+        return "code executed"
     if outcome.timed_out:
         return "timeout"
     if "Traceback (most recent call last)" in outcome.stdout + outcome.stderr:
         return "traceback"
+    if max_wall_s is not None and outcome.wall_s > max_wall_s:
+        return "too slow"
     if expect == "reject":
         clean = outcome.rc in REJECTION_CODES and "error:" in outcome.stderr and not problem
         return "rejected cleanly" if clean else "accepted wrongly"
@@ -688,6 +1094,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="leave out cases whose name contains this (repeatable; e.g. to spare an old "
                              "version the inputs that exhaust its memory)")
     parser.add_argument("--timeout", type=float, default=180.0, help="seconds before a case is killed")
+    parser.add_argument("--item", default=None, help="run only cases whose item starts with this (e.g. 71.2)")
+    parser.add_argument("--fast", action="store_true",
+                        help="only the quick cases (the subset the test suite replays, ~30 s)")
     args = parser.parse_args(argv)
 
     scratch = args.scratch or Path(tempfile.mkdtemp(prefix="tpugraphs-attack-"))
@@ -703,41 +1112,63 @@ def main(argv: list[str] | None = None) -> int:
                             str(scratch / "subs"), "--models", "random", *FAST], scratch, 600)
         assert baseline.rc == 0, baseline.stderr
         run_id = Path(baseline.stdout.strip().splitlines()[-1]).parent.name
-        if not (scratch / "bombs").exists():
+        chosen = [(index, case) for index, case in enumerate(build_cases(scratch / "bombs"))
+                  if not (args.only and args.only not in case.name) and not any(w in case.name for w in args.skip)
+                  and (case.fast or not args.fast) and (args.item is None or case.item.startswith(args.item))]
+        if any(case.needs_bombs for _, case in chosen) and not (scratch / "bombs").exists():
             build_bombs(scratch / "bombs", world)
+        gnn = None
+        if any(case.needs_gnn for _, case in chosen):
+            print("training a baseline GNN run ...", flush=True)
+            done = run_cli(["run", "--data-root", str(world), "--work-dir", str(scratch / "gnn-work"),
+                            "--submissions-dir", str(scratch / "gnn-subs"), "--models", "gnn", *FAST], scratch, 1200)
+            assert done.rc == 0, done.stderr
+            gnn = (Path(done.stdout.strip().splitlines()[-1]).parent.name, scratch / "gnn-subs", scratch / "gnn-work")
         pristine = snapshot(world)
 
         rows = []
-        for index, case in enumerate(build_cases(scratch / "bombs")):
-            if (args.only and args.only not in case.name) or any(word in case.name for word in args.skip):
-                continue
+        for index, case in chosen:
             base = scratch / "cases" / f"{index:03d}"
             shutil.rmtree(base, ignore_errors=True)
             base.mkdir(parents=True)
             shutil.copytree(world, base / "data", symlinks=True)
             shutil.copytree(scratch / "subs", base / "subs")
             ctx = Context(base, base / "data", world, run_id, base / "subs", scratch / "work",
-                          base / "subs" / run_id / "submission.csv")
+                          base / "subs" / run_id / "submission.csv", gnn)
             if case.needs_mount and not can_mount:
                 rows.append({"item": case.item, "case": case.name, "verdict": "skipped (needs root and mount)"})
                 continue
-            cli_args = case.prepare(ctx)
+            try:
+                cli_args = case.prepare(ctx)
+            except Exception as exc:  # the harness could not build the input: never a silent pass
+                rows.append({"item": case.item, "case": case.name, "verdict": "setup failed",
+                             "problem": f"{type(exc).__name__}: {exc}"})
+                print(f"[{case.item:>4}] setup failed          {case.name}  <- {exc}", flush=True)
+                continue
             before = snapshot(ctx.data)
+            ctx.runs_before = set(os.listdir(ctx.subs)) if ctx.subs.is_dir() else set()
             if case.check is _killed_publish:
                 note = _kill_while_publishing(ctx, cli_args, args.timeout)
             outcome = run_cli(cli_args, base, args.timeout)
             changed = snapshot(ctx.data) != before or snapshot(world) != pristine
-            problem = case.check(ctx, outcome)
-            verdict = judge(case.expect, outcome, problem)
+            try:
+                problem = case.check(ctx, outcome)
+            finally:
+                for process in ctx.background:  # a race case's other run: waited for by its check
+                    if process.poll() is None:
+                        os.killpg(process.pid, signal.SIGKILL)
+                    process.wait()
+            code_ran = ctx.code_marker.exists()
+            verdict = judge(case.expect, outcome, problem, code_ran, case.max_wall_s)
             message = (outcome.stderr.strip().splitlines() or [""])[0] if outcome.rc else \
                 (outcome.stdout.strip().splitlines() or [""])[-1]
             row = {"item": case.item, "case": case.name, "verdict": verdict, "rc": outcome.rc,
-                   "raw_data_changed": changed, "wall_s": round(outcome.wall_s, 2),
+                   "raw_data_changed": changed, "code_executed": code_ran, "wall_s": round(outcome.wall_s, 2),
                    "peak_rss_mb": round(outcome.peak_rss_mb, 1), "problem": problem, "message": message[:300]}
             if case.check is _killed_publish:
                 row["note"] = note
             rows.append(row)
-            print(f"[{case.item:>2}] {verdict:<21} rss {outcome.peak_rss_mb:7.1f} MB {outcome.wall_s:6.2f}s  "
+            print(f"[{case.item:>4}] {verdict:<21} rss {outcome.peak_rss_mb:7.1f} MB {outcome.wall_s:6.2f}s  "
                   f"{case.name}" + (f"  <- {problem}" if problem else ""), flush=True)
     finally:
         if not args.keep and args.scratch is None:
@@ -750,20 +1181,27 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "attack.json").write_text(json.dumps(rows, indent=2) + "\n")
     (args.out / "attack.txt").write_text(table + "\n")
-    bad = sum(r["verdict"] in ("traceback", "timeout", "accepted wrongly") or r.get("raw_data_changed") for r in rows)
-    return 1 if bad else 0
+    return 1 if any(is_bad(r) for r in rows) else 0
+
+
+BAD_VERDICTS = ("traceback", "timeout", "accepted wrongly", "code executed", "too slow", "setup failed")
+
+
+def is_bad(row: dict) -> bool:
+    return row["verdict"] in BAD_VERDICTS or bool(row.get("raw_data_changed")) or bool(row.get("code_executed"))
 
 
 def summary(rows: list[dict]) -> str:
     ran = [r for r in rows if not r["verdict"].startswith("skipped")]
     count = lambda verdict: sum(r["verdict"] == verdict for r in ran)  # noqa: E731
-    peak = max((r["peak_rss_mb"] for r in ran), default=0.0)
+    peak = max((r.get("peak_rss_mb") or 0.0 for r in ran), default=0.0)
     lines = [
         "| inputs tried | rejected cleanly | accepted as intended | tracebacks | timeouts | accepted wrongly "
-        "| raw data changed | skipped | max peak RSS (MB) |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| code executed | too slow | setup failed | raw data changed | skipped | max peak RSS (MB) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
         f"| {len(ran)} | {count('rejected cleanly')} | {count('accepted as intended')} | {count('traceback')} "
-        f"| {count('timeout')} | {count('accepted wrongly')} | {sum(bool(r.get('raw_data_changed')) for r in ran)} "
+        f"| {count('timeout')} | {count('accepted wrongly')} | {count('code executed')} | {count('too slow')} "
+        f"| {count('setup failed')} | {sum(bool(r.get('raw_data_changed')) for r in ran)} "
         f"| {len(rows) - len(ran)} | {peak:.0f} |",
         "",
         "| item | case | verdict | peak RSS (MB) | wall (s) |",

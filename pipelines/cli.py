@@ -288,7 +288,11 @@ def _run_train(args: argparse.Namespace) -> int:
     from pipelines.flows.run import check_devices
 
     # a GPU asked for and absent fails before the data stages, as in `run`
-    check_devices(config, [args.model], collections_to_prepare(config, args.data_root, collections)[0])
+    chosen = collections_to_prepare(config, args.data_root, collections)[0]
+    check_devices(config, [args.model], chosen)
+    from pipelines.training.fit import check_models
+
+    check_models([args.model], chosen)
     prepared = prepare(config, args.data_root, args.work_dir, collections)
     for name, item in prepared.items():
         output = train_model(config, item, model=args.model, work_dir=args.work_dir, force=args.force)
@@ -691,10 +695,10 @@ def _run_runs(args: argparse.Namespace) -> int:
             print(gs.format_tests(tests, [f"A {m}" for m in missing_a] + [f"B {m}" for m in missing_b]))
         return 0
     if args.action == "rm":
-        from pipelines.outputs.run_folders import remove_run_folder
+        from pipelines.outputs.run_folders import check_removable, remove_run_folder
 
         run_id = resolve_run_id(args.submissions_dir, args.run_id)
-        read_run_manifest(args.submissions_dir, run_id)
+        check_removable(args.submissions_dir, run_id)
         if not args.yes:
             if not sys.stdin.isatty():
                 raise ConfigError(f"runs rm {run_id}: not asking on a non-interactive input; pass --yes")

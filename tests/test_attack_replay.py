@@ -33,3 +33,21 @@ def test_a_real_data_error_from_the_command_line_is_judged_clean(tmp_path):
     got = run_cli(["validate-submission", "--data-root", str(tmp_path / "absent"), str(tmp_path / "sub.csv")],
                   tmp_path, 60)
     assert judge("reject", got, None) == "rejected cleanly", (got.rc, got.stderr)
+
+
+def test_the_fast_part_of_the_replay_stays_clean(tmp_path):
+    """The quick cases of ``python -m benchmarks.attack`` (``--fast``: issue 71's cheap ones, every class but
+    the GNN-file and race cases, which the full replay runs), end to end: no traceback, no wrong acceptance,
+    no planted code run, no raw data changed, no case whose input could not be built. ~30 s."""
+    import json
+
+    from benchmarks.attack import build_cases, is_bad, main
+
+    fast = [case for case in build_cases(tmp_path / "bombs") if case.fast]
+    assert len(fast) >= 15 and {c.item for c in fast} >= {"71.2", "71.3", "71.4", "71.5", "71.7"}
+    code = main(["--fast", "--out", str(tmp_path / "out"), "--scratch", str(tmp_path / "scratch")])
+    rows = json.loads((tmp_path / "out" / "attack.json").read_text())
+    assert len(rows) == len(fast)
+    bad = [(r["case"], r["verdict"], r.get("problem")) for r in rows if is_bad(r)]
+    assert code == 0 and not bad, bad
+    assert not any(r.get("code_executed") or r.get("raw_data_changed") for r in rows)

@@ -254,6 +254,17 @@ def test_a_flipped_bit_in_a_cached_output_of_the_same_size_is_never_served(tmp_p
     assert run(tmp_path, compute).cached and compute.calls == 1  # the recomputed output is reused
 
 
+def test_a_resized_cached_output_is_recomputed_with_a_warning_naming_the_file(tmp_path, caplog):
+    """Issue 71, class 2: a cut-short output was recomputed silently (only a changed hash warned)."""
+    first = run(tmp_path)
+    (first.path / "data.bin").write_bytes(b"hel")  # truncated
+    compute = Counter()
+    with caplog.at_level(logging.WARNING, logger="pipelines.core.engine"):
+        again = run(tmp_path, compute)
+    assert compute.calls == 1 and again.file("data.bin").read_bytes() == b"hello"
+    assert any("data.bin has 3 bytes" in m and "not served" in m for m in caplog.messages)
+
+
 def test_cached_output_with_other_seeds_is_an_error(tmp_path):
     run(tmp_path, seeds={"s": 1})
     assert run(tmp_path, seeds={"s": 1}).manifest["seeds"] == {"s": 1}

@@ -238,3 +238,57 @@ def test_hidden_label_weight_curve_ends_are_the_models_and_the_run_weight_is_its
     shutil.copytree(tiny_world, real_like, ignore=shutil.ignore_patterns("labels"))
     with pytest.raises(PipelineError, match="no hidden test labels"):
         analysis.hidden_label_weight_curve(predictions, real_like, name, [0.5])
+
+
+def _first_tile_labels(world: Path) -> Path:
+    return sorted((world / "labels" / "npz" / "tile" / "xla" / "test").glob("*.npz"))[0]
+
+
+def _edit_labels(world: Path, change) -> Path:
+    path = _first_tile_labels(world)
+    with np.load(path) as archive:
+        arrays = {name: archive[name] for name in archive.files}
+    change(arrays, arrays["runtime"].shape[0])
+    np.savez(path, **arrays)
+    return path
+
+
+def _edit_marker(world: Path, change) -> Path:
+    path = world / "labels" / "labels.json"
+    path.write_text(json.dumps(change(json.loads(path.read_text()))))
+    return path
+
+
+MALFORMED_LABELS = {
+    "runtime strings": lambda w: _edit_labels(w, lambda a, n: a.update(runtime=np.array(["a"] * n))),
+    "runtime booleans": lambda w: _edit_labels(w, lambda a, n: a.update(runtime=np.ones(n, bool))),
+    "runtime complex": lambda w: _edit_labels(w, lambda a, n: a.update(runtime=np.ones(n, np.complex128))),
+    "runtime NaN": lambda w: _edit_labels(w, lambda a, n: a.update(runtime=np.full(n, np.nan))),
+    "runtime zero": lambda w: _edit_labels(w, lambda a, n: a.update(runtime=np.zeros(n, np.int64))),
+    "normalizer zero": lambda w: _edit_labels(w, lambda a, n: a.update(normalizer=np.zeros(n, np.int64))),
+    "noise_free NaN": lambda w: _edit_labels(w, lambda a, n: a.update(noise_free=np.full(n, np.nan))),
+    "noise_free missing": lambda w: _edit_labels(w, lambda a, n: a.pop("noise_free")),
+    "labels.json a list": lambda w: _edit_marker(w, lambda m: [m]),
+    "labels.json unknown scale": lambda w: _edit_marker(w, lambda m: {**m, "scale": "huge"}),
+    "labels.json no scale": lambda w: _edit_marker(w, lambda m: {k: v for k, v in m.items() if k != "scale"}),
+    "labels.json seed a string": lambda w: _edit_marker(w, lambda m: {**m, "seed": "x"}),
+    "labels.json unknown collection": lambda w: _edit_marker(w, lambda m: {**m, "collections": ["tile:foo"]}),
+    "labels.json collections an integer": lambda w: _edit_marker(w, lambda m: {**m, "collections": 3}),
+}
+
+
+@pytest.mark.parametrize("damage", sorted(MALFORMED_LABELS))
+def test_malformed_hidden_labels_are_an_error_naming_the_file(run, tiny_world: Path, tmp_path: Path, capsys,
+                                                              damage) -> None:
+    """Issue 71, class 3: malformed labels were tracebacks (or, booleans and complex, scored)."""
+    submissions, run_id = run
+    world, copy = tmp_path / "world", tmp_path / "submissions"
+    shutil.copytree(tiny_world, world)
+    shutil.copytree(submissions / run_id, copy / run_id)
+    path = MALFORMED_LABELS[damage](world)
+    record = copy / run_id / EVALUATION_FILE
+    before = record.read_bytes() if record.exists() else None  # an earlier test's evaluation, if any
+    code = main(["evaluate", run_id, "--data-root", str(world), "--submissions-dir", str(copy), "--no-models"])
+    err = capsys.readouterr().err
+    assert code == 1 and f"error: {path}: " in err and "Traceback" not in err, err[-2000:]
+    assert (record.read_bytes() if record.exists() else None) == before  # nothing scored, nothing written

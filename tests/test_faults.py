@@ -571,6 +571,27 @@ def test_two_concurrent_runs_on_one_work_dir_both_finish_with_identical_outputs(
     assert (work / "prune").is_dir() and all((p / GRAPHS_TABLE).is_file() for p in (work / "prune").iterdir())
 
 
+def test_two_runs_started_together_on_one_work_dir_succeed_with_the_same_bytes_every_time(tiny_world, tmp_path):
+    """Issue 71, class 6: of 6 trials of two runs on one work dir started 1 s apart, one failed (a
+    checkpoint's temporary file moved by the other). Three trials, a fresh work dir each, the second
+    run started 0, 0.3 and 1 s after the first: both succeed, with one submission's bytes throughout."""
+    seen = set()
+    for trial, offset in enumerate((0.0, 0.3, 1.0)):
+        work, processes = tmp_path / f"work-{trial}", []
+        for i in range(2):
+            args = ["run", "--data-root", str(tiny_world), "--work-dir", str(work), "--submissions-dir",
+                    str(tmp_path / f"subs-{trial}-{i}"), "--config", "smoke", "--models", "random"]
+            processes.append(subprocess.Popen([sys.executable, "-m", "pipelines", *args], env=python_env(),
+                                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+            time.sleep(offset if i == 0 else 0)
+        for process in processes:
+            _, err = process.communicate(timeout=RUN_TIMEOUT_S)
+            assert process.returncode == 0, f"trial {trial}: {err[-3000:]}"
+        seen |= {submission_csv(tmp_path / f"subs-{trial}-{i}") for i in range(2)}
+        assert leftovers(work) == [] and all(r["state"] == "complete" for r in list_stages(work))
+    assert len(seen) == 1
+
+
 def test_a_resumed_fold_result_whose_files_were_altered_is_trained_again(tmp_path, caplog):
     """Issue 71, class 2: negated scores in a finished fold's predictions entered the stage output."""
     from pipelines.training.fit import FoldResult, fold_job_name, load_fold_result, save_fold_result

@@ -79,7 +79,7 @@ def test_report_command_writes_a_self_contained_html(demo_run, capsys):
 def test_report_names_a_missing_run_and_a_deleted_cache(demo_run, tmp_path):
     root, result = demo_run
     assert main(["report", "no-such-run", "--submissions-dir", str(root / "submissions")]) == 1  # a data error
-    with pytest.raises(PipelineError, match="stage output it names is gone"):
+    with pytest.raises(PipelineError, match=r"run .*: the saved \S+ output of \S+ is gone: "):
         from pipelines.reports.report import write_report
 
         write_report(result.run_id, submissions_dir=root / "submissions", work_dir=tmp_path, out=tmp_path / "r.html")

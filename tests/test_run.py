@@ -113,6 +113,41 @@ def test_a_cached_run_still_tells_the_compute_time_of_its_stages(runs):
     assert stages_wall_time(again.manifest["stages"], work) == pytest.approx(by_hand)
 
 
+def test_a_cached_run_and_its_report_read_each_output_through_once(runs, monkeypatch):
+    """Issue 71, class 2 (the check's cost): a cached run read every output of the work dir through twice
+    (the ETA's listing of earlier stages hashed them all, then the reuse), and its report a third time
+    for the stages it loads. Now the listing reads manifests and sizes, and a file verified unchanged
+    in this process (inode, size, modification time) is not read again."""
+    import pipelines.core.engine as engine
+    from pipelines.reports.report import write_report
+
+    work = runs["work"]
+    outputs = {str(m.parent / item["path"]) for m in work.glob("*/*/manifest.json")
+               for item in json.loads(m.read_text())["outputs"]}
+    hashed: list[str] = []
+    real = engine.file_sha256
+    monkeypatch.setattr(engine, "file_sha256", lambda path: (hashed.append(str(path)), real(path))[1])
+    engine._sha256_of_version.cache_clear()  # what a fresh process starts with
+    again = run_pipeline(fast_config(), runs["root"], work_dir=work, models=["gbdt", "random"],
+                         submissions_dir=runs["subs"])
+    write_report(again.run_id, submissions_dir=runs["subs"], out=again.run_dir / "again.html")
+    assert again.computed == () and hashed and set(hashed) <= outputs
+    assert max(hashed.count(h) for h in set(hashed)) == 1
+    before = len(hashed)
+    assert engine.list_stages(work, verify_content=False) and len(hashed) == before  # manifests and sizes only
+    victim = Path(next(p for p in sorted(outputs) if p.endswith(".parquet")))
+    stage, key = victim.relative_to(work).parts[:2]
+    original = victim.read_bytes()
+    data = bytearray(original)
+    data[len(data) // 2] ^= 1  # same size, a new modification time: read through again, and refused
+    victim.write_bytes(bytes(data))
+    try:
+        assert engine._check_complete(work / stage / key, stage, key)[0] is None
+    finally:
+        victim.write_bytes(original)
+    assert engine._check_complete(work / stage / key, stage, key)[0] is not None
+
+
 def test_the_stage_index_counts_the_data_stages_of_collections_a_model_also_trains_on(tiny_world, tmp_path):
     # xla:random's GNN also trains on nlp:random's graphs: nlp:random is prepared but not scored
     config = fast_config("run.seeds=[0]", 'gnn.collections."layout:xla:random".passes_per_epoch=1',

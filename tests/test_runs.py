@@ -129,3 +129,53 @@ def test_submit_takes_a_run_folder_path_too(one_run, fake):  # noqa: F811
     assert main(["submit", str(result.run_dir), "-m", "by path", "--allow-synthetic"]) == 0
     assert [c for c in fake.calls if c[0] == "submit"][-1][1:3] == (str(result.submission), "by path")
     assert json.loads((result.run_dir / runs.SUBMITTED_RECORD).read_text())["submissions"][-1]["message"] == "by path"
+
+
+HAND_EDITS = {
+    "a list for the whole manifest": lambda m: [m],
+    "null": lambda m: None,
+    "stages a list": lambda m: {**m, "stages": list(m["stages"].values())},
+    "a collection's stages a string": lambda m: {**m, "stages": {**m["stages"], "tile:xla": "x"}},
+    "cv_scores a string": lambda m: {**m, "cv_scores": "high"},
+    "combined_oof a list": lambda m: {**m, "combined_oof": [1, 2]},
+    "models an integer": lambda m: {**m, "models": 5},
+    "created an integer": lambda m: {**m, "created": 12},
+    "kind an integer": lambda m: {**m, "kind": 3},
+    "submission a string": lambda m: {**m, "submission": "s"},
+    "no stages": lambda m: {k: v for k, v in m.items() if k != "stages"},
+}
+
+
+@pytest.mark.parametrize("edit", sorted(HAND_EDITS))
+def test_a_hand_edited_run_manifest_is_named_and_left_out_of_runs_list(one_run, tmp_path, capsys, caplog, edit):
+    """Issue 71, class 3: one valid-JSON manifest of other types broke ``runs list`` for every run."""
+    result, _ = one_run
+    subs = tmp_path / "subs"
+    shutil.copytree(result.run_dir, subs / result.run_id)
+    bad = subs / "20260101T000000Z-badbadba"
+    bad.mkdir()
+    (bad / "manifest.json").write_text(json.dumps(HAND_EDITS[edit](json.loads((result.run_dir / "manifest.json")
+                                                                              .read_text()))))
+    assert main(["runs", "list", "--submissions-dir", str(subs)]) == 0
+    table = [line for line in capsys.readouterr().out.splitlines() if not line.startswith("warning:")]
+    assert any(line.startswith(result.run_id) for line in table) and not any("badbadba" in line for line in table)
+    assert f"warning: {bad / 'manifest.json'}: not a valid run manifest" in caplog.text
+
+
+def test_a_hand_edited_run_manifest_is_refused_by_name_and_breaks_no_other_run(one_run, tiny_world, tmp_path, capsys):
+    result, base = one_run
+    subs = tmp_path / "subs"
+    shutil.copytree(result.run_dir, subs / result.run_id)
+    bad = subs / "20260101T000000Z-badbadba"
+    bad.mkdir()
+    manifest = json.loads((result.run_dir / "manifest.json").read_text())
+    (bad / "manifest.json").write_text(json.dumps({**manifest, "stages": {**manifest["stages"], "tile:xla": "x"}}))
+    common = ["--submissions-dir", str(subs)]
+    for args in (["report", "badbadba", "--out", str(tmp_path / "bad.html")], ["runs", "compare", "badbadba",
+                 result.run_id], ["predict", "--run", "badbadba", "--data-root", str(tiny_world)]):
+        assert main([*args, *common]) == 1, args
+        err = capsys.readouterr().err
+        assert f"error: {bad / 'manifest.json'}: not a valid run manifest (stages.tile:xla: expected an object" in err
+    assert main(["report", result.run_id, "--out", str(tmp_path / "good.html"), *common]) == 0
+    assert main(["predict", "--run", result.run_id, "--data-root", str(tiny_world), *common]) == 0
+    assert main(["runs", "rm", "badbadba", "--yes", *common]) == 0 and not bad.exists()  # as its error suggests

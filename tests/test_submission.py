@@ -251,6 +251,31 @@ def test_read_reports_syntax_problems(tmp_path):
         read_submission(tmp_path / "absent.csv")
 
 
+def test_an_index_of_thousands_of_digits_is_out_of_range_in_linear_time(world, tmp_path, capsys):
+    """Issue 71, class 3/5: a 5,000-digit index was Python's int() ValueError traceback."""
+    import time
+
+    root, truths = world
+    for command, rows in (("validate-submission", valid_test_rows()), ("score", rows_from_truth(truths, False))):
+        lines = format_submission(rows).splitlines()
+        sid, top = lines[1].split(",")
+        lines[1] = f"{sid},{'9' * 5000};{top.split(';', 1)[1]}"
+        bad = write_text(tmp_path / f"{command}.csv", lines)
+        assert main([command, "--data-root", str(root), str(bad)]) == 1
+        err = capsys.readouterr().err
+        assert f"ID {sid} (line 2): index of 5000 digits" in err and "Traceback" not in err
+    times = []
+    for digits in (100_000, 1_000_000):
+        huge = write_text(tmp_path / f"huge-{digits}.csv", ["ID,TopConfigs", f"tile:xla:a,{'7' * digits};1",
+                                                           f"tile:xla:b,-{'8' * digits}"])
+        started = time.perf_counter()
+        with pytest.raises(SubmissionError, match=f"index of {digits} digits") as caught:
+            read_submission(huge)
+        times.append(time.perf_counter() - started)
+        assert len(caught.value.violations) == 2  # the negative one too, named once
+    assert times[1] < 1.0 and times[1] < 30 * max(times[0], 1e-3)  # 10x the digits: ~10x the time
+
+
 def test_count_configs_reads_only_the_header(world, tmp_path):
     root, _ = world
     tile = collection_dir(root, TILE_XLA, "test") / f"{TEST_STEMS[1]}.npz"

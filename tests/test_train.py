@@ -162,6 +162,25 @@ def test_registry_names_and_errors():
         get_adapter("gbdt:fast")
 
 
+def test_a_feature_model_on_an_unknown_column_is_refused_before_any_stage_listing_the_columns(tiny_world, tmp_path,
+                                                                                              capsys):
+    """Issue 71, class 3: ``feature:<unknown>`` was a ValueError traceback after every data stage ran."""
+    from pipelines.cli import main
+    from pipelines.core.collection import LAYOUT_XLA_DEFAULT
+    from pipelines.training.fit import check_models
+
+    with pytest.raises(ConfigError, match=r"tile:xla has no feature column 'f_nope'.*f_cfg_0, f_cfg_1"):
+        check_models(["feature:f_nope"], [TILE_XLA])
+    check_models(["feature:f_freq_mean", "feature", "random"], [LAYOUT_XLA_DEFAULT])
+    with pytest.raises(ConfigError, match="only layout:xla:default, layout:nlp:default have it"):
+        check_models(["feature:f_freq_mean"], [LAYOUT_XLA_DEFAULT, TILE_XLA])
+    for command in (["run", "--models"], ["train", "--model"]):
+        work = tmp_path / command[0]
+        assert main([*command, "feature:f_nope", "--data-root", str(tiny_world), "--work-dir", str(work),
+                     "--config", "smoke"]) == 2
+        assert "has no feature column 'f_nope'" in capsys.readouterr().err and not work.exists()
+
+
 # ----------------------------------------------------------------------------- the stage, in memory
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import PurePosixPath
 
@@ -78,6 +79,23 @@ def parse_collections(names: str | list[str] | None) -> tuple[Collection, ...]:
         return ALL_COLLECTIONS
     parsed = [parse_collection(n) for n in names]
     return tuple(dict.fromkeys(parsed))
+
+
+# What the stem of a submission ID (``<collection>:<stem>``) cannot carry: the CSV's field separator and
+# quote, the TopConfigs list separator, the ID's own separator, whitespace (CSV readers strip it) and
+# anything outside printable ASCII (a submission is ASCII). Real stems are model names and hex.
+_ID_UNSAFE = re.compile(r'[^\x21-\x7e]|[,;:"]')
+
+
+def stem_problem(stem: str) -> str | None:
+    """Why a graph file named ``stem`` cannot have a submission ID, or None."""
+    if not stem:
+        return "an empty name"
+    bad = sorted(set(_ID_UNSAFE.findall(stem)))
+    if bad:
+        return (f"its name holds {', '.join(repr(c) for c in bad)}, which a submission ID (<collection>:<name>) "
+                "cannot carry; rename the file")
+    return None
 
 
 def split_submission_id(submission_id: str) -> tuple[Collection, str]:

@@ -441,11 +441,14 @@ def load_stage(work_dir: Path, stage: str, key: str) -> StageOutput:
     return StageOutput(stage, key, path, manifest)
 
 
-def list_stages(work_dir: Path) -> list[dict]:
+def list_stages(work_dir: Path, verify_content: bool = True) -> list[dict]:
     """One dict per stage output folder (complete or not) and per work folder, for ``status``.
 
     Keys: stage, key, state ("complete", "incomplete", "running" or "interrupted"), complete, path,
     created (ISO time), wall_time_s, config, inputs, metrics (the last four empty when incomplete).
+    ``verify_content=False`` checks the outputs' sizes but does not read them through for their SHA-256
+    (for a listing that only needs the manifests, like a run's ETA from earlier wall times: reading every
+    output of the work dir again cost as much as the cache check of the run itself).
     """
     work_dir = Path(work_dir)
     rows: list[dict] = []
@@ -464,7 +467,7 @@ def list_stages(work_dir: Path) -> list[dict]:
                 continue
             else:
                 key = entry.name
-                manifest = _read_complete(entry, stage, key)
+                manifest = _check_complete(entry, stage, key, verify_content)[0]
                 state = "complete" if manifest is not None else "incomplete"
             rows.append(_status_row(stage, key, state, entry, manifest))
     rows.sort(key=lambda r: (r["stage"], r["created"] or "", r["key"]))
@@ -603,8 +606,9 @@ def _read_complete(path: Path, stage: str, key: str) -> dict | None:
     return _check_complete(path, stage, key)[0]
 
 
-def _check_complete(path: Path, stage: str, key: str) -> tuple[dict | None, str]:
-    """(the manifest, "") if ``path`` is a complete output of ``stage``/``key``, else (None, why not)."""
+def _check_complete(path: Path, stage: str, key: str, verify_content: bool = True) -> tuple[dict | None, str]:
+    """(the manifest, "") if ``path`` is a complete output of ``stage``/``key``, else (None, why not);
+    without ``verify_content`` the outputs' sizes are checked, not their SHA-256."""
     if not path.exists():
         return None, "absent"
     try:
@@ -626,19 +630,33 @@ def _check_complete(path: Path, stage: str, key: str) -> tuple[dict | None, str]
         except (KeyError, TypeError):
             return None, f"incomplete: {path / MANIFEST} lists an output without its size and SHA-256"
         if size != item["bytes"]:
-            return None, f"damaged: {target} has {size} bytes, its manifest recorded {item['bytes']}"
-    for item in outputs:  # sizes first (cheap): only a folder that could be complete is read through
+            why = f"damaged: {target} has {size} bytes, its manifest recorded {item['bytes']}"
+            logger.warning(with_tag(f"warning: [{stage}] {why}; not served"))
+            return None, why
+    for item in outputs if verify_content else ():  # sizes first (cheap): only what could be complete is read
         target = path / item["path"]
         try:
-            actual = file_sha256(target)
+            actual = _verified_sha256(target)
         except OSError:
             return None, f"incomplete: {target} is unreadable"
         if actual != item["sha256"]:
             why = f"damaged: {target}: content does not match its manifest (SHA-256 {actual[:12]}, " \
                   f"recorded {str(item['sha256'])[:12]})"
-            logger.warning(with_tag(f"[{stage}] {why}; not served"))
+            logger.warning(with_tag(f"warning: [{stage}] {why}; not served"))
             return None, why
     return manifest, ""
+
+
+def _verified_sha256(path: Path) -> str:
+    """``file_sha256(path)``, read through once per process while the file is unchanged (same inode, size
+    and modification time): a run checks its stages' outputs, then its report loads some of them again."""
+    st = path.stat()
+    return _sha256_of_version(str(path), st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _sha256_of_version(path: str, inode: int, size: int, mtime_ns: int) -> str:
+    return file_sha256(Path(path))
 
 
 def _list_outputs(folder: Path) -> list[dict]:

@@ -14,6 +14,7 @@ import numpy as np
 import polars as pl
 
 from pipelines.core.errors import FormatError
+from pipelines.core.stage_files import read_parquet
 
 PREDICTION_SCHEMA: dict[str, pl.DataType] = {
     "collection": pl.Utf8,
@@ -21,7 +22,7 @@ PREDICTION_SCHEMA: dict[str, pl.DataType] = {
     "split": pl.Utf8,  # "oof" or "test"
     "config_index": pl.Int32,
     "fold": pl.Int16,
-    "seed": pl.Int32,
+    "seed": pl.Int64,  # the run seed, [0, 2^32)
     "model": pl.Utf8,
     "score": pl.Float64,
 }
@@ -52,7 +53,7 @@ def prediction_frame(
             "split": [split] * n,
             "config_index": np.asarray(config_index, dtype=np.int32),
             "fold": np.full(n, fold, dtype=np.int16),
-            "seed": np.full(n, seed, dtype=np.int32),
+            "seed": np.full(n, seed, dtype=np.int64),
             "model": [model] * n,
             "score": scores,
         },
@@ -73,8 +74,4 @@ def validate_predictions(frame: pl.DataFrame, source: str | Path = "<predictions
 
 def read_predictions(path: Path | str) -> pl.DataFrame:
     path = Path(path)
-    try:
-        frame = pl.read_parquet(path)
-    except Exception as exc:  # polars raises several error types for unreadable files
-        raise FormatError(path, f"cannot read prediction table ({exc})") from None
-    return validate_predictions(frame, path)
+    return validate_predictions(read_parquet(path, "prediction table"), path)

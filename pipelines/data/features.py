@@ -54,6 +54,7 @@ from pipelines.data.layout_geometry import (
 from pipelines.core.parallel import file_cost, map_in_order
 from pipelines.core.progress import Progress
 from pipelines.core.stages import Stage, StageCall, run_declared, section_fields
+from pipelines.core.stage_files import read_parquet
 from pipelines.data.prune import PrunedGraph, load_pruned, pruned_path, sample_configs
 from pipelines.data.tpugraphs import GraphRef, NodeFeat, load_ref
 
@@ -133,6 +134,12 @@ def graph_aggregates(node_feat: np.ndarray, node_opcode: np.ndarray, edge_index:
 
 
 # ----------------------------------------------------------------------------- layout per-config
+
+
+def feature_columns(collection: Collection) -> list[str]:
+    """The ``f_*`` columns the features stage writes for ``collection`` (value frequencies: default
+    search only), in order: what a model may name (``feature:<column>``, ``gbdt.exclude_features``)."""
+    return tile_feature_names() if collection.is_tile else layout_feature_names(collection.search == "default")
 
 
 def layout_feature_names(value_frequency: bool) -> list[str]:
@@ -685,17 +692,17 @@ class _ConfigTables:
         if split not in self.index:
             listing = self.features.path / _part_name(split, PARTS_TABLE)
             self.index[split] = ({graph: (part, offset, rows) for graph, part, offset, rows in
-                                  pl.read_parquet(listing).iter_rows()} if listing.is_file() else None)
+                                  read_parquet(listing).iter_rows()} if listing.is_file() else None)
         index = self.index[split]
         if index is None:
-            return pl.read_parquet(self.features.file(_config_table_name(split, stem)))
+            return read_parquet(self.features.file(_config_table_name(split, stem)))
         if stem not in index:
             raise PipelineError(f"{self.features.path}: output of stage 'features' has no graph {stem!r} in "
                                 f"{split} (see {_part_name(split, PARTS_TABLE)})")
         part, offset, rows = index[stem]
         name = _part_name(split, part)
         if name not in self.parts:
-            self.parts[name] = pl.read_parquet(self.features.file(name))
+            self.parts[name] = read_parquet(self.features.file(name))
         return self.parts[name].slice(offset, rows)
 
 
@@ -713,5 +720,5 @@ def read_feature_rows(features: StageOutput, graphs: Sequence[tuple[str, str]], 
     if not tables:
         raise ValueError("read_feature_rows needs at least one graph")
     splits = sorted({split for _, split in graphs})
-    aggregates = pl.concat([pl.read_parquet(features.file(f"{split}/{GRAPH_FEATURES}")) for split in splits])
+    aggregates = pl.concat([read_parquet(features.file(f"{split}/{GRAPH_FEATURES}")) for split in splits])
     return pl.concat(tables).join(aggregates, on="graph", how="left")

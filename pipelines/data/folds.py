@@ -23,6 +23,7 @@ from pipelines.core.collection import LABELLED, Collection
 from pipelines.core.engine import Code, StageOutput, fingerprint
 from pipelines.core.errors import ConfigError
 from pipelines.core.stages import Stage, StageCall, run_declared, section_fields
+from pipelines.core.stage_files import read_parquet
 
 if TYPE_CHECKING:  # type hints only: the config reaches the key as resolved values
     from pipelines.config.settings import PipelineConfig
@@ -155,4 +156,4 @@ FOLDS = Stage("folds", inputs=("prune",), code=FOLDS_CODE, settings=_folds_setti
 
 def read_folds(folds: StageOutput) -> pl.DataFrame:
     """``graph``, ``split``, ``family``, ``fold`` of every train/valid graph (fold -1: holdout)."""
-    return pl.read_parquet(folds.file(FOLDS_TABLE))
+    return read_parquet(folds.file(FOLDS_TABLE))

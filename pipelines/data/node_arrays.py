@@ -14,7 +14,7 @@ import numpy as np
 
 from pipelines.core.collection import SPLITS
 from pipelines.core.engine import Code, StageOutput
-from pipelines.core.errors import FormatError
+from pipelines.core.stage_files import npz_errors, unreadable
 from pipelines.data.layout_geometry import Chains, ConfigNodes
 from pipelines.core.parallel import file_cost, map_in_order
 from pipelines.core.progress import Progress
@@ -71,8 +71,8 @@ def load_graph_arrays(path: Path | str) -> GraphArrays:
         with np.load(path, allow_pickle=False) as archive:
             collection, stem, split = (str(v) for v in archive["meta"])
             values = {name: archive[_STORED_AS[name]] for name in _ARRAY_FIELDS}
-    except (OSError, KeyError, ValueError) as exc:
-        raise FormatError(path, f"cannot read cached graph arrays ({exc})") from None
+    except npz_errors() as exc:  # (a damaged archive is a zipfile.BadZipFile, neither OSError nor ValueError)
+        raise unreadable(path, "cached graph arrays", exc) from None
     return GraphArrays(collection=collection, stem=stem, split=split, **values)
 
 

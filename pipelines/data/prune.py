@@ -36,6 +36,7 @@ from pipelines.core.logs import with_tag
 from pipelines.core.parallel import file_cost, map_in_order
 from pipelines.core.progress import Progress
 from pipelines.core.stages import Stage, StageCall, run_declared, section_fields
+from pipelines.core.stage_files import read_parquet
 from pipelines.data.tpugraphs import GraphRef, GraphSize, LayoutGraph, TileGraph, load_ref
 
 if TYPE_CHECKING:  # type hints only: the config reaches the key as resolved values
@@ -537,6 +538,19 @@ def _prune_to(folder: Path, ref: GraphRef,
     return row, None
 
 
+def check_something_left(collection: Collection, refs: dict[str, list[GraphRef]], skipped: list[dict]) -> None:
+    """``data.on_bad_file = "skip"`` leaves bad files out, never a whole split: with every train file of
+    a collection bad, training on the valid graphs alone (a handful, scored on themselves) is an error."""
+    train = refs.get("train") or []
+    bad = [item for item in skipped if item["split"] == "train"]
+    if train and len(bad) == len(train):
+        examples = "; ".join(f"{Path(item['path']).name}: {item['reason']}" for item in bad[:3])
+        raise FormatError(Path(train[0].path).parent,
+                          f"{collection.name}: every train file ({len(train)}) is unreadable, nothing is left to "
+                          f"train on (data.on_bad_file = \"skip\" leaves bad files out, not a whole split): "
+                          f"{examples}{' ...' if len(bad) > 3 else ''}")
+
+
 def run_prune(call: StageCall) -> StageOutput:
     """The prune stage: the raw files of ``call.raw`` -> per graph a ``.pruned`` file and, for layout, its
     configs file (see :func:`save_pruned`), plus ``graphs.parquet`` (read them back with
@@ -558,10 +572,14 @@ def run_prune(call: StageCall) -> StageOutput:
                 rows.append(row)
                 continue
             path, problem = bad
+            if ref.split not in LABELLED:  # the submission needs a row for every test file
+                raise FormatError(path, f"{problem} (a test file cannot be left out: data.on_bad_file = \"skip\" "
+                                        "applies to train and valid files)")
             if config.data.on_bad_file != "skip":
                 raise FormatError(path, f"{problem} (to leave such files out with a warning: "
                                         "--set data.on_bad_file=skip)")
             skipped.append({"split": ref.split, "graph": ref.stem, "path": str(ref.path), "reason": problem})
+        check_something_left(call.collection, refs, skipped)
         table = pl.DataFrame(rows, schema=_GRAPHS_SCHEMA)
         table.write_parquet(folder / GRAPHS_TABLE)
         labelled = table.filter(pl.col("split").is_in(LABELLED))
@@ -598,7 +616,7 @@ def kept_refs(refs: Mapping[str, Sequence[GraphRef]], prune: StageOutput) -> dic
 
 def read_graph_table(prune: StageOutput) -> pl.DataFrame:
     """One row per kept graph: ``graph``, ``split`` and the before/after counts."""
-    return pl.read_parquet(prune.file(GRAPHS_TABLE))
+    return read_parquet(prune.file(GRAPHS_TABLE))
 
 
 def read_pruned(prune: StageOutput, split: str, stem: str) -> PrunedGraph:

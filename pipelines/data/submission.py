@@ -19,7 +19,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from pipelines.core.collection import ALL_COLLECTIONS, SPLITS, Collection, split_submission_id
+from pipelines.core.collection import ALL_COLLECTIONS, SPLITS, Collection, split_submission_id, stem_problem
 from pipelines.core.errors import ConfigError, FormatError, PipelineError, SubmissionError
 from pipelines.core.metric import (
     TILE_TOP_K,
@@ -35,12 +35,17 @@ from pipelines.data.tpugraphs import (
     count_configs,
     list_graphs,
     load_ref,
+    probe_problem,
     sample_submission_path,
     unreadable_reason,
 )
 
 HEADER = "ID,TopConfigs"
 _INDEX = re.compile(r"[0-9]+")
+# More digits than any config index can have (a graph has at most ~10^5 configs): such a token is out
+# of range without converting it (int() of a 5,000-digit string is refused by Python, and costs time
+# quadratic in its length below that limit).
+MAX_INDEX_DIGITS = 12
 _EXAMPLES = 5  # indices quoted per problem, so a broken 100k-config row yields a short message
 _BOM = b"\xef\xbb\xbf"
 # sample_submission.csv of the real data is ~4 MB (894 rows, 1000-config layout permutations).
@@ -122,6 +127,12 @@ def _parse(text: str) -> tuple[list[_ParsedRow], list[str]]:
         bad = [t for t in tokens if not _INDEX.fullmatch(t)]
         negative = [t for t in bad if t.startswith("-") and _INDEX.fullmatch(t[1:])]
         bad = [t for t in bad if t not in negative]
+        huge = [t for t in tokens if len(t.lstrip("-0")) > MAX_INDEX_DIGITS and _INDEX.fullmatch(t.lstrip("-"))]
+        if huge:
+            problems.append(f"ID {sid} (line {number}): index of {len(huge[0].lstrip('-0'))} digits "
+                            f"({huge[0][:12]}...) is out of range for any graph"
+                            + (f" (and {len(huge) - 1} more)" if len(huge) > 1 else ""))
+            negative = [t for t in negative if t not in huge]
         if not top:
             problems.append(f"ID {sid} (line {number}): empty TopConfigs")
         if negative:
@@ -132,7 +143,7 @@ def _parse(text: str) -> tuple[list[_ParsedRow], list[str]]:
             shown = ", ".join(repr(t) for t in bad[:_EXAMPLES])
             problems.append(f"ID {sid} (line {number}): non-integer token(s) {shown}"
                             + (f" (and {len(bad) - _EXAMPLES} more)" if len(bad) > _EXAMPLES else ""))
-        rows.append(_ParsedRow(number, sid, None if bad or negative or not top else [int(t) for t in tokens]))
+        rows.append(_ParsedRow(number, sid, None if bad or negative or huge or not top else [int(t) for t in tokens]))
     return rows, problems
 
 
@@ -280,8 +291,19 @@ def read_sample_ids(data_root: Path | str) -> list[str]:
     return ids
 
 
+def test_ref_problem(ref: GraphRef, probe: bool = False) -> str | None:
+    """Why test file ``ref`` cannot be ranked in a submission, or None: from its directory entry (not a
+    regular file, a name its submission ID cannot carry) and, with ``probe``, from a quick look inside
+    (:func:`pipelines.data.tpugraphs.probe_problem`: garbage, cut short, a member missing). A test file
+    cannot be left out (``data.on_bad_file = "skip"`` applies to train and valid files only), so the
+    data-root check probes them all before the first stage."""
+    return unreadable_reason(ref.path) or stem_problem(ref.stem) or (probe_problem(ref.path, ref.collection)
+                                                                      if probe else None)
+
+
 def test_file_problems(data_root: Path | str, collections: Sequence[Collection] = ALL_COLLECTIONS,
-                       sample_ids: Sequence[str] | None = None) -> tuple[dict[str, GraphRef], list[str]]:
+                       sample_ids: Sequence[str] | None = None,
+                       probe: bool = False) -> tuple[dict[str, GraphRef], list[str]]:
     """The test graphs of ``collections`` by submission ID, and how they differ from the IDs of
     sample_submission.csv (an ID without a file, a file not listed, an unreadable entry)."""
     sample_ids = read_sample_ids(data_root) if sample_ids is None else sample_ids
@@ -296,7 +318,7 @@ def test_file_problems(data_root: Path | str, collections: Sequence[Collection] 
                             "(no *.npz file)")
         for ref in refs:
             found[ref.submission_id] = ref
-            reason = unreadable_reason(ref.path)
+            reason = test_ref_problem(ref, probe)
             if reason is not None:
                 problems.append(f"{ref.path}: {reason}")
             elif ref.submission_id not in listed:

@@ -297,6 +297,28 @@ def count_configs(path: Path | str, collection: Collection) -> int:
     return int(shape[0])
 
 
+def probe_problem(path: Path | str, collection: Collection) -> str | None:
+    """What a quick look finds wrong with a graph file, or None: its archive directory and the npy header
+    of every member the collection needs (a few KB read, no array data): garbage, a truncated file, a
+    missing or malformed member. Damage inside the compressed data is found when the file is read."""
+    path = Path(path)
+    try:
+        check_readable_file(path)
+        with _archive_errors(path), open(path, "rb") as file, zipfile.ZipFile(file) as archive:
+            members = _checked_members(archive, path)
+            required = TILE_KEYS if collection.is_tile else LAYOUT_KEYS
+            missing = [k for k in required if k not in members]
+            if missing:
+                return (f"missing key(s) {', '.join(missing)} for {collection.name} "
+                        f"(found: {', '.join(sorted(members)) or 'none'})")
+            for key in required:
+                info = archive.getinfo(members[key])
+                _checked_header(MemberReader(file, info), info, path, key)
+    except FormatError as exc:
+        return exc.problem
+    return None
+
+
 def unreadable_reason(path: Path | str) -> str | None:
     """Why ``path`` cannot be read as a graph file without opening it (None: a regular file).
 

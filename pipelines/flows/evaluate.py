@@ -233,9 +233,9 @@ def _num(value: float | None) -> str:
 
 def require_sidecar(data_root: Path | str) -> dict[str, Any]:
     """The world's label record; a data root without the sidecar (e.g. the real data) is refused."""
-    from pipelines.synth.world import LABELS_DIR, LABELS_MARKER, labels_marker
+    from pipelines.synth.world import LABELS_DIR, LABELS_MARKER, read_labels_marker
 
-    marker = labels_marker(data_root)
+    marker = read_labels_marker(data_root)
     if marker is None:
         raise PipelineError(
             f"{data_root}: no hidden test labels ({LABELS_DIR}/{LABELS_MARKER} is missing): evaluate needs a "
@@ -296,18 +296,15 @@ def model_rows(manifest: Mapping[str, Any], work_dir: Path | None, *,
                per_seed: bool = False) -> dict[str, dict[str, list[int]]]:
     """Submission rows of each model of a run alone (with ``per_seed``: of each of its run seeds alone), from
     its saved training stages (see module doc)."""
-    from pipelines.core.engine import load_stage
+    from pipelines.outputs.run_folders import load_named_stage
 
     method = (manifest.get("config") or {}).get("ensemble", {}).get("method", "minmax")
     outputs: list[tuple[str, StageOutput]] = []
     for collection, stages in manifest["stages"].items():
         for model, where in stages.get("train", {}).items():
             folder = work_dir if work_dir is not None else Path(where["work_dir"])
-            try:
-                outputs.append((model, load_stage(folder, where["stage"], where["key"])))
-            except PipelineError:
-                raise PipelineError(f"the saved {model} training output of {collection} is gone: "
-                                    f"{folder / where['stage'] / where['key']} (pass --work-dir, or re-run)") from None
+            outputs.append((model, load_named_stage(folder, where["stage"], where["key"],
+                                                    f"the saved {model} training output of {collection}")))
     return trained_rows(outputs, method, per_seed=per_seed)
 
 

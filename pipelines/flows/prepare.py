@@ -119,18 +119,20 @@ def check_output_dir(folder: Path | str, data_root: Path | str, what: str = "--w
 
 
 def check_data_root(data_root: Path | str, collections: Sequence[Collection], on_bad_file: str) -> None:
-    """Structural checks of the raw data, run before the first stage (stat calls only, no file is opened):
+    """Structural checks of the raw data, run before the first stage (stat calls; test files alone are opened,
+    for a look at their archive directory and npy headers):
 
     * every split directory of every chosen collection exists, train and test are not empty;
     * with ``sample_submission.csv`` present: every collection it lists exists, and the test files
       of the chosen collections match its IDs exactly (the submission must cover them all);
     * every ``*.npz`` entry is a regular file (not a dangling or looping link, directory, FIFO...).
       Such an entry is an error; with ``on_bad_file = "skip"`` a train/valid one is a warning (the
-      prune stage records it in ``skipped_files``), a test one stays an error (the submission needs it).
+      prune stage records it in ``skipped_files``), a test one stays an error (the submission needs it);
+    * every test file's name fits a submission ID, and a quick look inside finds nothing wrong.
 
     Every problem found is reported in one FormatError, so one fix-and-retry round suffices.
     """
-    from pipelines.data.submission import read_sample_ids, test_file_problems
+    from pipelines.data.submission import read_sample_ids, test_file_problems, test_ref_problem
 
     data_root = Path(data_root)
     npz_root(data_root)  # "no data here" is its own clear error
@@ -172,11 +174,11 @@ def check_data_root(data_root: Path | str, collections: Sequence[Collection], on
         if not present:
             continue
         if sample_ids is not None:
-            _, test_problems = test_file_problems(data_root, [collection], sample_ids)
+            _, test_problems = test_file_problems(data_root, [collection], sample_ids, probe=True)
             problems += test_problems
         else:
             problems += [f"{ref.path}: {reason}" for ref in list_graphs(data_root, collection, "test")
-                         if (reason := unreadable_reason(ref.path)) is not None]
+                         if (reason := test_ref_problem(ref, probe=True)) is not None]
     if problems:
         hint = ("" if on_bad_file == "skip" or not any("not a regular file" in p or "symlink" in p for p in problems)
                 else "\n(to leave unreadable train/valid entries out with a warning: --set data.on_bad_file=skip)")

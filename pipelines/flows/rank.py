@@ -103,10 +103,10 @@ def blended_scores(run_id: str, data_root: Path, *, submissions_dir: Path | str 
     """Per collection of the run (those in ``only``): the blended score of every test config of
     ``data_root``, as ``predict`` computes it (``graph``, ``config_index``, ``score``; lower = faster)."""
     from pipelines.config.settings import PipelineConfig, config_from_dict
-    from pipelines.core.engine import fingerprint, load_stage
+    from pipelines.core.engine import fingerprint
     from pipelines.training.ensemble import blend, prepare_model_scores
     from pipelines.flows.predict import _source_config, predict_test, prepare_test_graphs
-    from pipelines.outputs.run_folders import read_run_manifest, training_stage_dir
+    from pipelines.outputs.run_folders import load_named_stage, read_run_manifest, training_stage_dir
 
     source = read_run_manifest(submissions_dir, run_id)
     if source.get("kind") not in (None, "run", "ensemble"):
@@ -129,12 +129,8 @@ def blended_scores(run_id: str, data_root: Path, *, submissions_dir: Path | str 
         for model in models:
             ref = refs[model]
             where = training_stage_dir(ref, source, work_dir)
-            try:
-                output = load_stage(where, ref["stage"], ref["key"])
-            except PipelineError:
-                raise PipelineError(f"run {run_id}: the saved {model} models of {cname} are gone: "
-                                    f"{where / ref['stage'] / ref['key']} (pass --work-dir where the run's stages "
-                                    "are)") from None
+            output = load_named_stage(where, ref["stage"], ref["key"],
+                                      f"run {run_id}: the saved {model} models of {cname}")
             config_dict = _source_config(source, model)
             cache = (cname, fingerprint(config_dict))
             if cache not in prepared_by_config:

@@ -58,7 +58,8 @@ from pipelines.core.errors import ConfigError, FormatError, PipelineError
 from pipelines.core.logs import tagged
 from pipelines.core.parallel import JobPool, fan_out
 from pipelines.core.progress import format_duration
-from pipelines.outputs.run_folders import publish_submission, read_run_manifest, resolve_run_id, training_stage_dir
+from pipelines.outputs.run_folders import (check_trained, publish_submission, read_run_manifest, resolve_run_id,
+                                         training_stage_dir)
 
 logger = logging.getLogger(__name__)
 
@@ -361,7 +362,7 @@ def stage_history(work_dir: Path) -> dict[str, list[float]]:
     from pipelines.core.engine import list_stages
 
     out: dict[str, list[float]] = {}
-    for row in list_stages(work_dir):
+    for row in list_stages(work_dir, verify_content=False):  # wall times only: the reuse checks content
         if row["complete"] and row["wall_time_s"] is not None:
             out.setdefault(row["stage"], []).append(float(row["wall_time_s"]))
     return out
@@ -585,6 +586,9 @@ def train_and_blend(config: PipelineConfig, data_root: Path | str, *, work_dir: 
     # their models train on (gnn.extra_train_collections)
     chosen, companions = collections_to_prepare(config, data_root, collections)
     check_devices(config, names, chosen)  # a GPU asked for and absent fails before the data stages
+    from pipelines.training.fit import check_models
+
+    check_models(names, chosen)  # e.g. feature:<column> naming no column: before the data stages
     stages = dag.pipeline(names)  # data stages, a training stage per model, the ensemble
     data_names = {stage.name for stage in dag.data_stages()}
     plan: dict[str, int] = {}
@@ -666,6 +670,8 @@ def ensemble_runs(run_ids: Sequence[str], *, submissions_dir: Path | str = paths
     if not run_ids:
         raise ConfigError("ensemble needs at least one run-id")
     manifests = {r: read_run_manifest(submissions_dir, r) for r in run_ids}
+    for run_id, manifest in manifests.items():
+        check_trained(manifest, run_id, "ensemble --runs")  # a predict run has no OOF predictions to blend
     first = manifests[run_ids[0]]
     method = method or first.get("config", {}).get("ensemble", {}).get("method", "minmax")
     if method not in NORMALISE_METHODS:
@@ -722,11 +728,9 @@ def ensemble_runs(run_ids: Sequence[str], *, submissions_dir: Path | str = paths
 
 
 def _load_saved(work_dir: Path, stage: str, key: str, run_id: str, what: str, collection: str) -> StageOutput:
-    try:
-        return load_stage(work_dir, stage, key)
-    except PipelineError:
-        raise PipelineError(f"run {run_id}: the saved {what} output of {collection} is gone: {work_dir / stage / key} "
-                            "(was the work dir cache deleted? re-run the run, or pass --work-dir)") from None
+    from pipelines.outputs.run_folders import load_named_stage  # "gone" only when absent; else why not usable
+
+    return load_named_stage(work_dir, stage, key, f"run {run_id}: the saved {what} output of {collection}")
 
 
 # ----------------------------------------------------------------------------- command line helpers

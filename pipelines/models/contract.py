@@ -26,6 +26,8 @@ Learned state lives in attributes ending in ``_``. The **adapter** tells the tra
     describe(ranker) -> (facts dict, importance frame or None)
     job_memory(prepared, graphs, settings) -> bytes   # optional: peak of fitting on graphs, which
                                                       # caps the parallel jobs to fit in memory
+    check(collections) -> None              # optional: a ConfigError when this model cannot train on
+                                            # these collections (run and train call it before any stage)
     checkpoints = True                      # optional: fit(..., checkpoint_dir=) resumes epochs
     long_jobs = True                        # optional: fold jobs much longer than other models'; a run
                                             # trains these stages first, the short jobs fill in at the end

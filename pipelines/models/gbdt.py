@@ -56,6 +56,7 @@ from pipelines.config.settings import config_from_dict, config_to_dict, model_se
 from pipelines.core.errors import FormatError
 from pipelines.models.feature_table import FeatureTableAdapter
 from pipelines.config.gbdt import GBDTConfig
+from pipelines.core.seeds import fit_seed
 
 # Pair-feature rows built at once when scoring pairwise (bounds memory on graphs with 10k configs).
 PAIR_ROWS_PER_BLOCK = 1 << 16
@@ -324,7 +325,7 @@ class GBDTRanker:
             "bagging_freq": self.config.bagging_freq if self.config.bagging_fraction < 1 else 0,
             "lambda_l2": self.config.lambda_l2,
             "num_threads": self.num_threads,
-            "seed": seed,
+            "seed": fit_seed(seed),  # LightGBM's int32: a seed past 2^31 would alias a smaller one
             "deterministic": True,
             "force_col_wise": True,
             "verbosity": -1,

@@ -4,10 +4,12 @@ the one hand-made ``f_*`` column, and sign, that scores best on the training fol
 
 from __future__ import annotations
 
+import difflib
 import json
 import math
 import zlib
 from pathlib import Path
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -16,7 +18,7 @@ import polars as pl
 from pipelines.core.atomic import write_text_atomic
 from pipelines.core.collection import Collection, parse_collection
 from pipelines.config.settings import PipelineConfig, resolve_for_collection
-from pipelines.core.errors import FormatError
+from pipelines.core.errors import ConfigError, FormatError
 from pipelines.models.feature_table import FeatureTableAdapter
 from pipelines.models.gbdt import group_rows, pair_accuracy, sample_pairs, top5_score
 
@@ -148,6 +150,23 @@ class FeatureAdapter(FeatureTableAdapter):
 
     def __init__(self, column: str | None = None, name: str = "feature"):
         self.column, self.name = column or None, name
+
+    def check(self, collections: Sequence[Collection]) -> None:
+        """``feature:<column>`` must name a column the features stage writes for every collection it
+        trains on: a ConfigError listing them, before any stage (it failed after the data stages)."""
+        from pipelines.core.collection import ALL_COLLECTIONS
+        from pipelines.data.features import feature_columns
+
+        for collection in collections if self.column else ():
+            known = feature_columns(collection)
+            if self.column in known:
+                continue
+            having = [c.name for c in ALL_COLLECTIONS if self.column in feature_columns(c)]
+            close = difflib.get_close_matches(self.column, known, n=3)
+            hint = (f" (only {', '.join(having)} have it: choose them with --collections)" if having
+                    else f" (did you mean {', '.join(close)}?)" if close else "")
+            raise ConfigError(f"model {self.name!r}: {collection.name} has no feature column {self.column!r}{hint}; "
+                              f"its {len(known)} f_* columns: {', '.join(known)}")
 
     def settings(self, config: PipelineConfig, collection: Collection) -> dict[str, Any]:
         return {"column": self.column,

@@ -21,6 +21,7 @@ import numpy as np
 import polars as pl
 
 from pipelines.core.errors import PipelineError
+from pipelines.core.stage_files import read_parquet
 from pipelines.outputs.significance import Difference, paired_difference, seed_difference
 
 logger = logging.getLogger(__name__)
@@ -60,7 +61,7 @@ def _model_graph_scores(cname: str, model: str, ref: Mapping[str, Any], manifest
     from pipelines.training.fit import SCORES_FILE
 
     output = load_stage(training_stage_dir(ref, manifest), ref["stage"], ref["key"])
-    scores = pl.read_parquet(output.file(SCORES_FILE))
+    scores = read_parquet(output.file(SCORES_FILE))
     return (scores.filter((pl.col("split") == "oof") & pl.col("score").is_not_nan())
             .group_by("graph").agg(pl.col("score").mean())
             .select(pl.lit(cname).alias("collection"), pl.lit(model).alias("model"), "graph", "score")

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from pipelines.core.engine import fingerprint, write_json_atomic
-from pipelines.core.errors import FormatError, PipelineError
+from pipelines.core.errors import ConfigError, FormatError, PipelineError
 
 logger = logging.getLogger(__name__)
 
@@ -172,6 +172,86 @@ def world_origin(data_root: Path | str) -> dict[str, Any]:
             if isinstance(marker, dict) else {}}
 
 
+# What each entry of a run manifest holds, as every reader of one expects it (runs list, report,
+# predict, ensemble, evaluate, submit...): a type (a tuple: any of them; ``None`` allowed only where
+# listed), ``[item]`` a list of such items, ``{key: spec}`` an object whose listed keys, where present,
+# hold that (``"*"``: every value). Only ``stages`` is required (manifests of older versions lack others).
+_NUMBER = (int, float, type(None))
+_STAGE_REF = {"stage": str, "key": str, "work_dir": str}
+_CONFIG = {"run": {"seeds": [int]}, "folds": {"k": int}, "ensemble": {"method": str, "models": ([str], None)}}
+RUN_MANIFEST_SCHEMA: dict[str, Any] = {
+    "stages": {"*": {"prepare": {"*": str}, "train": {"*": _STAGE_REF}, "ensemble": str,
+                     "companions": {"*": {"*": str}}}},
+    "run_id": str, "kind": str, "created": str, "data_root": str, "work_dir": str, "command": str, "name": str,
+    "note": str, "source_run": str, "split": str, "wall_time_s": _NUMBER,
+    "models": [str], "collections": [str], "source_runs": [str], "stages_computed": [str],
+    "config": {**_CONFIG, "source_runs": {"*": (_CONFIG, None)}},  # a re-blend keeps each source run's config
+    "cv_scores": {"*": {"blend": {"*": _NUMBER},
+                        "training": {"*": {"oof_score": _NUMBER, "oof_score_std": _NUMBER,
+                                           "oof_score_by_seed": {"*": _NUMBER}}}}},
+    "combined_oof": {"*": {"value": _NUMBER, "complete": bool}},
+    "ensemble_weights": {"*": {"*": (int, float)}},
+    "submission": {"file": str, "rows": int, "sha256": str, "validated_against": str},
+    "data_world": {"synthetic": bool, "marker": dict, "marker_file": str},
+    "library_versions": dict, "code_version": dict,
+}
+_TYPE_NAMES = {str: "a string", int: "an integer", float: "a number", bool: "true or false", dict: "an object",
+               list: "a list", type(None): "null"}
+
+
+def run_manifest_problem(manifest: Any) -> str | None:
+    """What makes ``manifest`` (parsed JSON) no run manifest of this project, or None: the first entry
+    that lacks or breaks :data:`RUN_MANIFEST_SCHEMA` (``stages.tile:xla.train: expected an object, got
+    a list``)."""
+    if not isinstance(manifest, dict):
+        return f"expected a JSON object, got {_json_type(manifest)}"
+    if "stages" not in manifest:
+        return "no 'stages' table"
+    return _schema_problem(manifest, RUN_MANIFEST_SCHEMA, "")
+
+
+def _schema_problem(value: Any, spec: Any, where: str) -> str | None:
+    if isinstance(spec, dict):
+        if not isinstance(value, dict):
+            return f"{where or 'the manifest'}: expected an object, got {_json_type(value)}"
+        for key, item in value.items():
+            inner = spec.get(key, spec.get("*"))
+            if inner is not None:
+                problem = _schema_problem(item, inner, f"{where}.{key}" if where else key)
+                if problem:
+                    return problem
+        return None
+    if isinstance(spec, list):
+        if not isinstance(value, list):
+            return f"{where}: expected a list, got {_json_type(value)}"
+        for index, item in enumerate(value):
+            problem = _schema_problem(item, spec[0], f"{where}[{index}]")
+            if problem:
+                return problem
+        return None
+    choices = tuple(type(None) if c is None else c for c in (spec if isinstance(spec, tuple) else (spec,)))
+    for choice in choices:
+        if isinstance(choice, (list, dict)):
+            if isinstance(value, type(choice)):  # the right container: what is wrong inside it
+                return _schema_problem(value, choice, where)
+        elif isinstance(value, choice) and not (isinstance(value, bool) and choice in (int, float)):
+            return None
+    names = ["a list" if isinstance(c, list) else "an object" if isinstance(c, dict) else _TYPE_NAMES[c]
+             for c in choices if not (c is int and float in choices)]
+    return f"{where}: expected {' or '.join(names)}, got {_json_type(value)}"
+
+
+def _json_type(value: Any) -> str:
+    """``integer 5``, ``list [1, 2]``, ``null``: a parsed JSON value as a message shows it."""
+    if value is None:
+        return "null"
+    kind = ("boolean" if isinstance(value, bool) else "integer" if isinstance(value, int) else "number"
+            if isinstance(value, float) else "string" if isinstance(value, str) else "list"
+            if isinstance(value, list) else "object" if isinstance(value, dict) else type(value).__name__)
+    shown = json.dumps(value, default=str)
+    return f"{kind} {shown if len(shown) <= 40 else shown[:37] + '...'}"
+
+
 def read_run_manifest(submissions_dir: Path | str, run_id: str) -> dict[str, Any]:
     """The manifest of a run (``run_id``: a run-id or what :func:`resolve_run_id` accepts)."""
     run_id = resolve_run_id(submissions_dir, run_id)
@@ -187,8 +267,10 @@ def read_run_manifest(submissions_dir: Path | str, run_id: str) -> dict[str, Any
         raise PipelineError(f"{path}: no such run manifest (is {run_id!r} a run-id under {submissions_dir}?)") from None
     except (OSError, ValueError) as exc:
         raise FormatError(path, f"unreadable run manifest ({exc})") from None
-    if not isinstance(manifest, dict) or not isinstance(manifest.get("stages"), dict):
-        raise FormatError(path, "not a run manifest (no 'stages' table)")
+    problem = run_manifest_problem(manifest)
+    if problem is not None:
+        raise FormatError(path, f"not a valid run manifest ({problem}): was it edited by hand? restore it, or "
+                                f"remove the run folder (runs rm {run_id})")
     return manifest
 
 
@@ -212,6 +294,47 @@ def training_stage_dirs(ref: Mapping[str, Any], manifest: Mapping[str, Any],
     return list(dict.fromkeys(places))
 
 
+def check_trained(manifest: Mapping[str, Any], run_id: str, command: str) -> None:
+    """A ConfigError unless the run trained models (kind ``run``) or re-blended such runs (``ensemble``):
+    a ``predict`` run only ranked new graphs with another run's fold models, so it has no out-of-fold
+    training predictions to blend (its stages name that run's training stages, but not its graphs)."""
+    kind = manifest.get("kind", "run")
+    if kind in ("run", "ensemble"):
+        return
+    source = manifest.get("source_run")
+    origin = f" (it ranked {manifest.get('data_root') or 'new graphs'} with the fold models of run {source})" \
+        if source else ""
+    instead = f"; {command} its source run {source} instead" if source else ""
+    raise ConfigError(f"run {run_id} is a {kind!r} run{origin}: it has no training predictions of its own for "
+                      f"{command}{instead}")
+
+
+def load_named_stage(where: Path | str, stage: str, key: str, what: str) -> Any:
+    """The complete stage output a run manifest names (``what``: "run X: the saved gbdt output of
+    tile:xla"); a PipelineError that says whether it is gone (no folder) or damaged or incomplete
+    (the engine's reason, naming the file: resized, content not matching its SHA-256, missing)."""
+    from pipelines.core.engine import load_stage
+
+    path = Path(where) / stage / key
+    try:
+        return load_stage(Path(where), stage, key)
+    except PipelineError as exc:
+        if not path.exists():
+            raise PipelineError(f"{what} is gone: {path} (was the work dir cache deleted? re-run the run, or pass "
+                                "--work-dir where its stages are)") from None
+        raise PipelineError(f"{what} cannot be used: {exc} (re-run the run to compute it again)") from None
+
+
+def check_removable(submissions_dir: Path | str, run_id: str) -> None:
+    """Only run folders are removed: a PipelineError unless ``run_id`` (resolved) is one, its manifest
+    valid, or present but damaged by hand (which its error suggests removing)."""
+    try:
+        read_run_manifest(submissions_dir, run_id)
+    except FormatError:
+        if not (_RUN_ID.fullmatch(run_id) and (Path(submissions_dir) / run_id / RUN_MANIFEST).is_file()):
+            raise
+
+
 def remove_run_folder(submissions_dir: Path | str, run_id: str, *, force: bool = False) -> Path:
     """Delete the run folder of ``run_id`` (a run-id or what :func:`resolve_run_id` accepts); its
     stages stay in the work dir. A run that was submitted (it has a ``submitted.json``) is kept
@@ -219,7 +342,7 @@ def remove_run_folder(submissions_dir: Path | str, run_id: str, *, force: bool =
     hidden name, so a removal cut short never leaves a half run that lists."""
     submissions_dir = Path(submissions_dir)
     run_id = resolve_run_id(submissions_dir, run_id)
-    read_run_manifest(submissions_dir, run_id)  # only run folders are removed
+    check_removable(submissions_dir, run_id)
     run_dir = submissions_dir / run_id
     if (run_dir / "submitted.json").exists() and not force:
         raise PipelineError(f"run {run_id} was submitted to Kaggle (see {run_dir / 'submitted.json'}); "

@@ -12,6 +12,7 @@ runs takes a fraction of a second. Only the standard library, the engine and the
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 from pathlib import Path
@@ -19,7 +20,9 @@ from typing import Any, Iterable, Mapping
 
 from pipelines.core.engine import fingerprint, flatten
 from pipelines.core.errors import PipelineError
-from pipelines.outputs.run_folders import RUN_MANIFEST
+from pipelines.outputs.run_folders import RUN_MANIFEST, run_manifest_problem
+
+logger = logging.getLogger(__name__)
 
 SUBMITTED_RECORD = "submitted.json"  # written by ``submit RUN_ID`` (see pipelines.outputs.kaggle_io.submit_run)
 LEADERBOARD_RECORD = "leaderboard.json"  # written by ``submissions sync`` (pipelines.outputs.leaderboard)
@@ -325,13 +328,24 @@ def compare_runs(a_id: str, a: Mapping[str, Any], b_id: str, b: Mapping[str, Any
 
 
 def read_manifest(run_dir: Path) -> dict[str, Any] | None:
-    """A run folder's manifest, or None when it has none or it is not a run manifest."""
+    """A run folder's manifest, or None when it has none. A manifest that is unreadable or no valid run
+    manifest (edited by hand: other types, a list for an object) is None too, with a warning naming
+    it, so one bad run is left out of a listing instead of breaking it for every run; a command that
+    names that run refuses it (:func:`pipelines.outputs.run_folders.read_run_manifest`)."""
+    path = run_dir / RUN_MANIFEST
     try:
-        with open(run_dir / RUN_MANIFEST, encoding="utf-8") as handle:
+        with open(path, encoding="utf-8") as handle:
             manifest = json.load(handle)
-    except (OSError, ValueError):
+    except FileNotFoundError:
         return None
-    return manifest if isinstance(manifest, dict) and isinstance(manifest.get("stages"), dict) else None
+    except (OSError, ValueError) as exc:
+        problem: str | None = f"unreadable ({type(exc).__name__}: {exc})"
+    else:
+        problem = run_manifest_problem(manifest)
+    if problem is not None:
+        logger.warning(f"warning: {path}: not a valid run manifest ({problem}); run {run_dir.name} left out")
+        return None
+    return manifest
 
 
 def read_leaderboard(run_dir: Path) -> list[dict]:

@@ -32,6 +32,7 @@ from typing import Any, Mapping
 from pipelines.core import paths
 from pipelines.core.engine import flatten, write_json_atomic
 from pipelines.core.errors import ConfigError, PipelineError
+from pipelines.core.stage_files import read_parquet
 
 logger = logging.getLogger(__name__)
 
@@ -161,7 +162,7 @@ def track_run(run_id: str, *, submissions_dir: Path | str = paths.SUBMISSIONS_DI
             for model, ref in ((entry or {}).get("train") or {}).items():
                 folder = training_stage_dir(ref, manifest) / ref["stage"] / ref["key"]
                 if (folder / CURVES_FILE).is_file():
-                    frame = pl.read_parquet(folder / CURVES_FILE)
+                    frame = read_parquet(folder / CURVES_FILE)
                     if "collection" not in frame.columns:
                         frame = frame.with_columns(pl.lit(cname).alias("collection"))
                     if "model" not in frame.columns:

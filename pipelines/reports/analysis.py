@@ -40,8 +40,9 @@ import numpy as np
 import polars as pl
 
 from pipelines.core import paths
-from pipelines.core.engine import StageOutput, load_stage
+from pipelines.core.engine import StageOutput
 from pipelines.core.errors import ConfigError, PipelineError
+from pipelines.core.stage_files import read_parquet
 
 logger = logging.getLogger(__name__)
 
@@ -457,7 +458,7 @@ def load_scores(trained: Iterable[Trained]) -> pl.DataFrame:
     ``variant`` and ``model`` columns."""
     from pipelines.training.fit import SCORES_FILE
 
-    frames = [pl.read_parquet(t.output.file(SCORES_FILE)).filter(pl.col("split") == "oof")
+    frames = [read_parquet(t.output.file(SCORES_FILE)).filter(pl.col("split") == "oof")
               .with_columns(pl.lit(t.variant).alias("variant"), pl.lit(t.model).alias("model"))
               for t in trained]
     if not frames:
@@ -472,12 +473,12 @@ def load_importance(trained: Iterable[Trained]) -> pl.DataFrame:
     frames = []
     for t in trained:
         if (t.output.path / IMPORTANCE_FILE).exists():
-            frames.append(pl.read_parquet(t.output.file(IMPORTANCE_FILE))
+            frames.append(read_parquet(t.output.file(IMPORTANCE_FILE))
                           .with_columns(pl.lit(t.collection).alias("collection"), pl.lit(t.variant).alias("variant"),
                                         pl.lit(t.model).alias("model")))
     if not frames:
         return pl.DataFrame(schema={"feature": pl.Utf8, "gain": pl.Float64, "split": pl.Int64, "fold": pl.Int16,
-                                    "seed": pl.Int32, "collection": pl.Utf8, "variant": pl.Utf8, "model": pl.Utf8})
+                                    "seed": pl.Int64, "collection": pl.Utf8, "variant": pl.Utf8, "model": pl.Utf8})
     return pl.concat(frames)
 
 
@@ -544,21 +545,19 @@ def run_outputs(submissions_dir: Path | str, run_id: str, work_dir: Path | str |
     """Load the training, ensemble and prune outputs of a run from its ``manifest.json``
     (``work_dir`` overrides the work dir the run recorded, e.g. after moving the cache)."""
     from pipelines.training.ensemble import ENSEMBLE_STAGE
-    from pipelines.outputs.run_folders import read_run_manifest, training_stage_dir
+    from pipelines.outputs.run_folders import load_named_stage, read_run_manifest, training_stage_dir
 
     manifest = read_run_manifest(submissions_dir, run_id)
     root = Path(work_dir) if work_dir is not None else Path(manifest["work_dir"])
     trained, ensemble, prune = {}, {}, {}
     for collection, stages in manifest["stages"].items():
-        try:
-            trained[collection] = {
-                name: load_stage(training_stage_dir(ref, manifest, work_dir), ref["stage"], ref["key"])
-                for name, ref in stages["train"].items()}
-            ensemble[collection] = load_stage(root, ENSEMBLE_STAGE, stages[ENSEMBLE_STAGE])
-            prune[collection] = load_stage(root, "prune", stages["prepare"]["prune"])
-        except PipelineError as exc:
-            raise PipelineError(f"run {run_id}: a stage output it names is gone ({exc}); re-run it, or pass "
-                                "the work dir it was written to") from None
+        def saved(where: Path, stage: str, key: str, what: str) -> StageOutput:  # gone, or why not usable
+            return load_named_stage(where, stage, key, f"run {run_id}: the saved {what} output of {collection}")
+
+        trained[collection] = {name: saved(training_stage_dir(ref, manifest, work_dir), ref["stage"], ref["key"], name)
+                               for name, ref in stages["train"].items()}
+        ensemble[collection] = saved(root, ENSEMBLE_STAGE, stages[ENSEMBLE_STAGE], ENSEMBLE_STAGE)
+        prune[collection] = saved(root, "prune", stages["prepare"]["prune"], "prune")
     return RunOutputs(run_id, manifest, trained, ensemble, prune)
 
 

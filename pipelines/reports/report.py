@@ -28,6 +28,7 @@ from pipelines.core import paths
 from pipelines.reports.analysis import RunOutputs, figure_png, importance_table, run_outputs
 from pipelines.core.atomic import write_text_atomic
 from pipelines.core.errors import PipelineError
+from pipelines.core.stage_files import read_parquet
 from pipelines.flows.evaluate import evaluation_table, read_evaluation
 
 logger = logging.getLogger(__name__)
@@ -405,12 +406,12 @@ def build_report(run: RunOutputs) -> list[Section]:
     scores, importances, curves_found = [], [], []
     for collection, models in run.trained.items():
         for model, output in models.items():
-            scores.append(pl.read_parquet(output.file(SCORES_FILE)).with_columns(pl.lit(model).alias("model")))
+            scores.append(read_parquet(output.file(SCORES_FILE)).with_columns(pl.lit(model).alias("model")))
             if (output.path / CURVES_FILE).exists():
-                curves_found.append(pl.read_parquet(output.file(CURVES_FILE))
+                curves_found.append(read_parquet(output.file(CURVES_FILE))
                                     .with_columns(pl.lit(model).alias("model")))
             if (output.path / IMPORTANCE_FILE).exists():
-                importances.append(pl.read_parquet(output.file(IMPORTANCE_FILE))
+                importances.append(read_parquet(output.file(IMPORTANCE_FILE))
                                    .with_columns(pl.lit(collection).alias("collection")))
     per_graph = graph_scores_table(pl.concat(scores, how="vertical_relaxed"))
     distribution = Section("Per-graph score distribution",
@@ -453,7 +454,7 @@ def build_report(run: RunOutputs) -> list[Section]:
         models = [m for m in manifest.get("models", []) if m in weights.get(collection, {})]
         if len(models) != 2:
             continue
-        curve = pl.read_parquet(output.file(ENSEMBLE_CURVE)).select(pl.col(f"w:{models[0]}").alias("weight"), "score")
+        curve = read_parquet(output.file(ENSEMBLE_CURVE)).select(pl.col(f"w:{models[0]}").alias("weight"), "score")
         curves[collection] = (models[0], curve.sort("weight"), weights[collection][models[0]])
     if curves:
         ensemble.figures.append(("OOF score vs. blend weight", _curve_figure(curves)))

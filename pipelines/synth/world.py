@@ -542,6 +542,51 @@ def labels_marker(root: Path | str) -> dict | None:
     return _read_json(Path(root) / LABELS_DIR / LABELS_MARKER)
 
 
+def read_labels_marker(root: Path | str) -> dict | None:
+    """The sidecar's ``labels.json`` for a reader that trusts its fields (``evaluate``,
+    :func:`program_kinds`): None when absent, a FormatError naming it when it is unreadable or not a
+    record ``synth`` writes (another type, an unknown scale, collection or family, a bad seed)."""
+    path = Path(root) / LABELS_DIR / LABELS_MARKER
+    if not path.exists() and not path.is_symlink():
+        return None
+    try:
+        marker = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise FormatError(path, f"unreadable label record ({type(exc).__name__}: {exc})") from None
+    problem = _marker_problem(marker)
+    if problem is not None:
+        raise FormatError(path, f"not a label record written by `synth` ({problem})")
+    return marker
+
+
+def _marker_problem(marker: object) -> str | None:
+    def whole(value: object, low: int, high: int) -> bool:
+        return isinstance(value, int) and not isinstance(value, bool) and low <= value < high
+
+    if not isinstance(marker, dict):
+        return f"expected a JSON object, got {type(marker).__name__}"
+    if marker.get("scale") not in SCALES:
+        return f"scale {marker.get('scale')!r} is not one of {', '.join(SCALES)}"
+    if not whole(marker.get("seed"), 0, 2**32):
+        return f"seed {marker.get('seed')!r} is not an integer in [0, 2^32)"
+    names = marker.get("collections")
+    if not isinstance(names, list) or not names or not all(isinstance(n, str) for n in names):
+        return f"collections {names!r} is not a list of collection names"
+    try:
+        parse_collections(names)
+    except ConfigError as exc:
+        return f"collections: {exc}"
+    if marker.get("limit") is not None and not whole(marker.get("limit"), 1, 2**63):
+        return f"limit {marker.get('limit')!r} is not a positive integer or null"
+    if not whole(marker.get("variant", 0), 0, 2**31):
+        return f"variant {marker.get('variant')!r} is not an integer >= 0"
+    if marker.get("family", REFERENCE) not in REGISTRY:
+        return f"family {marker.get('family')!r} is not one of {', '.join(REGISTRY)}"
+    if marker.get("recurrent") not in (None, True, False):
+        return f"recurrent {marker.get('recurrent')!r} is not true, false or null"
+    return None
+
+
 def read_labels(root: Path | str, collection: Collection, split: str, stem: str) -> Labels:
     """The hidden labels of one graph; a missing or malformed file raises FormatError naming it."""
     path = label_path(Path(root), collection, split, stem)
@@ -558,6 +603,22 @@ def read_labels(root: Path | str, collection: Collection, split: str, stem: str)
     normalizer = arrays.get("normalizer")
     if collection.is_tile and (normalizer is None or normalizer.shape != runtime.shape):
         raise FormatError(path, "a tile label file needs 'normalizer' of the runtimes' length")
+    # What the metric divides and ranks by: a string, boolean, complex, NaN or non-positive label
+    # would be scored as something else (or crash the metric) rather than refused.
+    for name, array, kinds in (("runtime", runtime, "iu"), ("normalizer", normalizer, "iu"),
+                               ("noise_free", noise_free, "iuf")):
+        if array is None:
+            continue
+        if array.dtype.kind not in kinds:
+            wanted = "integers" if kinds == "iu" else "real numbers"
+            raise FormatError(path, f"'{name}' holds {array.dtype} values, expected {wanted}")
+        if not np.isfinite(array).all():
+            raise FormatError(path, f"'{name}' holds NaN or infinite values")
+        if name != "noise_free" and (array <= 0).any():
+            raise FormatError(path, f"'{name}' holds {int((array <= 0).sum())} value(s) <= 0 (hidden labels are measured "
+                                    "runtimes and their normalisers: positive)")
+        if array.dtype.kind in "iu" and array.max(initial=0) > np.iinfo(np.int64).max:
+            raise FormatError(path, f"'{name}' holds values beyond int64")
     return Labels(runtime.astype(np.int64), noise_free.astype(np.float64),
                   None if normalizer is None else normalizer.astype(np.int64))
 
@@ -581,7 +642,7 @@ def program_kinds(root: Path | str) -> dict[tuple[str, str], str]:
     """(collection, stem) -> program family kind (``cnn``, ``rnn``, ``transformer``, ``mlp``) of every
     file of a world, rebuilt from its label record (the kinds are a pure function of the world's
     arguments, so the files and labels stay the bytes they were before kinds were asked for)."""
-    marker = labels_marker(root)
+    marker = read_labels_marker(root)
     if marker is None:
         raise FormatError(Path(root) / LABELS_DIR / LABELS_MARKER, "no label record: not a synthetic world")
     chosen = parse_collections(marker["collections"])

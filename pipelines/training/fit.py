@@ -63,6 +63,7 @@ from pipelines.core.parallel import JobPool
 from pipelines.core.predictions import PREDICTION_SCHEMA, prediction_frame
 from pipelines.core.progress import format_duration
 from pipelines.core.stages import Stage, StageCall, run_declared
+from pipelines.core.seeds import fit_seed as derived_fit_seed
 
 logger = logging.getLogger(__name__)
 
@@ -87,7 +88,7 @@ SCORES_SCHEMA: dict[str, pl.DataType] = {
     "graph": pl.Utf8,
     "split": pl.Utf8,  # "oof" or "holdout"
     "fold": pl.Int16,  # oof: the fold holding the graph out; holdout: the fold of the model
-    "seed": pl.Int32,
+    "seed": pl.Int64,  # a run seed, [0, 2^32)
     "num_configs": pl.Int64,
     "score": pl.Float64,  # tile: 2 - best of top 5 / best; layout: Kendall tau-b; NaN: undefined
     "opa": pl.Float64,
@@ -97,6 +98,15 @@ SCORES_SCHEMA: dict[str, pl.DataType] = {
 def stage_name(model: str) -> str:
     """Stage folder of a model's training: ``train-gbdt``, ``train-feature.f_padding`` ..."""
     return "train-" + model.replace(":", ".")
+
+
+def check_models(models: list[str], collections: list[Collection]) -> None:
+    """Each model's own check of the collections it will train on (the optional ``check`` of its
+    adapter, :mod:`pipelines.models.contract`): a ConfigError before any stage runs."""
+    for model in models:
+        check = getattr(get_adapter(model), "check", None)
+        if check is not None:
+            check(list(collections))
 
 
 def model_file_name(model: str, fold: int, seed: int) -> str:
@@ -212,7 +222,7 @@ def fit_predict_fold(adapter: ModelAdapter, prepared: Any, collection: Collectio
     checkpoints into (and resumes from) ``partial/f<fold>-s<seed>.ckpt/``.
     """
     started = time.perf_counter()
-    fit_seed = seed + int(settings.get("seed", 0))
+    fit_seed = derived_fit_seed(seed, settings.get("seed", 0))  # within LightGBM's int32
     held_out = plan.graphs_by_fold[fold]
     ranker = adapter.make(settings, collection, num_threads=num_threads)
     train = adapter.load(prepared, plan.train_graphs(fold), settings=settings, fit=True, seed=fit_seed)
@@ -246,7 +256,7 @@ def fit_predict_fold(adapter: ModelAdapter, prepared: Any, collection: Collectio
     ]).select(list(SCORES_SCHEMA)).cast(SCORES_SCHEMA)
     facts, importance = adapter.describe(ranker)
     if importance is not None:
-        importance = importance.with_columns(pl.lit(fold, pl.Int16).alias("fold"), pl.lit(seed, pl.Int32).alias("seed"))
+        importance = importance.with_columns(pl.lit(fold, pl.Int16).alias("fold"), pl.lit(seed, pl.Int64).alias("seed"))
     result = FoldResult(fold, seed, predictions, scores, importance, facts, time.perf_counter() - started,
                         model_bytes(ranker, model_file_name(adapter.name, fold, seed)),
                         fold_curves(ranker, collection.name, adapter.name, fold, seed))

@@ -24,7 +24,7 @@ import torch
 from torch import nn
 
 from pipelines.core.atomic import write_text_atomic
-from pipelines.core.errors import ConfigError
+from pipelines.core.errors import ConfigError, FormatError
 from pipelines.core.metric import kendall_tau_b, tile_score, tile_top_k
 from pipelines.models.gnn.batch import GraphBatch, PreparedGraph, collate, gather_configs
 from pipelines.models.gnn.device import autocast
@@ -271,8 +271,10 @@ def load_checkpoint(path: Path, fingerprint: str, model: nn.Module, optimizer, s
                     rng: np.random.Generator) -> TrainState:
     try:
         saved = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as exc:  # torch raises several types for a truncated or foreign file
-        raise ConfigError(f"{path}: cannot read GNN checkpoint ({exc})") from None
+    except Exception as exc:  # torch raises several types for a truncated or foreign file (or a pickled program)
+        detail = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
+        raise FormatError(path, f"cannot read GNN checkpoint ({detail}); delete {path.parent} to train this fold "
+                                "afresh") from None
     if saved.get("format") != CHECKPOINT_FORMAT or saved.get("fingerprint") != fingerprint:
         raise ConfigError(f"{path}: checkpoint belongs to another config, seed or data; "
                           "use a fresh checkpoint directory")
