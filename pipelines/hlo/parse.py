@@ -411,31 +411,9 @@ def parse_attributes(text: str) -> dict[str, str]:
     return attrs
 
 
-def split_top_level(text: str, sep: str = ",") -> list[str]:
-    parts, depth, start, quote, i = [], 0, 0, False, 0
-    while i < len(text):
-        ch = text[i]
-        if quote:
-            if ch == "\\":
-                i += 1
-            elif ch == '"':
-                quote = False
-        elif ch == '"':
-            quote = True
-        elif ch in "([{":
-            depth += 1
-        elif ch in ")]}":
-            depth -= 1
-        elif ch == sep and depth == 0:
-            parts.append(text[start:i])
-            start = i + 1
-        i += 1
-    parts.append(text[start:])
-    return parts
-
-
-def _balanced_end(text: str, start: int) -> int:
-    """Index just past the bracket that closes the one at ``start`` (quotes respected)."""
+def _unquoted(text: str, start: int = 0):
+    """``(index, char, depth)`` of every character of ``text`` from ``start`` outside double quotes (a
+    backslash escapes the next character inside them); ``depth`` counts the brackets open before it."""
     depth, quote, i = 0, False, start
     while i < len(text):
         ch = text[i]
@@ -446,13 +424,30 @@ def _balanced_end(text: str, start: int) -> int:
                 quote = False
         elif ch == '"':
             quote = True
-        elif ch in "([{":
-            depth += 1
-        elif ch in ")]}":
-            depth -= 1
-            if depth == 0:
-                return i + 1
+        else:
+            yield i, ch, depth
+            if ch in "([{":
+                depth += 1
+            elif ch in ")]}":
+                depth -= 1
         i += 1
+
+
+def split_top_level(text: str, sep: str = ",") -> list[str]:
+    parts, start = [], 0
+    for i, ch, depth in _unquoted(text):
+        if ch == sep and depth == 0:
+            parts.append(text[start:i])
+            start = i + 1
+    parts.append(text[start:])
+    return parts
+
+
+def _balanced_end(text: str, start: int) -> int:
+    """Index just past the bracket that closes the one at ``start`` (quotes respected)."""
+    for i, ch, depth in _unquoted(text, start):
+        if ch in ")]}" and depth == 1:
+            return i + 1
     return len(text)
 
 
