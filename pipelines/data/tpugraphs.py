@@ -24,7 +24,7 @@ import zlib
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Iterator
+from typing import IO, Iterator, Sequence
 
 import numpy as np
 
@@ -245,10 +245,9 @@ def load_graph(path: Path | str, collection: Collection, *, with_configs: bool =
     with _archive_errors(path), open(path, "rb") as file, zipfile.ZipFile(file) as archive:
         members = _checked_members(archive, path)
         required = TILE_KEYS if collection.is_tile else LAYOUT_KEYS
-        missing = [k for k in required if k not in members]
-        if missing:
-            raise FormatError(path, f"missing key(s) {', '.join(missing)} for {collection.name} "
-                                    f"(found: {', '.join(sorted(members)) or 'none'})")
+        problem = _missing_members(members, required, collection)
+        if problem:
+            raise FormatError(path, problem)
         arrays = {
             key: _read_member(file, archive.getinfo(members[key]), path, key)
             for key in required
@@ -297,6 +296,14 @@ def count_configs(path: Path | str, collection: Collection) -> int:
     return int(shape[0])
 
 
+def _missing_members(members, required: Sequence[str], collection: Collection) -> str | None:
+    """What is wrong when a graph file lacks arrays its collection needs, or None."""
+    missing = [k for k in required if k not in members]
+    if not missing:
+        return None
+    return f"missing key(s) {', '.join(missing)} for {collection.name} (found: {', '.join(sorted(members)) or 'none'})"
+
+
 def probe_problem(path: Path | str, collection: Collection) -> str | None:
     """What a quick look finds wrong with a graph file, or None: its archive directory and the npy header
     of every member the collection needs (a few KB read, no array data): garbage, a truncated file, a
@@ -307,10 +314,9 @@ def probe_problem(path: Path | str, collection: Collection) -> str | None:
         with _archive_errors(path), open(path, "rb") as file, zipfile.ZipFile(file) as archive:
             members = _checked_members(archive, path)
             required = TILE_KEYS if collection.is_tile else LAYOUT_KEYS
-            missing = [k for k in required if k not in members]
-            if missing:
-                return (f"missing key(s) {', '.join(missing)} for {collection.name} "
-                        f"(found: {', '.join(sorted(members)) or 'none'})")
+            problem = _missing_members(members, required, collection)
+            if problem:
+                return problem
             for key in required:
                 info = archive.getinfo(members[key])
                 _checked_header(MemberReader(file, info), info, path, key)
