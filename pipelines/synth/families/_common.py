@@ -105,6 +105,27 @@ def is_reshape(s: Structure) -> np.ndarray:
     return s.model.kind == RESHAPE
 
 
+def fixed_producer_copies(m: LayoutCostModel, block: int, consumer: np.ndarray, consumer_bytes: np.ndarray,
+                          hbm_bytes_ns: float, launch_ns: float) -> np.ndarray | float:
+    """Per config, the copies where input (``block`` 0) or kernel (1) layouts ``consumer`` (k, nc, 6) of
+    configurable nodes differ from the layout of the fixed-layout producer they read: a read and a write
+    of the operand (``consumer_bytes`` (k, nc)) plus a launch each; 0 where no such producer feeds that block."""
+    sel = m.fixed_block == block
+    if not np.any(sel):
+        return 0.0
+    dst = m.fixed_dst[sel]
+    differ = np.any(consumer[:, dst] != m.fixed_perm[sel][None], axis=-1)
+    return (differ * (2.0 * consumer_bytes[:, dst] / hbm_bytes_ns + launch_ns)).sum(axis=1)
+
+
+def off_default_copies(m: LayoutCostModel, p_out: np.ndarray, out_bytes: np.ndarray, hbm_bytes_ns: float,
+                       launch_ns: float) -> np.ndarray:
+    """Per config, the copies of outputs off their default layout, one per fixed-layout consumer reading them
+    (``m.out_fanout``): a read and a write of the output plus a launch each."""
+    off = np.any(p_out != m.defaults[None, :, 0:6], axis=-1)
+    return (off * m.out_fanout * (2.0 * out_bytes / hbm_bytes_ns + launch_ns)).sum(axis=1)
+
+
 def tile_bounds(kernel: TileKernel, config_feat: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(kernel, output, input) tile sizes of each config, float64, from the 24 config_feat columns."""
     out_rank, in_rank = len(kernel.out_shape), len(kernel.in_shape)

@@ -97,13 +97,8 @@ def _costs(s: c.Structure, blocks: np.ndarray) -> np.ndarray:
     total = np.where(c.is_reshape(s), reshape, mxu).sum(axis=1) + extra
     consumer, consumer_b = (chosen[0], chosen[1]), (in_b, ker_b)
     for block in (0, 1):
-        sel = m.fixed_block == block
-        if np.any(sel):
-            dst = m.fixed_dst[sel]
-            differ = np.any(consumer[block][:, dst] != m.fixed_perm[sel][None], axis=-1)
-            total += (differ * (2.0 * consumer_b[block][:, dst] / HBM_BYTES_NS + COPY_LAUNCH_NS)).sum(axis=1)
-    off = np.any(p_out != m.defaults[None, :, 0:6], axis=-1)
-    total += (off * m.out_fanout * (2.0 * out_b / HBM_BYTES_NS + COPY_LAUNCH_NS)).sum(axis=1)
+        total += c.fixed_producer_copies(m, block, consumer[block], consumer_b[block], HBM_BYTES_NS, COPY_LAUNCH_NS)
+    total += c.off_default_copies(m, p_out, out_b, HBM_BYTES_NS, COPY_LAUNCH_NS)
     return total + m.base_ns
 
 
