@@ -136,12 +136,12 @@ def _check(graph: GraphArrays) -> None:
 def dim_roles(conv_numbers: np.ndarray, is_conv: np.ndarray) -> np.ndarray:
     """int8 (n, 3, 6): the role (``ROLE_*``) of dims 0-5 of each node's output, input and kernel.
 
-    ``conv_numbers`` (n, 14) are the convolution dimension numbers (node_feat 93-106: input batch and
-    feature, 4 input spatial, kernel input and output feature, 4 kernel spatial, output batch and
-    feature). A convolution's named dims get their role and its other dims ``ROLE_SPATIAL``; every
+    ``conv_numbers`` int64 (n, 14) are the convolution dimension numbers (``_convolution_dims``: input
+    batch and feature, 4 input spatial, kernel input and output feature, 4 kernel spatial, output batch
+    and feature). A convolution's named dims get their role and its other dims ``ROLE_SPATIAL``; every
     dim of another op is ``ROLE_OTHER``. Dims past a tensor's rank are the caller's to mask.
     """
-    numbers = np.rint(conv_numbers).astype(np.int64)
+    numbers = conv_numbers
     named = {0: ((12, ROLE_BATCH), (13, ROLE_OUT_FEATURE)),  # output
              1: ((0, ROLE_BATCH), (1, ROLE_CONTRACTED)),  # input
              2: ((6, ROLE_CONTRACTED), (7, ROLE_OUT_FEATURE))}  # kernel
