@@ -15,7 +15,8 @@ model and that model's run seeds alone (``pipelines.flows.evaluate.seed_checks``
 one per family, seed and (for ``reference`` only) variant; non-reference families take variant 0.
 Besides the pooled table, each family gets its own ensemble/ceiling per collection, and the
 per-(collection, program family) share of ceiling is reported as mean +- spread over each family's
-worlds (docs/transfer-protocol.md).
+worlds (docs/transfer-protocol.md). Every test graph of every world, with its program, size and
+scores (``pipelines.flows.evaluate.per_graph_table``), goes to ``<out>.per-graph.csv`` beside it.
 
 ``--collections`` trains, blends and scores those collections only (no submission is published, and
 "combined" is then their mean): the same stages a full run computes for them, so their scores are
@@ -36,6 +37,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import numpy as np
+import polars as pl
 
 from benchmarks.common import RESULTS, WORLDS, machine, markdown_table
 from pipelines.core.atomic import write_text_atomic
@@ -83,6 +85,7 @@ def main(argv: list[str] | None = None) -> int:
         evaluate_rows,
         evaluate_run,
         model_rows,
+        per_graph_table,
         program_family_table,
         seed_checks,
     )
@@ -90,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     from pipelines.flows.run import parse_models, run_pipeline, stage_index, stages_wall_time, train_and_blend
     from pipelines.synth import generate_world
     from pipelines.synth.families import REFERENCE, load_family
-    from pipelines.synth.world import program_kinds
+    from pipelines.synth.world import program_families, program_kinds
 
     setup_logging()  # the runs' progress lines, as the command line prints them
     host = machine()
@@ -105,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
               for variant in (variants if family == REFERENCE else [0])]
     collections = None if args.collections is None else list(parse_collections(args.collections))
     work, submissions = args.root / "work", args.root / "submissions"
-    results, timings, checks, family_tables = [], [], [], []
+    results, timings, checks, family_tables, graph_tables = [], [], [], [], []
     for family, seed, variant in worlds:
         label = f"{family} seed {seed}" + (f" variant {variant}" if family == REFERENCE else "")
         world = args.root / ((f"{args.scale}-seed{seed}-variant{variant}" if family == REFERENCE
@@ -135,6 +138,8 @@ def main(argv: list[str] | None = None) -> int:
             seeds = evaluate_collection_seeds(runs, world, method=config.ensemble.method)
         checks += [(label, check) for check in seed_checks(evaluation, seeds)]
         family_tables.append((family, program_family_table(evaluation, program_kinds(world))))
+        graph_tables.append(per_graph_table(evaluation, program_families(world)).select(
+            pl.lit(family).alias("family"), pl.lit(seed).alias("seed"), pl.all()))
         evaluate_s = time.perf_counter() - t0
         print(evaluation.to_text(), flush=True)
         print(f"{label}: synth {synth_s:.0f} s, run {run_s:.0f} s (its stages {stage_s:.0f} s), "
@@ -222,7 +227,9 @@ def main(argv: list[str] | None = None) -> int:
     if out.exists():
         raise SystemExit(f"{out} exists; pass --out")
     write_text_atomic(out, text)
-    print(out)
+    per_graph = out.with_suffix(".per-graph.csv")  # every test graph of every world, for a per-graph look
+    pl.concat(graph_tables, how="vertical_relaxed").write_csv(per_graph)
+    print(out, per_graph, sep="\n")
     return 0
 
 

@@ -838,6 +838,9 @@ def _add_evaluate(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--work-dir", type=Path, default=None,
                    help="where the run's training outputs are (default: as its manifest records)")
     p.add_argument("--no-models", action="store_true", help="score only the submission, not each model alone")
+    p.add_argument("--per-graph", action="store_true",
+                   help="also print every test graph: program family and size, each score, share of its ceiling "
+                        "(worst first); evaluation.json holds it either way")
     p.set_defaults(handler=_run_evaluate)
 
 
@@ -847,11 +850,14 @@ def _run_evaluate(args: argparse.Namespace) -> int:
     evaluation, path = evaluate_run(args.run_id, args.data_root, submissions_dir=args.submissions_dir,
                                     work_dir=args.work_dir, with_models=not args.no_models)
     print(evaluation.to_text())
-    from pipelines.flows.evaluate import program_family_table, program_family_text
-    from pipelines.synth.world import program_kinds
+    from pipelines.flows.evaluate import per_graph_table, per_graph_text, program_family_table, program_family_text
+    from pipelines.synth.world import program_families, program_kinds
 
     print("\nper program family (submission):")
     print(program_family_text(program_family_table(evaluation, program_kinds(args.data_root))))
+    if args.per_graph:
+        print("\nper test graph (share: submission / ceiling, worst first):")
+        print(per_graph_text(per_graph_table(evaluation, program_families(args.data_root))))
     print(path)
     return 0
 

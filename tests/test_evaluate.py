@@ -292,3 +292,39 @@ def test_malformed_hidden_labels_are_an_error_naming_the_file(run, tiny_world: P
     err = capsys.readouterr().err
     assert code == 1 and f"error: {path}: " in err and "Traceback" not in err, err[-2000:]
     assert (record.read_bytes() if record.exists() else None) == before  # nothing scored, nothing written
+
+
+def test_per_graph_view_lists_every_test_graph_with_its_program_size_and_scores(run, tiny_world: Path, capsys) -> None:
+    from pipelines.flows.evaluate import per_graph_table
+    from pipelines.synth.world import program_families
+
+    submissions, run_id = run
+    assert main(["evaluate", run_id, "--data-root", str(tiny_world), "--submissions-dir", str(submissions),
+                 "--per-graph"]) == 0
+    out = capsys.readouterr().out
+    record = json.loads((submissions / run_id / EVALUATION_FILE).read_text())
+    rows = pl.DataFrame(record["per_graph"])
+    graphs = {(c.name, ref.stem) for c in ALL_COLLECTIONS for ref in list_graphs(tiny_world, c, "test")}
+    assert set(zip(rows["collection"], rows["graph"])) == graphs and rows.height == len(graphs)
+    families = program_families(tiny_world)
+    for row in rows.iter_rows(named=True):
+        key = (row["collection"], row["graph"])
+        assert (row["program_family"], row["program"]) == (families[key].kind, families[key].name)
+        assert row["share_of_ceiling"] == pytest.approx(row[SUBMISSION] / row[CEILING])
+        assert row["graph"][:24] in out
+    # sizes and config counts are the files' own; the collection means are the per-graph means
+    for collection in ALL_COLLECTIONS:
+        part = rows.filter(pl.col("collection") == collection.name)
+        for ref, row in zip(sorted(list_graphs(tiny_world, collection, "test"), key=lambda r: r.stem),
+                            part.sort("graph").iter_rows(named=True)):
+            from pipelines.data.tpugraphs import load_ref
+
+            graph = load_ref(ref)
+            assert (row["nodes"], row["num_configs"]) == (graph.num_nodes, graph.num_configs)
+            assert row["config_nodes"] == (None if collection.is_tile else graph.node_config_ids.shape[0])
+        for entry in ("gbdt", SUBMISSION, CEILING):
+            assert part[entry].mean() == pytest.approx(record["collections"][collection.name][entry])
+        shares = part["share_of_ceiling"].drop_nans().drop_nulls().to_list()
+        assert shares == sorted(shares)  # worst first
+    table = per_graph_table(evaluate_rows(tiny_world, {SUBMISSION: _rows_from(tiny_world, "noise_free")}), {})
+    assert set(table["program"]) == {"unknown"} and table["share_of_ceiling"].drop_nans().eq(1.0).all()

@@ -20,7 +20,8 @@ runtimes, for:
   (the best any predictor can do in expectation; below 1 because of measurement noise).
 
 The ratio ``submission / ceiling`` is reported per collection and for the combined score (the
-unweighted mean of the five collections). The result goes to ``<run folder>/evaluation.json``,
+unweighted mean of the five collections), and per test graph with its program family and size
+(:func:`per_graph_table`, ``evaluate --per-graph``). The result goes to ``<run folder>/evaluation.json``,
 written atomically; a file of that name this module did not write is never replaced.
 """
 
@@ -46,6 +47,7 @@ from pipelines.data.tpugraphs import Graph, list_graphs, load_ref
 if TYPE_CHECKING:
     from pipelines.core.engine import StageOutput
     from pipelines.flows.run import CollectionRun
+    from pipelines.synth.programs import Family
 
 EVALUATION_FILE = "evaluation.json"
 GENERATOR = "pipelines.flows.evaluate"
@@ -131,6 +133,7 @@ class Evaluation:
     floor_by_collection: dict[str, str]  # collection -> name of its best heuristic
     heuristic_names: tuple[str, ...]
     model_names: tuple[str, ...]
+    graph_sizes: pl.DataFrame | None = None  # collection, graph, nodes, config_nodes of each test graph
 
     def collection_scores(self, entry: str) -> dict[str, float]:
         frame = self.reports[entry].per_collection
@@ -254,6 +257,7 @@ def evaluate_rows(data_root: Path | str, rows: Mapping[str, Mapping[str, Sequenc
     require_sidecar(data_root)
     scored: dict[str, list[GraphScore]] = {entry: [] for entry in rows}
     scored[CEILING] = []
+    sizes: list[tuple[str, str, int, int | None]] = []
     heuristic_names: list[str] = []
     for collection in collections:
         named = heuristic_sets(collection)
@@ -264,6 +268,8 @@ def evaluate_rows(data_root: Path | str, rows: Mapping[str, Mapping[str, Sequenc
             if labels.runtime.shape[0] != graph.num_configs:
                 raise FormatError(ref.path, f"{graph.num_configs} configs but {labels.runtime.shape[0]} hidden labels")
             truth = truth_of(collection, labels.runtime, labels.normalizer)
+            config_nodes = int(graph.node_config_ids.shape[0]) if collection.kind == "layout" else None
+            sizes.append((collection.name, ref.stem, graph.num_nodes, config_nodes))
 
             def score(indices: Sequence[int]) -> GraphScore:
                 return score_submission_row(collection.name, ref.stem, indices, truth)
@@ -286,7 +292,9 @@ def evaluate_rows(data_root: Path | str, rows: Mapping[str, Mapping[str, Sequenc
         floor_scores += [g for g in scored[HEURISTIC + best] if g.collection == collection.name]
     reports[FLOOR] = summarize(floor_scores)
     models = tuple(e for e in rows if e != SUBMISSION)  # everything else the caller passed
-    return Evaluation(reports, floor_by_collection, tuple(heuristic_names), models)
+    graph_sizes = pl.DataFrame(sizes, schema={"collection": pl.Utf8, "graph": pl.Utf8, "nodes": pl.Int64,
+                                              "config_nodes": pl.Int64}, orient="row")
+    return Evaluation(reports, floor_by_collection, tuple(heuristic_names), models, graph_sizes)
 
 
 # ----------------------------------------------------------------------------- a run's entries
@@ -424,6 +432,8 @@ def evaluate_run(run_id: str, data_root: Path | str, *, submissions_dir: Path | 
         rows.update(model_rows(manifest, None if work_dir is None else Path(work_dir)))
     rows[SUBMISSION] = read_submission(submission)
     evaluation = evaluate_rows(data_root, rows)
+    from pipelines.synth.world import program_families
+
     record = {
         "generator": GENERATOR, "version": EVALUATION_VERSION, "run_id": run_id,
         "run_manifest": RUN_MANIFEST, "submission_sha256": (manifest.get("submission") or {}).get("sha256"),
@@ -431,6 +441,7 @@ def evaluate_run(run_id: str, data_root: Path | str, *, submissions_dir: Path | 
         "world": {k: marker.get(k) for k in ("scale", "seed", "variant", "limit", "collections")},
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         **evaluation.to_dict(),
+        "per_graph": per_graph_table(evaluation, program_families(data_root)).to_dicts(),
     }
     _write_evaluation(out, record)
     return evaluation, out
@@ -509,6 +520,52 @@ def program_family_table(evaluation: Evaluation, kinds: Mapping[tuple[str, str],
         pl.col("collection").replace_strict(order, default=len(order), return_dtype=pl.Int64).alias("_order"))
     return table.sort("_order", "program_family").select(
         "collection", "program_family", "score", "ceiling", "share_of_ceiling", pl.col("graphs").cast(pl.Int64))
+
+
+def per_graph_table(evaluation: Evaluation, families: Mapping[tuple[str, str], Family]) -> pl.DataFrame:
+    """One row per test graph (pure): its collection and stem, program family kind and architecture
+    (``families``, :func:`pipelines.synth.world.program_families`; ``unknown`` where it has none),
+    nodes, configurable nodes and configs, the score of each model, the submission, the floor and the
+    ceiling, and ``share_of_ceiling`` (submission / ceiling). Worst share first within a collection."""
+    keys = ["collection", "graph"]
+    entries = [*evaluation.model_names, SUBMISSION, FLOOR, CEILING]
+    table = evaluation.reports[CEILING].per_graph.select(*keys, "num_configs")
+    for entry in entries:
+        table = table.join(evaluation.reports[entry].per_graph.select(*keys, pl.col("score").alias(entry)),
+                           on=keys, how="left")
+    if evaluation.graph_sizes is not None:
+        table = table.join(evaluation.graph_sizes, on=keys, how="left")
+    else:
+        table = table.with_columns(pl.lit(None, pl.Int64).alias("nodes"), pl.lit(None, pl.Int64).alias("config_nodes"))
+    def described(row: Mapping[str, Any], field: str) -> str:
+        family = families.get((row["collection"], row["graph"]))
+        return "unknown" if family is None else getattr(family, field)
+    order = {c.name: i for i, c in enumerate(ALL_COLLECTIONS)}
+    return table.with_columns(
+        pl.struct(*keys).map_elements(lambda row: described(row, "kind"), return_dtype=pl.Utf8).alias("program_family"),
+        pl.struct(*keys).map_elements(lambda row: described(row, "name"), return_dtype=pl.Utf8).alias("program"),
+        (pl.col(SUBMISSION) / pl.col(CEILING)).alias("share_of_ceiling"),
+        pl.col("collection").replace_strict(order, default=len(order), return_dtype=pl.Int64).alias("_order"),
+    ).sort("_order", "share_of_ceiling", "graph", nulls_last=True).select(
+        *keys, "program_family", "program", "nodes", "config_nodes", "num_configs", *entries, "share_of_ceiling")
+
+
+def per_graph_text(table: pl.DataFrame) -> str:
+    """The per-graph table as ``evaluate --per-graph`` prints it."""
+    entries = [c for c in table.columns[7:] if c != "share_of_ceiling"]
+    width = max(9, *(len(e) for e in entries))
+    lines = [f"{'collection':<20} {'graph':<24} {'program':<22} {'nodes':>6} {'config':>6} {'configs':>7} "
+             + " ".join(f"{e:>{width}}" for e in entries) + f" {'share':>6}"]
+    for row in table.iter_rows(named=True):
+        program = f"{row['program_family']}/{row['program']}"
+        lines.append(f"{row['collection']:<20} {row['graph'][:24]:<24} {program[:22]:<22} {_count(row['nodes']):>6} "
+                     f"{_count(row['config_nodes']):>6} {row['num_configs']:>7} "
+                     + " ".join(f"{_num(row[e]):>{width}}" for e in entries) + f" {_num(row['share_of_ceiling']):>6}")
+    return "\n".join(lines)
+
+
+def _count(value: int | None) -> str:
+    return "-" if value is None else str(value)
 
 
 def program_family_text(table: pl.DataFrame) -> str:

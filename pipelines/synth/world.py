@@ -638,17 +638,23 @@ def world_specs(scale: Scale, seed: int, collections: tuple[Collection, ...],
     return files
 
 
-def program_kinds(root: Path | str) -> dict[tuple[str, str], str]:
-    """(collection, stem) -> program family kind (``cnn``, ``rnn``, ``transformer``, ``mlp``) of every
-    file of a world, rebuilt from its label record (the kinds are a pure function of the world's
-    arguments, so the files and labels stay the bytes they were before kinds were asked for)."""
+def program_families(root: Path | str) -> dict[tuple[str, str], Family]:
+    """(collection, stem) -> the program architecture every file of a world was built from, rebuilt
+    from its label record (a pure function of the world's arguments, so the files and labels stay the
+    bytes they were before it was asked for)."""
     marker = read_labels_marker(root)
     if marker is None:
         raise FormatError(Path(root) / LABELS_DIR / LABELS_MARKER, "no label record: not a synthetic world")
     chosen = parse_collections(marker["collections"])
     specs = world_specs(SCALES[marker["scale"]], int(marker["seed"]), chosen, marker.get("limit"),
                         _recurrent(marker.get("family", REFERENCE), marker.get("recurrent")))
-    return {(spec.collection, spec.stem): spec.family.kind for spec in specs}
+    return {(spec.collection, spec.stem): spec.family for spec in specs}
+
+
+def program_kinds(root: Path | str) -> dict[tuple[str, str], str]:
+    """(collection, stem) -> program family kind (``cnn``, ``rnn``, ``transformer``, ``mlp``) of every
+    file of a world (:func:`program_families`)."""
+    return {key: family.kind for key, family in program_families(root).items()}
 
 
 def _recurrent(family: str, recurrent: bool | None) -> bool:
