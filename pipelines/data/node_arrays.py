@@ -130,6 +130,16 @@ def shape_and_layout(transformed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return np.maximum(quotient * 128.0 + remainder, 0.0), np.clip(np.rint(layout), -1, 5).astype(np.int64)
 
 
+def kept_raw_node_feat(transformed: np.ndarray) -> np.ndarray:
+    """float32 (n, 140) raw node features back from transformed ones, for what the transform keeps
+    exactly: the columns it copies (flags, element types, dim indices, layouts) and the shape dims
+    (:func:`shape_and_layout`); every other column is 0."""
+    raw = np.zeros((transformed.shape[0], 140), np.float32)
+    raw[:, list(RAW_COLUMNS)] = transformed[:, :len(RAW_COLUMNS)]
+    raw[:, NodeFeat.SHAPE_DIMS] = shape_and_layout(transformed)[0]
+    return raw
+
+
 def chain_end_arrays(graph: PrunedGraph) -> dict[str, np.ndarray]:
     """The ``chain_*`` fields of a layout graph: the ends of :class:`pipelines.data.layout_geometry.Chains` (the
     GBDT's chain features use the same ones), as rows ``src -> dst`` with -1 for a fixed-layout end."""

@@ -26,7 +26,8 @@ import polars as pl
 import torch
 
 from pipelines.core.errors import FormatError
-from pipelines.data.node_arrays import NODE_FEATURE_DIM, RAW_COLUMNS, GraphArrays, shape_and_layout
+from pipelines.data.features import tile_config_features, tile_feature_names
+from pipelines.data.node_arrays import NODE_FEATURE_DIM, RAW_COLUMNS, GraphArrays, kept_raw_node_feat, shape_and_layout
 from pipelines.data.layout_geometry import CONV
 from pipelines.data.tpugraphs import GraphSize, NodeFeat
 
@@ -82,7 +83,8 @@ class PreparedGraph(GraphSize):
     config_shapes: np.ndarray  # float64 (nc, 3, 6): dims of each configurable node's output, input and kernel
     config_layouts: np.ndarray  # int64 (nc, 3, 6): their default minor_to_major (node features 134-139)
     config_roles: np.ndarray  # int8 (nc, 3, 6): the role (ROLE_*) of each of their dims
-    config_feat: LayoutConfigs | np.ndarray  # layout: LayoutConfigs (c, nc, 18); tile: float32 (c, 24)
+    # layout: LayoutConfigs (c, nc, 18); tile: float32 (c, 24), with tile physics (c, 24 + TILE_PHYSICS_DIM)
+    config_feat: LayoutConfigs | np.ndarray
     target: np.ndarray  # float64 (c,)
     chain_src: np.ndarray  # int64 (E,) chain ends, see GraphArrays.chain_*
     chain_dst: np.ndarray
@@ -290,9 +292,25 @@ def layout_roles(values: torch.Tensor, inverse: torch.Tensor, shapes: torch.Tens
     return torch.stack(out, dim=-1).to(torch.float32)
 
 
-def prepare_graph(graph: GraphArrays, config_layers: int, match_operands: bool = False) -> PreparedGraph:
+TILE_PHYSICS = tile_feature_names()[24:]  # the GBDT's tile columns beyond the 24 raw config values
+TILE_PHYSICS_DIM = len(TILE_PHYSICS)
+
+
+def tile_physics(graph: GraphArrays) -> np.ndarray:
+    """float32 (c, TILE_PHYSICS_DIM): what each tile config implies against the kernel's output shape
+    and the (8, 128) vector registers (``features.tile_config_features``: tile count and waste,
+    register padding of the output, input and kernel tiles, traffic, working set), from the graph's
+    transformed node features (the shapes, types and layouts they keep exactly)."""
+    columns = tile_config_features(graph.config_feat, kept_raw_node_feat(graph.node_feat))
+    return np.stack([columns[name] for name in TILE_PHYSICS], axis=1).astype(np.float32)
+
+
+def prepare_graph(graph: GraphArrays, config_layers: int, match_operands: bool = False,
+                  with_tile_physics: bool = False) -> PreparedGraph:
     """Validate one graph and precompute degrees and (layout) the hop levels of the fused layers;
-    ``match_operands``: see ``_config_tensors`` (on with ``GNNConfig.layout_roles``)."""
+    ``match_operands``: see ``_config_tensors`` (on with ``GNNConfig.layout_roles``);
+    ``with_tile_physics``: a tile graph's configs carry :func:`tile_physics` after their 24 values
+    (``GNNConfig.tile_physics``)."""
     _check(graph)
     n = graph.num_nodes
     src, dst = (graph.message_edges[i].astype(np.int64, copy=False) for i in (0, 1))
@@ -332,7 +350,9 @@ def prepare_graph(graph: GraphArrays, config_layers: int, match_operands: bool =
         inv_deg_in=inv_in, inv_deg_out=inv_out,
         config_nodes=config_nodes, levels=levels, config_in_final=config_in_final,
         config_shapes=config_shapes, config_layouts=config_layouts, config_roles=config_roles,
-        config_feat=_layout_configs(graph.config_feat) if kind == "layout" else graph.config_feat,
+        config_feat=(_layout_configs(graph.config_feat) if kind == "layout"
+                     else np.concatenate([graph.config_feat, tile_physics(graph)], axis=1) if with_tile_physics
+                     else graph.config_feat),
         target=graph.target.astype(np.float64, copy=False),
         chain_src=graph.chain_src, chain_dst=graph.chain_dst, chain_kernel=graph.chain_kernel,
         chain_src_layout=graph.chain_src_layout, chain_dims=graph.chain_dims, chain_bytes=graph.chain_bytes,

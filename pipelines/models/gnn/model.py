@@ -47,7 +47,9 @@ check the fused SAGE path). Normalisation is per node (LayerNorm): a graph-level
 every node depend on every config and defeat the fusion.
 
 Tile: all layers are config-free; the 24 config values (sign * log1p) go through an MLP and are
-joined with the mean/max-pooled node states of their graph (late fusion).
+joined with the mean/max-pooled node states of their graph (late fusion). With ``tile_physics`` the
+MLP also gets what each tile size implies against the output shape and the (8, 128) registers
+(``batch.tile_physics``, the same sign * log1p).
 """
 
 from __future__ import annotations
@@ -58,8 +60,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from pipelines.models.gnn.batch import (CHAIN_DIM, LAYOUT_NUM_VALUES, PHYSICS_DIM, ROLES_DIM, ChainLayouts,
-                                         ConfigBatch, GraphBatch, Level, chain_layouts, layout_physics, layout_roles)
+from pipelines.models.gnn.batch import (CHAIN_DIM, LAYOUT_NUM_VALUES, PHYSICS_DIM, ROLES_DIM, TILE_PHYSICS_DIM,
+                                         ChainLayouts, ConfigBatch, GraphBatch, Level, chain_layouts, layout_physics,
+                                         layout_roles)
 from pipelines.models.gnn.device import full_precision
 from pipelines.config.gnn import GNNConfig
 
@@ -351,7 +354,7 @@ class GNNModel(nn.Module):
             config_in = LAYOUT_SLOTS * cfg.config_value_dim
         else:
             self.config_layers = nn.ModuleList()
-            config_in = TILE_CONFIG_DIM
+            config_in = TILE_CONFIG_DIM + (TILE_PHYSICS_DIM if cfg.tile_physics else 0)
         self.config_proj = nn.Sequential(nn.Linear(config_in, hidden), nn.GELU(), nn.Linear(hidden, hidden))
         self.chains = kind == "layout" and cfg.config_pairs
         if self.chains:

@@ -26,6 +26,11 @@ from pipelines.data.node_arrays import GraphArrays
 MODEL_FORMAT = 2  # 2: saved by name into a folder, config resolved for its collection
 
 
+def _prepared(graph: GraphArrays, cfg: GNNConfig) -> PreparedGraph:
+    """A graph's model inputs as ``cfg`` asks for them."""
+    return prepare_graph(graph, cfg.config_layers, cfg.layout_roles, cfg.tile_physics)
+
+
 @contextlib.contextmanager
 def _torch_threads(count: int) -> Iterator[None]:
     """Use ``count`` intra-op threads inside the block (0: leave torch's setting), restoring the caller's
@@ -112,9 +117,9 @@ class GNNRanker:
         if not own:  # a pass is the own graphs plus at most as many others: none would leave no steps
             raise ConfigError(f"GNN: no training graphs of {self.collection.name} (graphs of "
                               "extra_train_collections only join them)")
-        prepared_train = [prepare_graph(g, cfg.config_layers, cfg.layout_roles) for g in own]
-        prepared_extra = [prepare_graph(g, cfg.config_layers, cfg.layout_roles) for g in train if g.collection != self.collection.name]
-        prepared_valid = [prepare_graph(g, cfg.config_layers, cfg.layout_roles) for g in valid]
+        prepared_train = [_prepared(g, cfg) for g in own]
+        prepared_extra = [_prepared(g, cfg) for g in train if g.collection != self.collection.name]
+        prepared_valid = [_prepared(g, cfg) for g in valid]
         fingerprint = _fingerprint(cfg, seed, train, valid, unlabeled)
         checkpoint_path = None if checkpoint_dir is None else Path(checkpoint_dir) / f"gnn_seed{seed}.pt"
 
@@ -162,7 +167,7 @@ class GNNRanker:
                 if graph_kind(g) != self.kind_ or g.node_feat.shape[1] != self.node_feat_dim_:
                     raise FormatError(where, f"graph does not fit a {self.kind_} model with "
                                              f"{self.node_feat_dim_} node features")
-                prepared: PreparedGraph = prepare_graph(g, self.config.config_layers, self.config.layout_roles)
+                prepared: PreparedGraph = _prepared(g, self.config)
                 out.append(score_graph(self.model_, prepared, self.config))
         return np.concatenate(out).astype(np.float64, copy=False) if out else np.zeros(0, dtype=np.float64)
 
