@@ -69,12 +69,12 @@ def test_quick_extends_base_and_changes_only_its_own_keys():
     assert load_config("quick").folds.k == 2
 
 
-def test_base_gpu_and_cpu_train_xla_random_on_the_nlp_random_graphs_and_the_light_configs_do_not():
+def test_base_gpu_cpu_and_demo_train_xla_random_on_the_nlp_random_graphs_and_the_light_configs_do_not():
     for name in (None, "gpu", "cpu", "demo", "quick", "smoke"):
         config = load_config(name)
         for collection in ALL_COLLECTIONS:
             extra = resolve_for_collection(config.gnn, collection).extra_train_collections
-            on = name in (None, "gpu", "cpu") and collection.name == "layout:xla:random"
+            on = name in (None, "gpu", "cpu", "demo") and collection.name == "layout:xla:random"
             assert extra == (["layout:nlp:random"] if on else []), (name, collection.name)
 
 

@@ -18,7 +18,8 @@ from pipelines.config.settings import config_from_dict, resolve_for_collection
 from pipelines.core.errors import ConfigError, FormatError
 from pipelines.models.gnn import GNNRanker
 from pipelines.models.gnn.batch import (LayoutConfigs, collate, compact_configs, distinct_blocks, gather_configs,
-                                        layout_physics, layout_roles, pack_blocks, prepare_graph)
+                                        layout_physics, layout_roles, pack_blocks, prepare_for,
+                                        prepare_graph)
 from pipelines.models.gnn.device import autocast
 from pipelines.models.gnn.losses import list_mle_loss, make_loss, pairwise_hinge_loss
 from pipelines.models.gnn.model import GNNModel, segment_sum
@@ -159,7 +160,7 @@ def test_three_node_shapes_and_gradients(kind, conv, attention, loss):
     cfg = GNNConfig(conv=conv, cross_config_attention=attention, loss=loss, config_layers=2, **FAST)
     torch.manual_seed(0)
     model = GNNModel(cfg, FEAT, kind)
-    graphs = [prepare_graph(three_node(kind, c=4), cfg.config_layers), prepare_graph(three_node(kind, c=2), 2)]
+    graphs = [prepare_for(three_node(kind, c=4), cfg), prepare_for(three_node(kind, c=2), cfg)]
     configs = gather_configs(graphs, [np.arange(4), np.arange(2)])
     scores = model.score(model.encode(collate(graphs)), configs)
     assert scores.shape == (2, 4)
@@ -880,6 +881,18 @@ def test_a_layout_model_saved_before_config_pairs_existed_loads_without_them(tmp
     np.testing.assert_array_equal(ranker.predict(graphs), loaded.predict(graphs))
 
 
+def test_a_tile_model_saved_before_tile_physics_existed_loads_without_them(tmp_path):
+    graphs = easy_world(10, "tile", 6)
+    ranker = gnn("tile", epochs=1, graphs_per_step=3, tile_physics=False).fit(graphs, seed=0)
+    ranker.save(tmp_path, "old")
+    saved = torch.load(tmp_path / "old.pt", weights_only=False)
+    del saved["config"]["tile_physics"]  # what a model file written before the option holds
+    torch.save(saved, tmp_path / "old.pt")
+    loaded = GNNRanker.load(tmp_path, "old")
+    assert loaded.config.tile_physics is False and GNNConfig().tile_physics is True
+    np.testing.assert_array_equal(ranker.predict(graphs), loaded.predict(graphs))
+
+
 def test_pretraining_changes_only_the_encoder(caplog):
     cfg = GNNConfig(pretrain=True, pretrain_epochs=2, **FAST)
     torch.manual_seed(0)
@@ -966,7 +979,7 @@ def test_training_step_never_reads_the_device(kind):
     rng = np.random.default_rng(5)
     graphs = [layout_graph(rng, n=30, nc=5)] if kind == "layout" else [tile_graph(rng, stem=f"t{i}") for i in range(3)]
     cfg = GNNConfig(**FAST)
-    prepared = [prepare_graph(g, cfg.config_layers) for g in graphs]
+    prepared = [prepare_for(g, cfg) for g in graphs]
     model = GNNModel(cfg, FEAT, kind).to("meta")
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     batch = collate(prepared).to("meta")

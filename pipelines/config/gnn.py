@@ -42,7 +42,7 @@ class GNNConfig:
     # minor-most (batch.layout_roles)
     layout_roles: bool = False
     # tile: add what each tile size implies against the output shape and the (8, 128) registers (batch.tile_physics)
-    tile_physics: bool = False
+    tile_physics: bool = True
     cross_config_attention: bool = False  # transformer layer across the K pooled configs of a graph
     # layout: a message per config and chain end (configurable nodes whose layouts meet, directly or
     # through elementwise chains, or one and a fixed-layout node), added at both ends and pooled

@@ -25,6 +25,7 @@ import numpy as np
 import polars as pl
 import torch
 
+from pipelines.config.gnn import GNNConfig
 from pipelines.core.errors import FormatError
 from pipelines.data.features import tile_config_features, tile_feature_names
 from pipelines.data.node_arrays import NODE_FEATURE_DIM, RAW_COLUMNS, GraphArrays, kept_raw_node_feat, shape_and_layout
@@ -303,6 +304,12 @@ def tile_physics(graph: GraphArrays) -> np.ndarray:
     transformed node features (the shapes, types and layouts they keep exactly)."""
     columns = tile_config_features(graph.config_feat, kept_raw_node_feat(graph.node_feat))
     return np.stack([columns[name] for name in TILE_PHYSICS], axis=1).astype(np.float32)
+
+
+def prepare_for(graph: GraphArrays, cfg: GNNConfig) -> PreparedGraph:
+    """A graph's inputs for a model of ``cfg`` (its config layers, and what ``layout_roles`` and
+    ``tile_physics`` add)."""
+    return prepare_graph(graph, cfg.config_layers, cfg.layout_roles, cfg.tile_physics)
 
 
 def prepare_graph(graph: GraphArrays, config_layers: int, match_operands: bool = False,

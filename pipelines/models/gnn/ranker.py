@@ -15,7 +15,7 @@ import torch
 from pipelines.core.collection import Collection, parse_collection
 from pipelines.config.settings import config_from_dict, config_to_dict, resolve_for_collection
 from pipelines.core.errors import ConfigError, FormatError
-from pipelines.models.gnn.batch import PreparedGraph, graph_kind, prepare_graph
+from pipelines.models.gnn.batch import PreparedGraph, graph_kind, prepare_for, prepare_graph
 from pipelines.models.gnn.device import deterministic, heap_reuse_on, resolve_device, rng_devices
 from pipelines.models.gnn.model import GNNModel
 from pipelines.models.gnn.pretrain import pretrain_encoder
@@ -24,11 +24,6 @@ from pipelines.config.gnn import GNNConfig
 from pipelines.data.node_arrays import GraphArrays
 
 MODEL_FORMAT = 2  # 2: saved by name into a folder, config resolved for its collection
-
-
-def _prepared(graph: GraphArrays, cfg: GNNConfig) -> PreparedGraph:
-    """A graph's model inputs as ``cfg`` asks for them."""
-    return prepare_graph(graph, cfg.config_layers, cfg.layout_roles, cfg.tile_physics)
 
 
 @contextlib.contextmanager
@@ -117,9 +112,9 @@ class GNNRanker:
         if not own:  # a pass is the own graphs plus at most as many others: none would leave no steps
             raise ConfigError(f"GNN: no training graphs of {self.collection.name} (graphs of "
                               "extra_train_collections only join them)")
-        prepared_train = [_prepared(g, cfg) for g in own]
-        prepared_extra = [_prepared(g, cfg) for g in train if g.collection != self.collection.name]
-        prepared_valid = [_prepared(g, cfg) for g in valid]
+        prepared_train = [prepare_for(g, cfg) for g in own]
+        prepared_extra = [prepare_for(g, cfg) for g in train if g.collection != self.collection.name]
+        prepared_valid = [prepare_for(g, cfg) for g in valid]
         fingerprint = _fingerprint(cfg, seed, train, valid, unlabeled)
         checkpoint_path = None if checkpoint_dir is None else Path(checkpoint_dir) / f"gnn_seed{seed}.pt"
 
@@ -167,7 +162,7 @@ class GNNRanker:
                 if graph_kind(g) != self.kind_ or g.node_feat.shape[1] != self.node_feat_dim_:
                     raise FormatError(where, f"graph does not fit a {self.kind_} model with "
                                              f"{self.node_feat_dim_} node features")
-                prepared: PreparedGraph = _prepared(g, self.config)
+                prepared: PreparedGraph = prepare_for(g, self.config)
                 out.append(score_graph(self.model_, prepared, self.config))
         return np.concatenate(out).astype(np.float64, copy=False) if out else np.zeros(0, dtype=np.float64)
 
@@ -195,9 +190,9 @@ class GNNRanker:
             raise FormatError(path, f"cannot read GNN model ({exc})") from None
         if not isinstance(saved, dict) or saved.get("format") != MODEL_FORMAT:
             raise FormatError(path, "not a GNN model file of this version")
-        # a model saved before gnn.config_pairs existed was trained without it (the default is now on);
-        # one saved before gnn.readout existed had the pooled readout
-        config = {"config_pairs": False, "readout": "pooled", **saved["config"]}
+        # a model saved before gnn.config_pairs (or gnn.tile_physics) existed was trained without it (the
+        # default is now on); one saved before gnn.readout existed had the pooled readout
+        config = {"config_pairs": False, "tile_physics": False, "readout": "pooled", **saved["config"]}
         if num_threads is not None:  # this process's choice, over the thread count the model was fitted with
             config["num_threads"] = int(num_threads)
         ranker = cls(config, collection=saved["collection"])
