@@ -869,27 +869,17 @@ def test_save_load_round_trip(tmp_path):
         GNNRanker.load(tmp_path, "junk")
 
 
-def test_a_layout_model_saved_before_config_pairs_existed_loads_without_them(tmp_path):
-    graphs = easy_world(9, "layout", 3)
-    ranker = gnn(epochs=1, config_pairs=False).fit(graphs[:2], graphs[2:], seed=0)
+@pytest.mark.parametrize("kind, option", [("layout", "config_pairs"), ("tile", "tile_physics")])
+def test_a_model_saved_before_an_option_that_is_now_on_existed_loads_without_it(tmp_path, kind, option):
+    graphs = easy_world(9, kind, 3 if kind == "layout" else 6)
+    fit = {"graphs_per_step": 3} if kind == "tile" else {}
+    ranker = gnn(kind, epochs=1, **{option: False}, **fit).fit(graphs[:2], graphs[2:], seed=0)
     ranker.save(tmp_path, "old")
     saved = torch.load(tmp_path / "old.pt", weights_only=False)
-    del saved["config"]["config_pairs"]  # what a model file written before the option holds
+    del saved["config"][option]  # what a model file written before the option holds
     torch.save(saved, tmp_path / "old.pt")
     loaded = GNNRanker.load(tmp_path, "old")
-    assert loaded.config.config_pairs is False and GNNConfig().config_pairs is True
-    np.testing.assert_array_equal(ranker.predict(graphs), loaded.predict(graphs))
-
-
-def test_a_tile_model_saved_before_tile_physics_existed_loads_without_them(tmp_path):
-    graphs = easy_world(10, "tile", 6)
-    ranker = gnn("tile", epochs=1, graphs_per_step=3, tile_physics=False).fit(graphs, seed=0)
-    ranker.save(tmp_path, "old")
-    saved = torch.load(tmp_path / "old.pt", weights_only=False)
-    del saved["config"]["tile_physics"]  # what a model file written before the option holds
-    torch.save(saved, tmp_path / "old.pt")
-    loaded = GNNRanker.load(tmp_path, "old")
-    assert loaded.config.tile_physics is False and GNNConfig().tile_physics is True
+    assert getattr(loaded.config, option) is False and getattr(GNNConfig(), option) is True
     np.testing.assert_array_equal(ranker.predict(graphs), loaded.predict(graphs))
 
 
