@@ -551,10 +551,10 @@ def per_graph_table(evaluation: Evaluation, families: Mapping[tuple[str, str], F
 
 
 def per_graph_text(table: pl.DataFrame) -> str:
-    """The per-graph table as ``evaluate --per-graph`` prints it."""
+    """The per-graph table as ``evaluate --per-graph`` prints it (``cnodes``: configurable nodes)."""
     entries = [c for c in table.columns[7:] if c != "share_of_ceiling"]
     width = max(9, *(len(e) for e in entries))
-    lines = [f"{'collection':<20} {'graph':<24} {'program':<22} {'nodes':>6} {'config':>6} {'configs':>7} "
+    lines = [f"{'collection':<20} {'graph':<24} {'program':<22} {'nodes':>6} {'cnodes':>6} {'configs':>7} "
              + " ".join(f"{e:>{width}}" for e in entries) + f" {'share':>6}"]
     for row in table.iter_rows(named=True):
         program = f"{row['program_family']}/{row['program']}"
