@@ -537,6 +537,7 @@ def per_graph_table(evaluation: Evaluation, families: Mapping[tuple[str, str], F
         table = table.join(evaluation.graph_sizes, on=keys, how="left")
     else:
         table = table.with_columns(pl.lit(None, pl.Int64).alias("nodes"), pl.lit(None, pl.Int64).alias("config_nodes"))
+
     def described(row: Mapping[str, Any], field: str) -> str:
         family = families.get((row["collection"], row["graph"]))
         return "unknown" if family is None else getattr(family, field)
