@@ -45,7 +45,7 @@ from dataclasses import replace
 import numpy as np
 import torch
 from pipelines.config.settings import load_config, resolve_for_collection
-from pipelines.models.gnn.batch import collate, gather_configs, prepare_graph
+from pipelines.models.gnn.batch import collate, gather_configs, prepare_for
 from pipelines.models.gnn.device import heap_reuse_on, resolve_device
 from pipelines.models.gnn.losses import make_loss
 from pipelines.models.gnn.model import GNNModel
@@ -89,7 +89,7 @@ def sync():
     if cuda:
         torch.cuda.synchronize(device)
 graph = union(load_graph_arrays({path!r}), {copies})
-prepared = prepare_graph(graph, cfg.config_layers)
+prepared = prepare_for(graph, cfg)
 torch.manual_seed(0)
 model = GNNModel(cfg, graph.node_feat.shape[1], "layout").to(device)
 batches = DeviceBatches(device)
