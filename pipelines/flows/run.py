@@ -552,7 +552,7 @@ def run_pipeline(config: PipelineConfig, data_root: Path | str, *, work_dir: Pat
     Returns the published run.
     """
     from pipelines.data.submission import check_test_files
-    from pipelines.flows.prepare import check_output_dir
+    from pipelines.flows.prepare import check_apart, check_output_dir
 
     started = time.perf_counter()
     data_root, work_dir, submissions_dir = Path(data_root), Path(work_dir), Path(submissions_dir)
@@ -561,6 +561,8 @@ def run_pipeline(config: PipelineConfig, data_root: Path | str, *, work_dir: Pat
     # A submission needs every collection and exactly the official test IDs: checked before any stage runs.
     check_test_files(data_root)
     check_output_dir(submissions_dir, data_root, "--submissions-dir")
+    check_output_dir(work_dir, data_root)  # a data root inside the work dir too, before the first stage
+    check_apart(work_dir, submissions_dir)
     runs, computed = train_and_blend(config, data_root, work_dir=work_dir, models=models, collections=collections,
                                      scheduler=scheduler, force=force)
     return _finish(runs, kind="run", config=config_to_dict(config), data_root=data_root, work_dir=work_dir,
