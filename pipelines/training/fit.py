@@ -59,7 +59,7 @@ from pipelines.core.errors import PipelineError
 from pipelines.core.machine import available_cores, available_memory
 from pipelines.models.contract import ModelAdapter, Ranker
 from pipelines.config.registry import adapter_module, get_adapter
-from pipelines.core.parallel import JobPool
+from pipelines.core.parallel import JobPool, quiet_worker_replacement
 from pipelines.core.predictions import PREDICTION_SCHEMA, prediction_frame
 from pipelines.core.progress import format_duration
 from pipelines.core.stages import Stage, StageCall, run_declared
@@ -615,17 +615,8 @@ def _quiet_loky() -> None:
     """Keep loky's routine notices out of the log: it replaces a worker that its memory-leak check
     retired between two fold jobs (the jobs are resubmitted, nothing is lost) and, without ``lscpu``,
     warns that it counts logical cores, which is what ``available_cores`` gives it anyway."""
-    import warnings
-
-    given = os.environ.get("LOKY_MAX_CPU_COUNT")
-    if given is not None and not (given.strip().isdigit() and int(given) > 0):
-        # loky itself would end in a ValueError traceback on it
-        logger.warning(f"LOKY_MAX_CPU_COUNT={given!r} is not a positive integer; using {available_cores()}")
-        given = None
-    if given is None:
-        os.environ["LOKY_MAX_CPU_COUNT"] = str(available_cores())
-    warnings.filterwarnings("ignore", message="A worker stopped while some jobs were given to the executor",
-                            category=UserWarning)
+    quiet_worker_replacement()  # also a LOKY_MAX_CPU_COUNT loky cannot read: replaced, with a warning
+    os.environ.setdefault("LOKY_MAX_CPU_COUNT", str(available_cores()))
 
 
 def _write_parquet(frame: pl.DataFrame, path: Path) -> None:
