@@ -28,7 +28,7 @@ from pipelines.core.paths import SUBMISSIONS_DIR
 from pipelines.flows import dag
 from pipelines.core.seeds import fit_seed as derived_fit_seed
 from pipelines.flows.run import RunResult, scores_from_manifest
-from pipelines.outputs.run_folders import read_run_manifest, resolve_run_id, training_stage_dirs
+from pipelines.outputs.run_folders import read_run_manifest, recorded_folder, resolve_run_id, training_stage_dirs
 
 logger = logging.getLogger(__name__)
 
@@ -176,7 +176,7 @@ def predict_run(run_id: str, data_root: Path | str, *, submissions_dir: Path | s
         from pipelines.data.submission import check_test_files
 
         check_test_files(data_root)
-    source_work = Path(work_dir if work_dir is not None else source["work_dir"])
+    source_work = recorded_folder(source, "work_dir", work_dir)
     method = ((source.get("config") or {}).get("ensemble") or {}).get("method", "minmax")
     collections = list(source.get("collections") or source["stages"])
     rows: dict[str, list[int]] = {}

@@ -58,8 +58,8 @@ from pipelines.core.errors import ConfigError, FormatError, PipelineError
 from pipelines.core.logs import tagged
 from pipelines.core.parallel import JobPool, fan_out
 from pipelines.core.progress import format_duration
-from pipelines.outputs.run_folders import (check_trained, publish_submission, read_run_manifest, resolve_run_id,
-                                         training_stage_dir)
+from pipelines.outputs.run_folders import (check_trained, publish_submission, read_run_manifest, recorded_folder,
+                                         resolve_run_id, training_stage_dir)
 
 logger = logging.getLogger(__name__)
 
@@ -683,8 +683,8 @@ def ensemble_runs(run_ids: Sequence[str], *, submissions_dir: Path | str = paths
     gain_at = gain_at or first.get("config", {}).get("ensemble", {}).get("gain_at", "oof")
     if gain_at not in GAIN_AT_CHOICES:
         raise ConfigError(f"unknown gain_at {gain_at!r}; expected one of {', '.join(GAIN_AT_CHOICES)}")
-    data_root = Path(data_root if data_root is not None else first["data_root"])
-    out_dir = Path(work_dir if work_dir is not None else first["work_dir"])
+    data_root = recorded_folder(first, "data_root", data_root)
+    out_dir = recorded_folder(first, "work_dir", work_dir)
     collections = list(first.get("collections") or first["stages"])  # "stages" is key-sorted JSON
     for run_id, manifest in manifests.items():
         if sorted(manifest["stages"]) != sorted(collections):
@@ -714,7 +714,7 @@ def ensemble_runs(run_ids: Sequence[str], *, submissions_dir: Path | str = paths
         if not trained:
             raise ConfigError(f"{cname}: no model of runs {', '.join(run_ids)} matches "
                               f"--models {', '.join(models or [])}")
-        prune = _load_saved(out_dir if work_dir is not None else Path(first["work_dir"]), "prune",
+        prune = _load_saved(out_dir, "prune",
                             prepare_keys["prune"], run_ids[0], "prune", cname)
         output = ensemble_stage(parse_collection(cname), prune, trained, method=method, min_gain_se=min_gain_se,
                                 gain_at=gain_at, work_dir=out_dir, force=force)

@@ -348,6 +348,20 @@ def read_run_manifest(submissions_dir: Path | str, run_id: str) -> dict[str, Any
     return manifest
 
 
+def recorded_folder(manifest: Mapping[str, Any], field: str, given: Path | str | None = None) -> Path:
+    """``given`` when not None (the folder moved), else the folder a run manifest records under ``field``
+    (``work_dir``, ``data_root``); a PipelineError naming the run and the option to pass when it records
+    none (a manifest edited by hand, or of an early version): never a KeyError."""
+    if given is not None:
+        return Path(given)
+    value = manifest.get(field)
+    if not isinstance(value, str) or not value:
+        what = "work dir (where its stages are)" if field == "work_dir" else field.replace("_", " ")
+        raise PipelineError(f"run {manifest.get('run_id') or '?'}: its manifest records no {what}; pass "
+                            f"--{field.replace('_', '-')}")
+    return Path(value)
+
+
 def training_stage_dir(ref: Mapping[str, Any], manifest: Mapping[str, Any], work_dir: Path | str | None = None) -> Path:
     """The work dir holding a training stage that a run manifest names (``ref``, one of its
     ``stages.<collection>.train`` entries): ``work_dir`` when given (the cache moved), else the folder
@@ -355,7 +369,7 @@ def training_stage_dir(ref: Mapping[str, Any], manifest: Mapping[str, Any], work
     else the run's own work dir."""
     if work_dir is not None:
         return Path(work_dir)
-    return Path(ref.get("work_dir") or manifest["work_dir"])
+    return Path(ref["work_dir"]) if ref.get("work_dir") else recorded_folder(manifest, "work_dir")
 
 
 def training_stage_dirs(ref: Mapping[str, Any], manifest: Mapping[str, Any],

@@ -545,10 +545,10 @@ def run_outputs(submissions_dir: Path | str, run_id: str, work_dir: Path | str |
     """Load the training, ensemble and prune outputs of a run from its ``manifest.json``
     (``work_dir`` overrides the work dir the run recorded, e.g. after moving the cache)."""
     from pipelines.training.ensemble import ENSEMBLE_STAGE
-    from pipelines.outputs.run_folders import load_named_stage, read_run_manifest, training_stage_dir
+    from pipelines.outputs.run_folders import load_named_stage, read_run_manifest, recorded_folder, training_stage_dir
 
     manifest = read_run_manifest(submissions_dir, run_id)
-    root = Path(work_dir) if work_dir is not None else Path(manifest["work_dir"])
+    root = recorded_folder(manifest, "work_dir", work_dir)
     trained, ensemble, prune = {}, {}, {}
     for collection, stages in manifest["stages"].items():
         def saved(where: Path, stage: str, key: str, what: str) -> StageOutput:  # gone, or why not usable

@@ -1,0 +1,38 @@
+"""Leftovers of the previous attack (issue 78): a run manifest that records no ``work_dir`` (edited by
+hand, or of an early version) is a clean error that says to pass ``--work-dir``, in every command that
+reads a run's stages, never a KeyError traceback."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from pipelines.cli import main
+
+RUN = "20261201T000000Z-aaaaaaaa"
+
+
+@pytest.fixture
+def subs(tmp_path: Path, tiny_world: Path) -> Path:
+    folder = tmp_path / "subs" / RUN
+    folder.mkdir(parents=True)
+    (folder / "submission.csv").write_text("ID,TopConfigs\n")
+    (folder / "manifest.json").write_text(json.dumps({
+        "run_id": RUN, "kind": "run", "data_root": str(tiny_world), "collections": ["tile:xla"],
+        "config": {"ensemble": {"method": "minmax"}},
+        "stages": {"tile:xla": {"prepare": {"prune": "0" * 16}, "ensemble": "2" * 16,
+                                "train": {"random": {"stage": "train-random", "key": "1" * 16}}}}}))
+    return tmp_path / "subs"
+
+
+@pytest.mark.parametrize("command", [
+    lambda subs, root: ["report", RUN, "--out", str(subs.parent / "r.html")],
+    lambda subs, root: ["predict", "--run", RUN, "--data-root", str(root)],
+    lambda subs, root: ["ensemble", "--runs", RUN],
+], ids=["report", "predict", "ensemble"])
+def test_a_run_manifest_without_work_dir_asks_for_one(subs, tiny_world, capsys, command):
+    assert main([*command(subs, tiny_world), "--submissions-dir", str(subs)]) == 1
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and "records no work dir" in err and "--work-dir" in err and RUN in err
