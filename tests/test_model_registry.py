@@ -132,3 +132,42 @@ def test_the_toy_keeps_the_contract_and_runs(toy, tiny_world, tmp_path):
     result = run_pipeline(config, tiny_world, work_dir=tmp_path / "work", submissions_dir=tmp_path / "subs")
     assert result.submission.is_file()
     assert set(result.manifest["cv_scores"]["tile:xla"]["training"]) == {"toy"}
+
+
+@dataclass
+class DeviceToyConfig(ToyConfig):
+    device: str = "cpu"  # where the toy would train, as the GNN's section says it
+    extra_train_collections: list[str] = field(default_factory=list)
+
+
+def test_device_and_companion_rules_follow_the_registry_not_a_model_name(tmp_path, caplog):
+    """`run` decides by the registry's ``uses_device`` whether to resolve a model's device, and reads any
+    model section's ``extra_train_collections``: a plugin model gets both without a name check."""
+    import logging
+
+    from pipelines.config.registry import device_models
+    from pipelines.flows.prepare import companion_collections
+    from pipelines.flows.run import check_devices
+
+    spec = ModelSpec(f"{__name__}:ToyAdapter", DeviceToyConfig, configurable=True, uses_device=True)
+    with registered("toy", spec):
+        assert device_models(["gbdt", "toy", "feature:f_x"]) == ["toy"]
+        assert device_models(["gbdt", "random"]) == []
+        tile = parse_collection("tile:xla")
+        config = load_config("smoke", ["toy.device='cuda'"])
+        import torch
+
+        if not torch.cuda.is_available():
+            with pytest.raises(ConfigError, match="CUDA"):
+                check_devices(config, ["toy"], [tile])
+        check_devices(config, ["gbdt"], [tile])  # the toy does not train: its device is not resolved
+        with caplog.at_level(logging.INFO):
+            check_devices(load_config("smoke"), ["toy"], [tile])
+        assert "TOY device: cpu (toy.device)" in caplog.text
+
+        layout = parse_collection("layout:xla:random")
+        config = load_config("smoke", ['toy.extra_train_collections=["layout:nlp:random"]',
+                                       "gnn.extra_train_collections=[]"])
+        assert companion_collections(config, layout) == [parse_collection("layout:nlp:random")]
+        with pytest.raises(ConfigError, match="toy.extra_train_collections"):
+            companion_collections(load_config("smoke", ['toy.extra_train_collections=["tile:xla"]']), layout)

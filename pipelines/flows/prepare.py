@@ -38,6 +38,7 @@ from pathlib import Path
 
 
 from pipelines.core.collection import ALL_COLLECTIONS, SPLITS, Collection, parse_collection, split_submission_id
+from pipelines.config.registry import model_sections
 from pipelines.config.settings import PipelineConfig, resolve_for_collection
 from pipelines.core.engine import StageOutput, data_fingerprint, fingerprint
 from pipelines.core.errors import ConfigError, FormatError
@@ -235,17 +236,18 @@ def collections_to_prepare(config: PipelineConfig, data_root: Path | str,
 
 def companion_collections(config: PipelineConfig, collection: Collection) -> list[Collection]:
     """The other collections whose labelled graphs a model of ``config`` trains on for ``collection``
-    (``gnn.extra_train_collections``, resolved for it): of the same kind (tile or layout), not itself.
-    Prepared with it whether or not the GNN is among the models a caller trains."""
-    names = resolve_for_collection(config.gnn, collection).extra_train_collections
-    out = []
-    for name in names:
-        other = parse_collection(name)
-        if other == collection or other.kind != collection.kind:
-            raise ConfigError(f"gnn.extra_train_collections of {collection.name} names {other.name}: it must be "
-                              f"another {collection.kind} collection")
-        out.append(other)
-    return out
+    (a model section's ``extra_train_collections``, resolved for it): of the same kind (tile or layout),
+    not itself. Prepared with it whether or not that model is among the models a caller trains."""
+    out: list[Collection] = []
+    for model, _ in model_sections():
+        section = getattr(config, model)
+        for name in getattr(resolve_for_collection(section, collection), "extra_train_collections", ()):
+            other = parse_collection(name)
+            if other == collection or other.kind != collection.kind:
+                raise ConfigError(f"{model}.extra_train_collections of {collection.name} names {other.name}: it "
+                                  f"must be another {collection.kind} collection")
+            out.append(other)
+    return list(dict.fromkeys(out))
 
 
 def check_folds(config: PipelineConfig, collection: Collection, refs: dict[str, list[GraphRef]]) -> None:
