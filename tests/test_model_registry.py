@@ -19,6 +19,7 @@ from pipelines.config.registry import ModelSpec, registered
 from pipelines.config.settings import load_config, model_settings
 from pipelines.core.collection import parse_collection
 from pipelines.core.errors import ConfigError
+from pipelines.models.checks import check_case, check_model
 from pipelines.models.feature_table import FeatureTableAdapter
 
 
@@ -116,18 +117,7 @@ def test_the_toy_keeps_the_contract_and_runs(toy, tiny_world, tmp_path):
     config = load_config("smoke", ["run.models=['toy']", "ensemble.models=['toy']", "run.seeds=[0]", "run.n_jobs=1"])
     collection = parse_collection("tile:xla")
     item = prepare(config, tiny_world, tmp_path / "work", [collection])["tile:xla"]
-    adapter = registry.get_adapter("toy")
-    settings = adapter.settings(config, collection)
-    graphs = item.graphs("train")
-    ranker = adapter.make(settings, collection, num_threads=1)
-    with pytest.raises(RuntimeError, match="before"):
-        ranker.predict(adapter.load(item, graphs, settings=settings, fit=False, seed=0))
-    ranker.fit(adapter.load(item, graphs, settings=settings, fit=True, seed=0), seed=0)
-    test = adapter.load(item, item.graphs("test"), settings=settings, fit=False, seed=0)
-    costs = ranker.predict(test)
-    assert costs.dtype == np.float64 and costs.shape == (test.height,)
-    saved = ranker.save(tmp_path, "toy")
-    assert np.array_equal(ToyRanker.load(tmp_path, saved[0][:-4]).predict(test), costs)
+    check_model(check_case("toy", item, config, tmp_path / "checks"))  # the contract checks a plugin runs
 
     result = run_pipeline(config, tiny_world, work_dir=tmp_path / "work", submissions_dir=tmp_path / "subs")
     assert result.submission.is_file()
