@@ -42,6 +42,7 @@ from typing import Any
 import numpy as np
 import polars as pl
 
+from pipelines.data.root import DataRoot
 from pipelines.core import paths
 from pipelines.core.collection import Collection, parse_collection
 from pipelines.config.registry import device_models
@@ -373,10 +374,8 @@ def stage_history(work_dir: Path) -> dict[str, list[float]]:
 def check_training_root(data_root: Path) -> None:
     """A data root a run can train on: it exists, holds TpuGraphs files, and has train graphs. A root of
     test graphs only is for the models of an earlier run (``predict --run``), which this says."""
-    from pipelines.data.tpugraphs import available_collections, npz_root
-
-    npz_root(data_root)  # "data root does not exist" / "no TpuGraphs data here", naming the folder
-    if not available_collections(data_root):
+    # .collections(): "data root does not exist" / "no TpuGraphs data here", naming the folder
+    if not DataRoot(data_root).collections():
         raise FormatError(data_root, "no train graphs (a root of test graphs only?): a run trains on train graphs; "
                                      f"to rank these test graphs with the fold models of an earlier run: "
                                      f"predict --run RUN_ID --data-root {data_root} (runs list shows the runs)")
