@@ -282,3 +282,9 @@ def test_what_a_killed_runs_rm_leaves_is_reclaimed(world, monkeypatch):
     monkeypatch.undo()
     run_folders.tidy_submissions(world["subs"])  # what status and the next publish do
     assert list(world["subs"].iterdir()) == []
+
+
+def test_run_refuses_an_id_like_name_before_any_work(tiny_world, tmp_path, capsys):
+    assert main(["run", "--data-root", str(tiny_world), "--work-dir", str(tmp_path / "work"), "--submissions-dir",
+                 str(tmp_path / "subs"), "--config", "smoke", "--models", "random", "--name", "2026"]) == 2
+    assert "looks like a run-id" in capsys.readouterr().err and not (tmp_path / "work").exists()

@@ -97,3 +97,14 @@ def test_a_second_track_of_a_run_updates_its_mlflow_run(subs, tmp_path):
     history = client.get_metric_history(first["mlflow_run_id"], "cv/combined/ensemble")
     assert [m.value for m in history] == [0.5]  # not logged twice
     assert "report.html" in {a.path for a in client.list_artifacts(first["mlflow_run_id"])}
+
+
+def test_run_with_a_store_that_cannot_be_opened_stops_before_the_first_stage(tiny_world, tmp_path, capsys):
+    from pipelines.cli import main
+
+    started = time.perf_counter()
+    assert main(["run", "--data-root", str(tiny_world), "--work-dir", str(tmp_path / "work"), "--submissions-dir",
+                 str(tmp_path / "subs"), "--config", "smoke", "--models", "random", "--track", "mlflow",
+                 "--track-uri", f"http://127.0.0.1:{free_port()}"]) == 1
+    assert "MLflow store" in capsys.readouterr().err and time.perf_counter() - started < 30
+    assert not (tmp_path / "work").exists() and not (tmp_path / "subs").exists()  # nothing trained or published

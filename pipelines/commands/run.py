@@ -58,6 +58,10 @@ def run(args: argparse.Namespace) -> int:
         log.info(f"config: {name} (--config)")
     config = load_config(name, args.overrides)
     labels = {k: v for k, v in (("name", args.name), ("note", args.note)) if v}
+    if args.name is not None:
+        from pipelines.outputs.run_folders import check_run_name
+
+        check_run_name(args.name)  # a name shaped like a run-id would also name other runs
     models = checked_models(config, parse_models(args.models))
     if args.config is not None and device_models(models):
         gpu = cuda_summary()  # torch only where a model trains on a device
@@ -75,6 +79,10 @@ def run(args: argparse.Namespace) -> int:
         print(format_scores(scores_table(runs)))
         log.info("no submission: it needs all five collections (run without --collections publishes one)")
         return 0
+    if args.track == "mlflow":  # the store is opened before the first stage, not after the run is published
+        from pipelines.outputs.tracking import check_store, default_uri
+
+        check_store(args.track_uri or default_uri(args.submissions_dir))
     result = run_pipeline(config, args.data_root, work_dir=args.work_dir, models=parse_models(args.models),
                           submissions_dir=args.submissions_dir, scheduler=args.scheduler, force=args.force,
                           extra=labels)
