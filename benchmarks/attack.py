@@ -4,7 +4,8 @@ Usage: python -m benchmarks.attack [--out DIR] [--keep] [--only SUBSTRING] [--ti
 
 ``--fast`` replays only the quick cases (``Case.fast``), the subset ``tests/test_attack_replay.py`` runs.
 Items ``71.N`` are the classes of issue 71: 1 code from files, 2 corrupt cache, 3 tracebacks, 4 accepted
-wrongly, 5 super-linear time, 6 races, 7 messages.
+wrongly, 5 super-linear time, 6 races, 7 messages. Items ``78.N`` are issue 78's (``benchmarks.attack_issue78``):
+1 gc, 2 runs rm and names, 4 submit and sync, 5 MLflow, 6 --set, L leftovers of issue 71.
 
 Every case is one hostile input or fault, run as ``python -m pipelines ...`` in a fresh subprocess on
 a private copy of the ``tiny`` synthetic world. Each is classified:
@@ -19,6 +20,7 @@ a private copy of the ``tiny`` synthetic world. Each is classified:
 * code executed: a pickle payload the case planted (in a model or checkpoint file) ran;
 * too slow: longer than the case's bound (time super-linear in the input);
 * setup failed: the harness could not build the case's input (counted as a failure, never a pass);
+* data lost: a case's check found run folders, trained stages or raw data gone;
 * raw data changed: the data root's listing, sizes, times or bytes differ afterwards.
 
 Peak RSS is the child's own (``wait4``). The table (and a JSON of every case) goes to stdout and
@@ -132,6 +134,7 @@ class Context:
     gnn: tuple[str, Path, Path] | None = None  # a published GNN run: (run-id, its submissions folder, work dir)
     background: list = field(default_factory=list)  # processes a case started beside its command (races)
     runs_before: set = field(default_factory=set)  # the run folders in subs before the case's command ran
+    env: dict = field(default_factory=dict)  # environment variables the case's command runs with
 
     @property
     def code_marker(self) -> Path:
@@ -583,6 +586,9 @@ def build_cases(bombs: Path) -> list[Case]:
         return ["report", "../../etc", "--submissions-dir", str(ctx.subs)]
 
     issue71_cases(add)
+    from benchmarks.attack_issue78 import issue78_cases
+
+    issue78_cases(add)
     return cases
 
 
@@ -1078,6 +1084,8 @@ def judge(expect: str, outcome: Outcome, problem: str | None, code_ran: bool = F
         return "traceback"
     if max_wall_s is not None and outcome.wall_s > max_wall_s:
         return "too slow"
+    if problem and problem.startswith("data lost"):  # run folders, trained stages or raw data gone (issue 78)
+        return "data lost"
     if expect == "reject":
         clean = outcome.rc in REJECTION_CODES and "error:" in outcome.stderr and not problem
         return "rejected cleanly" if clean else "accepted wrongly"
@@ -1149,7 +1157,7 @@ def main(argv: list[str] | None = None) -> int:
             ctx.runs_before = set(os.listdir(ctx.subs)) if ctx.subs.is_dir() else set()
             if case.check is _killed_publish:
                 note = _kill_while_publishing(ctx, cli_args, args.timeout)
-            outcome = run_cli(cli_args, base, args.timeout)
+            outcome = run_cli(cli_args, base, args.timeout, env=ctx.env or None)
             changed = snapshot(ctx.data) != before or snapshot(world) != pristine
             try:
                 problem = case.check(ctx, outcome)
@@ -1184,7 +1192,7 @@ def main(argv: list[str] | None = None) -> int:
     return 1 if any(is_bad(r) for r in rows) else 0
 
 
-BAD_VERDICTS = ("traceback", "timeout", "accepted wrongly", "code executed", "too slow", "setup failed")
+BAD_VERDICTS = ("traceback", "timeout", "accepted wrongly", "code executed", "too slow", "setup failed", "data lost")
 
 
 def is_bad(row: dict) -> bool:
@@ -1197,12 +1205,14 @@ def summary(rows: list[dict]) -> str:
     peak = max((r.get("peak_rss_mb") or 0.0 for r in ran), default=0.0)
     lines = [
         "| inputs tried | rejected cleanly | accepted as intended | tracebacks | timeouts | accepted wrongly "
-        "| code executed | too slow | setup failed | raw data changed | skipped | max peak RSS (MB) |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| code executed | too slow | setup failed | data lost | raw data changed | skipped | max peak RSS (MB) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
         f"| {len(ran)} | {count('rejected cleanly')} | {count('accepted as intended')} | {count('traceback')} "
         f"| {count('timeout')} | {count('accepted wrongly')} | {count('code executed')} | {count('too slow')} "
-        f"| {count('setup failed')} | {sum(bool(r.get('raw_data_changed')) for r in ran)} "
+        f"| {count('setup failed')} | {count('data lost')} | {sum(bool(r.get('raw_data_changed')) for r in ran)} "
         f"| {len(rows) - len(ran)} | {peak:.0f} |",
+        "",
+        *by_class(ran),
         "",
         "| item | case | verdict | peak RSS (MB) | wall (s) |",
         "|---|---|---|---|---|",
@@ -1211,6 +1221,21 @@ def summary(rows: list[dict]) -> str:
         lines.append(f"| {r['item']} | {r['case']} | {r['verdict']}{' (raw data changed!)' if r.get('raw_data_changed') else ''}"
                      f" | {r.get('peak_rss_mb', '')} | {r.get('wall_s', '')} |")
     return "\n".join(lines)
+
+
+CLASS_COLUMNS = ("rejected cleanly", "accepted as intended", "traceback", "timeout", "accepted wrongly",
+                 "code executed", "too slow", "setup failed", "data lost")
+
+
+def by_class(rows: list[dict]) -> list[str]:
+    """The verdicts counted per item (class), as table lines: the figures an issue's closing note gives."""
+    items = list(dict.fromkeys(r["item"] for r in rows))
+    lines = ["| item | cases | " + " | ".join(CLASS_COLUMNS) + " |", "|---|---|" + "---|" * len(CLASS_COLUMNS)]
+    for item in items:
+        mine = [r for r in rows if r["item"] == item]
+        lines.append(f"| {item} | {len(mine)} | " + " | ".join(str(sum(r["verdict"] == v for r in mine))
+                                                             for v in CLASS_COLUMNS) + " |")
+    return lines
 
 
 if __name__ == "__main__":
