@@ -104,7 +104,7 @@ def featurize_module(hlo_module: Any, source: str = "<module>", *, tile_configs_
     tiles = []
     fusion_of = {callee: ins.name for _, ins in module.instructions() if ins.opcode == "fusion" for callee in ins.called}
     for k, computation in enumerate(c for c in module.computations if c.is_fusion):
-        part_graph = computation_graph(computation)
+        part_graph = computation_graph(computation, source)
         space = tile_space(computation, shapes)
         tiles.append(TilePart(fusion_of.get(computation.name, computation.name), computation.name, part_graph,
                               tile_configs(space, tile_configs_per_fusion, seed + k)))
