@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from pipelines.core.atomic import write_text_atomic
-from pipelines.core.errors import FormatError
+from pipelines.core.errors import ConfigError, FormatError
 from pipelines.hlo.configs import SEARCHES, describe_block, layout_configs, layout_space, tile_configs, tile_space
 from pipelines.hlo.featurize import GraphArrays, computation_graph, module_graph
 from pipelines.hlo.parse import Module, load_module, module_from_jax, read_module
@@ -88,7 +88,9 @@ class Featurized:
 
 def featurize_module(hlo_module: Any, source: str = "<module>", *, tile_configs_per_fusion: int = DEFAULT_TILE_CONFIGS,
                      seed: int = 0) -> Featurized:
-    """The layout graph of an XLA ``HloModule`` and a tile graph per fused computation."""
+    """The layout graph of an XLA ``HloModule`` (or a loaded :class:`~pipelines.hlo.parse.HloSource`) and a
+    tile graph per fused computation."""
+    checked_options(tile_configs=tile_configs_per_fusion, seed=seed)
     module = read_module(hlo_module, source, max_instructions=MAX_NODES)
     n = module.num_instructions
     graph = module_graph(module)
@@ -123,12 +125,24 @@ def safe_stem(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.+-]", "_", name)
 
 
+def checked_options(*, configs: int = 1, tile_configs: int = 1, seed: int = 0, search: str = "random") -> None:
+    """The numeric options of ``featurize`` and ``rank``, checked before any work: a ConfigError (a usage
+    error) naming the option otherwise."""
+    for option, value, high in (("--configs", configs, MAX_CONFIGS), ("--tile-configs", tile_configs, MAX_CONFIGS),
+                                ("--seed", seed, 2**32 - 1)):
+        low = 0 if option == "--seed" else 1
+        if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+            raise ConfigError(f"{option} must be an integer in [{low}, {high}], got {value!r}")
+    if search not in SEARCHES:
+        raise ConfigError(f"--search: unknown search {search!r}; expected one of {', '.join(SEARCHES)}")
+
+
 def checked_config_count(count: int, nc: int, what: str) -> int:
-    if count < 1 or count > MAX_CONFIGS:
-        raise FormatError(what, f"--configs must lie in [1, {MAX_CONFIGS}], got {count}")
+    checked_options(configs=count)
     if count * nc * LAYOUT_CONFIG_DIM > MAX_LAYOUT_CONFIG_ITEMS:
-        raise FormatError(what, f"{count} configs x {nc} configurable nodes exceed what a layout file may hold; "
-                                "ask for fewer configs")
+        raise ConfigError(f"{what}: --configs {count} x {nc} configurable nodes exceed what a layout file may hold "
+                          f"({MAX_LAYOUT_CONFIG_ITEMS} values); ask for at most "
+                          f"{MAX_LAYOUT_CONFIG_ITEMS // (nc * LAYOUT_CONFIG_DIM)} configs")
     return count
 
 
@@ -180,8 +194,7 @@ def featurize_program(path: Path | str, out_dir: Path | str, *, configs: int = D
                       ) -> FeaturizeResult:
     """Featurize the HLO program file ``path`` into ``out_dir`` (see the module docstring)."""
     path = Path(path)
-    if search not in SEARCHES:
-        raise FormatError(path, f"unknown search {search!r}; expected one of {', '.join(SEARCHES)}")
+    checked_options(configs=configs, tile_configs=tile_configs_per_fusion, seed=seed, search=search)
     featurized = featurize_module(load_module(path), str(path), tile_configs_per_fusion=tile_configs_per_fusion,
                                   seed=seed)
     stem = path.name
@@ -196,6 +209,7 @@ def featurize_jax(fn: Any, *example_args: Any, out_dir: Path | str, name: str | 
                   tile_configs_per_fusion: int = DEFAULT_TILE_CONFIGS) -> FeaturizeResult:
     """Featurize ``jax.jit(fn)`` lowered on ``example_args`` (``optimized``: as XLA compiled it, with
     fusions) into ``out_dir`` as ``<name>.npz`` (default: the function's name)."""
+    checked_options(configs=configs, tile_configs=tile_configs_per_fusion, seed=seed, search=search)
     stem = safe_stem(name or getattr(fn, "__name__", "program"))
     featurized = featurize_module(module_from_jax(fn, *example_args, optimized=optimized), f"<jax:{stem}>",
                                   tile_configs_per_fusion=tile_configs_per_fusion, seed=seed)
