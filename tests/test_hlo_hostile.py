@@ -131,15 +131,25 @@ def test_rank_refuses_bad_numbers_as_usage_errors(program, tmp_path, capsys, opt
 
 
 def test_rank_refuses_an_out_folder_another_rank_is_writing(tmp_path, capsys):
-    from pipelines.flows.rank import out_folder_lock
+    from pipelines.hlo import out_folder_lock
 
     out = tmp_path / "ranked"
     program = tmp_path / "mlp.txt"
     fn, args = _program("mlp", False)
     program.write_text(module_from_jax(fn, *args).to_string())
-    with out_folder_lock(out):  # another process holds it (the lock is per open file: as good as a process)
+    with out_folder_lock(out, "rank"):  # another process holds it (the lock is per open file: as good as a process)
         code = main(["rank", "--run", "20261201T000000Z-00000000", str(program), "--out", str(out),
                      "--submissions-dir", str(tmp_path / "subs")])
         err = capsys.readouterr().err
     assert code == 1 and str(out) in err and "another" in err
     assert sorted(p.name for p in out.iterdir()) == [".rank.lock"]
+
+
+def test_featurize_refuses_an_out_folder_another_featurize_is_writing(program, tmp_path, capsys):
+    from pipelines.hlo import out_folder_lock
+
+    out = tmp_path / "out"
+    with out_folder_lock(out, "featurize"):
+        assert main(["featurize", str(program), "--out", str(out), "--configs", "3"]) == 1
+    assert str(out) in capsys.readouterr().err and [p.name for p in out.iterdir()] == [".featurize.lock"]
+    assert main(["featurize", str(program), "--out", str(out), "--configs", "3"]) == 0  # released

@@ -21,10 +21,9 @@ from __future__ import annotations
 import json
 import logging
 import time
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 import polars as pl
@@ -238,7 +237,7 @@ def rank_program(run_id: str, program: Path | str, *, out_dir: Path | str | None
                  num_threads: int = 0) -> tuple[dict[str, Any], Path]:
     """Featurize ``program``, build its data root, score it with run ``run_id`` and write the ranking;
     returns the report and the folder holding ``rank.json``, ``rank.txt`` and ``data/``."""
-    from pipelines.hlo import checked_options, featurize_module, safe_stem
+    from pipelines.hlo import checked_options, featurize_module, out_folder_lock, safe_stem
     from pipelines.hlo.parse import load_module
 
     started = time.perf_counter()
@@ -253,28 +252,6 @@ def rank_program(run_id: str, program: Path | str, *, out_dir: Path | str | None
         return _rank_into(out, featurized, program, stem, run_id, configs=configs, top=top, seed=seed,
                           source=source, submissions_dir=submissions_dir, work_dir=work_dir,
                           num_threads=num_threads, started=started)
-
-
-@contextmanager
-def out_folder_lock(folder: Path | str, command: str = "rank") -> Iterator[Path]:
-    """Hold ``folder/.<command>.lock`` (created with the folder) while a command writes into ``folder``: a
-    second process asking for it meanwhile gets a PipelineError naming the folder instead of rebuilding
-    data the first one is scoring. The lock is the kernel's (``flock``): a killed holder releases it."""
-    import fcntl
-
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    lock = folder / f".{command}.lock"
-    handle = open(lock, "a+")
-    try:
-        try:
-            fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise PipelineError(f"{folder}: another `{command}` is writing into this folder (it holds {lock.name}); "
-                                "wait for it to finish or pass another --out") from None
-        yield folder
-    finally:
-        handle.close()
 
 
 def _rank_into(out: Path, featurized: Any, program: Path, stem: str, run_id: str, *, configs: int, top: int,

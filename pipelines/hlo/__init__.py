@@ -17,14 +17,15 @@ from __future__ import annotations
 import json
 import logging
 import re
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
 
 from pipelines.core.atomic import write_text_atomic
-from pipelines.core.errors import ConfigError, FormatError
+from pipelines.core.errors import ConfigError, FormatError, PipelineError
 from pipelines.hlo.configs import SEARCHES, describe_block, layout_configs, layout_space, tile_configs, tile_space
 from pipelines.hlo.featurize import GraphArrays, computation_graph, module_graph
 from pipelines.hlo.parse import Module, load_module, module_from_jax, read_module
@@ -121,6 +122,29 @@ class FeaturizeResult:
     summary: dict[str, Any]
 
 
+@contextmanager
+def out_folder_lock(folder: Path | str, command: str) -> Iterator[Path]:
+    """Hold ``folder/.<command>.lock`` (created with the folder) while a command writes into ``folder``: a
+    second process asking for it meanwhile gets a PipelineError naming the folder, instead of replacing
+    files the first one is writing or reading (``rank`` scores the data root it built there). The lock is
+    the kernel's (``flock``), so a killed holder releases it; the empty lock file stays."""
+    import fcntl
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    lock = folder / f".{command}.lock"
+    handle = open(lock, "a+")
+    try:
+        try:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise PipelineError(f"{folder}: another `{command}` is writing into this folder (it holds {lock.name}); "
+                                "wait for it to finish or pass another --out") from None
+        yield folder
+    finally:
+        handle.close()
+
+
 def safe_stem(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.+-]", "_", name)
 
@@ -148,9 +172,15 @@ def checked_config_count(count: int, nc: int, what: str) -> int:
 
 def write_featurized(featurized: Featurized, stem: str, out_dir: Path | str, *, configs: int = DEFAULT_CONFIGS,
                      search: str = "random", seed: int = 0, tiles: bool = True) -> FeaturizeResult:
-    """Write the layout graph (``configs`` candidates of ``search``), the tile graphs and the sidecar."""
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    """Write the layout graph (``configs`` candidates of ``search``), the tile graphs and the sidecar (one
+    process at a time per ``out_dir``)."""
+    with out_folder_lock(out_dir, "featurize"):
+        return _write_featurized(featurized, stem, Path(out_dir), configs=configs, search=search, seed=seed,
+                                 tiles=tiles)
+
+
+def _write_featurized(featurized: Featurized, stem: str, out_dir: Path, *, configs: int, search: str, seed: int,
+                      tiles: bool) -> FeaturizeResult:
     source = featurized.module.source
     layout_path = None
     nc = int(featurized.config_ids.shape[0])
