@@ -18,7 +18,8 @@ jnp = pytest.importorskip("jax.numpy")
 
 from pipelines.core.collection import LAYOUT_XLA_DEFAULT, LAYOUT_XLA_RANDOM, TILE_XLA  # noqa: E402
 from pipelines.core.errors import ConfigError, FormatError, PipelineError  # noqa: E402
-from pipelines.data.tpugraphs import list_graphs, load_graph  # noqa: E402
+from pipelines.data.root import DataRoot  # noqa: E402
+from pipelines.data.tpugraphs import load_graph  # noqa: E402
 from pipelines.flows.records import fingerprint_split, records_to_data_root  # noqa: E402
 from pipelines.hlo.parse import module_from_jax  # noqa: E402
 from pipelines.hlo.records import signed_hex  # noqa: E402
@@ -106,7 +107,7 @@ def test_records_of_both_kinds_round_trip(record_files, tmp_path):
     result = records_to_data_root([record_files["layout_train"], record_files["tile_train"]], root)
     assert len(result.written) == 8 + 6 and not result.left_out
     written = tuning_message("TuningData").FromString(record_files["layout_train"].read_bytes())
-    refs = list_graphs(root, LAYOUT_XLA_DEFAULT, "train")
+    refs = DataRoot(root).graphs(LAYOUT_XLA_DEFAULT, "train")
     assert len(refs) == 8
     for record in written.modules:
         stem = next(w["stem"] for w in result.written if w["collection"] == "layout:xla:default"
@@ -123,7 +124,7 @@ def test_records_of_both_kinds_round_trip(record_files, tmp_path):
                 assert (graph.node_config_feat[row, k, 12:] == -1).all()
     tiles = tuning_message("TuningData").FromString(record_files["tile_train"].read_bytes())
     for record in tiles.modules:
-        ref = next(r for r in list_graphs(root, TILE_XLA, "train") if r.stem.endswith(f"_{signed_hex(record.fingerprint)}"))
+        ref = next(r for r in DataRoot(root).graphs(TILE_XLA, "train") if r.stem.endswith(f"_{signed_hex(record.fingerprint)}"))
         graph = load_graph(ref.path, TILE_XLA)
         kept = [run for run in record.runs if not run.error]
         assert graph.config_runtime.tolist() == [run.profile.compute_time_ns for run in kept]

@@ -40,6 +40,7 @@ import numpy as np
 from pipelines.core.atomic import write_text_atomic
 from pipelines.core.collection import ALL_COLLECTIONS, SPLITS, TILE_XLA, Collection, parse_collection
 from pipelines.core.errors import ConfigError, FormatError, PipelineError
+from pipelines.data.root import DataRoot
 from pipelines.synth.world import RECORDS_GENERATOR
 
 logger = logging.getLogger(__name__)
@@ -139,7 +140,7 @@ def _write(out: Path, planned: list[tuple[Path, Any, Collection, str]], entries:
                         "path": str(path)})
     if any(w["split"] == "test" for w in written) or (out / "labels").is_dir():
         _write_labels_marker(out)
-    write_sample_submission(out)
+    write_sample_submission(DataRoot(out))
     record["calls"].append({"split": split, "layout_collections": [c.name for c in layouts], "files": entries})
     write_text_atomic(sidecar, json.dumps(record, indent=1) + "\n")
     left_out = [{"file": e["file"], "module": m["module"], "reason": m["left_out"]}
@@ -150,7 +151,7 @@ def _write(out: Path, planned: list[tuple[Path, Any, Collection, str]], entries:
 
 
 def _graph_path(root: Path, collection: Collection, split: str, stem: str) -> Path:
-    return root.joinpath("npz", *collection.relative_dir.parts, split, f"{stem}.npz")
+    return DataRoot(root).new_split_dir(collection, split, kaggle=False) / f"{stem}.npz"
 
 
 def _existing_record(out: Path) -> dict[str, Any]:
