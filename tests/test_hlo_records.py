@@ -234,3 +234,20 @@ def test_records_refuse_a_folder_they_did_not_make_and_a_graph_already_there(rec
     assert _listing(root) == before
     with pytest.raises(ConfigError):
         records_to_data_root([record_files["tile_train"]], root, split="holdout")
+
+
+def test_the_records_command_writes_a_root_and_refuses_bad_input_as_usage_or_data_errors(record_files, tmp_path,
+                                                                                        capsys):
+    from pipelines.cli import main
+
+    root = tmp_path / "root"
+    assert main(["records", str(record_files["tile_train"]), "--out", str(root), "--split", "fingerprint"]) == 0
+    printed = capsys.readouterr().out
+    assert printed.count("tile:xla ") == 6 and str(root / "records.json") in printed
+    assert main(["records", str(record_files["layout_train"]), "--out", str(root), "--layout-collection",
+                 "tile:xla"]) == 2
+    assert "--layout-collection" in capsys.readouterr().err
+    truncated = tmp_path / "truncated.pb"
+    truncated.write_bytes(record_files["layout_train"].read_bytes()[:100])
+    assert main(["records", str(truncated), "--out", str(root)]) == 1
+    assert str(truncated) in capsys.readouterr().err
