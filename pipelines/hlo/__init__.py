@@ -8,8 +8,11 @@ tile configs), plus ``OUT/<stem>.json`` naming what every configurable node and 
 :func:`featurize_jax` does the same for ``jax.jit(fn)`` on example arguments. Runtimes are unknown:
 every file is a test graph (``config_runtime`` all 0; tile normalizers 1).
 
-``parse`` reads the module through XLA's own objects (jaxlib, the optional ``hlo`` extra);
-``featurize`` and ``configs`` are pure functions over its records. See docs/hlo.md.
+Nodes are numbered as the dataset's own encoder numbers them (position in the serialized module).
+``parse`` reads the module through XLA's own objects (jaxlib, the optional ``hlo`` extra) and our own
+proto decoder (``schema``); ``featurize`` and ``configs`` are pure functions over its records;
+``records`` reads the dataset's tuning records (``tuning.proto``) into graphs with measured runtimes.
+See docs/hlo.md.
 """
 
 from __future__ import annotations
