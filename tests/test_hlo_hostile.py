@@ -153,3 +153,33 @@ def test_featurize_refuses_an_out_folder_another_featurize_is_writing(program, t
         assert main(["featurize", str(program), "--out", str(out), "--configs", "3"]) == 1
     assert str(out) in capsys.readouterr().err and [p.name for p in out.iterdir()] == [".featurize.lock"]
     assert main(["featurize", str(program), "--out", str(out), "--configs", "3"]) == 0  # released
+
+
+@pytest.mark.parametrize("command", ["featurize", "rank", "records"])
+def test_no_command_writes_into_a_data_root_it_did_not_make(program, tiny_world, tmp_path, capsys, command):
+    import shutil
+
+    root = tmp_path / "data"
+    shutil.copytree(tiny_world, root)
+    before = sorted(str(p.relative_to(root)) for p in root.rglob("*"))
+    args = {"featurize": ["featurize", str(program), "--out", str(root)],
+            "rank": ["rank", "--run", "20261201T000000Z-00000000", str(program), "--out", str(root),
+                     "--submissions-dir", str(tmp_path / "subs")],
+            "records": ["records", str(_tile_record(tmp_path, program)), "--out", str(root)]}[command]
+    assert main(args) == 1
+    assert str(root) in capsys.readouterr().err
+    assert sorted(str(p.relative_to(root)) for p in root.rglob("*")) == before  # not even a lock file
+
+
+def _tile_record(tmp_path: Path, program: Path) -> Path:
+    """A TuningData of one module with two tile runs (the program's bytes as its module)."""
+    from pipelines.hlo.schema import tuning_message
+
+    record = tuning_message("ModuleTuningData")(module=program.read_bytes(), fingerprint=7)
+    for k in range(2):
+        run = record.runs.add(is_default=k == 0)
+        run.profile.compute_time_ns = 100 + k
+        run.op_config.tile_size_config.output_bounds.extend([8, 8 << k])
+    path = tmp_path / "records.pb"
+    path.write_bytes(tuning_message("TuningData")(modules=[record]).SerializeToString())
+    return path

@@ -108,7 +108,9 @@ def records_to_data_root(files: Sequence[Path | str], out: Path | str, *, split:
     if repeated:
         raise FormatError(files[0] if len(files) == 1 else out,
                           f"the same module twice (one graph name): {', '.join(repeated[:5])}")
-    with out_folder_lock(out, "records"):
+    if out.is_dir():
+        _existing_record(out)  # a folder `records` did not make is refused before the lock file is created
+    with out_folder_lock(out, "records", data_root_ok=True):
         return _write(out, planned, entries, split, layouts)
 
 

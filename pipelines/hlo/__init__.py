@@ -126,14 +126,19 @@ class FeaturizeResult:
 
 
 @contextmanager
-def out_folder_lock(folder: Path | str, command: str) -> Iterator[Path]:
+def out_folder_lock(folder: Path | str, command: str, *, data_root_ok: bool = False) -> Iterator[Path]:
     """Hold ``folder/.<command>.lock`` (created with the folder) while a command writes into ``folder``: a
     second process asking for it meanwhile gets a PipelineError naming the folder, instead of replacing
     files the first one is writing or reading (``rank`` scores the data root it built there). The lock is
-    the kernel's (``flock``), so a killed holder releases it; the empty lock file stays."""
+    the kernel's (``flock``), so a killed holder releases it; the empty lock file stays. A data root
+    (``npz/`` or ``npz_all/`` inside) is refused before anything is created, unless ``data_root_ok``
+    (``records``, which checks that the root is its own)."""
     import fcntl
 
     folder = Path(folder)
+    if not data_root_ok and any((folder / name).is_dir() for name in ("npz", "npz_all")):
+        raise PipelineError(f"{folder}: a data root (it holds TpuGraphs npz folders); `{command}` writes nothing into "
+                            "one: pass an --out folder of its own")
     folder.mkdir(parents=True, exist_ok=True)
     lock = folder / f".{command}.lock"
     handle = open(lock, "a+")
