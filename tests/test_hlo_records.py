@@ -251,3 +251,13 @@ def test_the_records_command_writes_a_root_and_refuses_bad_input_as_usage_or_dat
     truncated.write_bytes(record_files["layout_train"].read_bytes()[:100])
     assert main(["records", str(truncated), "--out", str(root)]) == 1
     assert str(truncated) in capsys.readouterr().err
+
+
+def test_a_module_with_more_runs_than_a_graph_file_holds_is_refused_naming_the_file(record_files, tmp_path,
+                                                                                    monkeypatch):
+    import pipelines.hlo.records as records
+
+    monkeypatch.setattr(records, "MAX_CONFIGS", 5)  # the tile records hold 8 kept runs per module
+    with pytest.raises(FormatError, match="kept runs, more than one graph file may hold") as err:
+        records_to_data_root([record_files["tile_train"]], tmp_path / "root")
+    assert str(record_files["tile_train"]) in str(err.value) and not (tmp_path / "root").exists()

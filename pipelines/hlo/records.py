@@ -38,8 +38,8 @@ from typing import Any
 import numpy as np
 
 from pipelines.core.errors import FormatError
-from pipelines.data.tpugraphs import (LAYOUT_CONFIG_DIM, LAYOUT_VALUE_MAX, LAYOUT_VALUE_MIN, MAX_CONFIGS, MAX_NODES,
-                                      TILE_CONFIG_DIM, LayoutGraph, TileGraph)
+from pipelines.data.tpugraphs import (LAYOUT_CONFIG_DIM, LAYOUT_VALUE_MAX, LAYOUT_VALUE_MIN, MAX_CONFIGS,
+                                      MAX_LAYOUT_CONFIG_ITEMS, TILE_CONFIG_DIM, LayoutGraph, TileGraph)
 
 MAX_RECORDS_BYTES = 2 << 30  # protobuf's own limit on one message
 LAYOUT_TENSORS = 3  # output, input, kernel: kLayoutMaxTensors
@@ -105,12 +105,11 @@ def read_records(path: Path | str) -> tuple[str, list[Any]]:
                             "tpu_graphs/proto/tuning.proto): truncated, empty of runs, or another message")
 
 
-def record_graphs(path: Path | str, *, tile_configs_cap: int = MAX_CONFIGS) -> tuple[str, list[RecordGraph]]:
+def record_graphs(path: Path | str) -> tuple[str, list[RecordGraph]]:
     """Every module of a records file as a :class:`RecordGraph` (see the module docstring)."""
     path = Path(path)
     kind, modules = read_records(path)
-    graphs = [module_graph_of(record, index, path, tile_configs_cap=tile_configs_cap)
-              for index, record in enumerate(modules)]
+    graphs = [module_graph_of(record, index, path) for index, record in enumerate(modules)]
     return kind, graphs
 
 
@@ -128,7 +127,7 @@ def record_stem(module: str, fingerprint: int, index: int) -> str:
 # ----------------------------------------------------------------------------- one module
 
 
-def module_graph_of(record: Any, index: int, path: Path, *, tile_configs_cap: int = MAX_CONFIGS) -> RecordGraph:
+def module_graph_of(record: Any, index: int, path: Path) -> RecordGraph:
     """The graph of one ``ModuleTuningData`` (layout or tile by its runs' config kind)."""
     from pipelines.hlo.parse import module_from_proto_bytes, proto_module_bytes
 
@@ -161,7 +160,7 @@ def module_graph_of(record: Any, index: int, path: Path, *, tile_configs_cap: in
     if kind == "layout":
         _layout(entry, record, featurized, path)
     else:
-        _tile(entry, record, featurized, tile_configs_cap)
+        _tile(entry, record, featurized, path)
     return entry
 
 
@@ -218,6 +217,7 @@ def _layout(entry: RecordGraph, record: Any, featurized: Any, path: Path) -> Non
     if default is None:
         return
     entry.facts["default_runtime_ns"] = int(default.profile.compute_time_ns)
+    _check_count(path, entry, len(kept), nc * LAYOUT_CONFIG_DIM)
     configs = np.full((len(kept), nc, LAYOUT_CONFIG_DIM), -1, dtype=np.int8)
     for row, run in enumerate(kept):
         for k, node in enumerate(run.module_config.layout_config.nodes):
@@ -232,6 +232,13 @@ def _layout(entry: RecordGraph, record: Any, featurized: Any, path: Path) -> Non
                               configs[:, order], runtime, layout.node_splits)
 
 
+def _check_count(path: Path, entry: RecordGraph, runs: int, values_per_run: int) -> None:
+    """The format's bounds on one graph's configs (:data:`MAX_CONFIGS`, and the layout values a file may hold)."""
+    if runs > MAX_CONFIGS or runs * values_per_run > MAX_LAYOUT_CONFIG_ITEMS:
+        raise FormatError(path, f"module {entry.index} ({entry.module}): {runs} kept runs, more than one graph file "
+                                f"may hold ({MAX_CONFIGS} configs, {MAX_LAYOUT_CONFIG_ITEMS} layout values)")
+
+
 def tile_config_row(config: Any) -> list[float]:
     """The 24 ``config_feat`` values of one ``TileSizeConfig``."""
     row: list[float] = []
@@ -241,7 +248,7 @@ def tile_config_row(config: Any) -> list[float]:
     return row
 
 
-def _tile(entry: RecordGraph, record: Any, featurized: Any, cap: int) -> None:
+def _tile(entry: RecordGraph, record: Any, featurized: Any, path: Path) -> None:
     layout = featurized.layout
     kept = _kept_runs(entry, list(record.runs), [
         ("error", lambda run: run.error),
@@ -251,8 +258,7 @@ def _tile(entry: RecordGraph, record: Any, featurized: Any, cap: int) -> None:
     entry.facts = {"nodes": int(layout.node_feat.shape[0])}
     if default is None:
         return
-    if len(kept) > cap:
-        raise FormatError(entry.module, f"{len(kept)} runs: more than a tile graph may hold ({cap})")
+    _check_count(path, entry, len(kept), 1)
     normalizer = int(default.profile.compute_time_ns)
     entry.facts["default_runtime_ns"] = normalizer
     feat = np.array([tile_config_row(run.op_config.tile_size_config) for run in kept],
@@ -262,5 +268,4 @@ def _tile(entry: RecordGraph, record: Any, featurized: Any, cap: int) -> None:
                             np.full(len(kept), normalizer, dtype=np.int64))
 
 
-__all__ = ["RecordGraph", "read_records", "record_graphs", "module_graph_of", "tile_config_row", "signed_hex",
-           "MAX_NODES"]
+__all__ = ["RecordGraph", "read_records", "record_graphs", "module_graph_of", "tile_config_row", "signed_hex"]
