@@ -5,6 +5,7 @@ reads a run's stages, never a KeyError traceback."""
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -18,7 +19,7 @@ RUN = "20261201T000000Z-aaaaaaaa"
 def subs(tmp_path: Path, tiny_world: Path) -> Path:
     folder = tmp_path / "subs" / RUN
     folder.mkdir(parents=True)
-    (folder / "submission.csv").write_text("ID,TopConfigs\n")
+    shutil.copy(tiny_world / "sample_submission.csv", folder / "submission.csv")
     (folder / "manifest.json").write_text(json.dumps({
         "run_id": RUN, "kind": "run", "data_root": str(tiny_world), "collections": ["tile:xla"],
         "config": {"ensemble": {"method": "minmax"}},
@@ -31,7 +32,8 @@ def subs(tmp_path: Path, tiny_world: Path) -> Path:
     lambda subs, root: ["report", RUN, "--out", str(subs.parent / "r.html")],
     lambda subs, root: ["predict", "--run", RUN, "--data-root", str(root)],
     lambda subs, root: ["ensemble", "--runs", RUN],
-], ids=["report", "predict", "ensemble"])
+    lambda subs, root: ["evaluate", RUN, "--data-root", str(root)],
+], ids=["report", "predict", "ensemble", "evaluate"])
 def test_a_run_manifest_without_work_dir_asks_for_one(subs, tiny_world, capsys, command):
     assert main([*command(subs, tiny_world), "--submissions-dir", str(subs)]) == 1
     err = capsys.readouterr().err

@@ -305,13 +305,13 @@ def model_rows(manifest: Mapping[str, Any], work_dir: Path | None, *,
                per_seed: bool = False) -> dict[str, dict[str, list[int]]]:
     """Submission rows of each model of a run alone (with ``per_seed``: of each of its run seeds alone), from
     its saved training stages (see module doc)."""
-    from pipelines.outputs.run_folders import load_named_stage
+    from pipelines.outputs.run_folders import load_named_stage, training_stage_dir
 
     method = (manifest.get("config") or {}).get("ensemble", {}).get("method", "minmax")
     outputs: list[tuple[str, StageOutput]] = []
     for collection, stages in manifest["stages"].items():
         for model, where in stages.get("train", {}).items():
-            folder = work_dir if work_dir is not None else Path(where["work_dir"])
+            folder = training_stage_dir(where, manifest, work_dir)  # a clean error when neither records it
             outputs.append((model, load_named_stage(folder, where["stage"], where["key"],
                                                     f"the saved {model} training output of {collection}")))
     return trained_rows(outputs, method, per_seed=per_seed)
