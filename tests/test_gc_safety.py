@@ -288,3 +288,10 @@ def test_run_refuses_an_id_like_name_before_any_work(tiny_world, tmp_path, capsy
     assert main(["run", "--data-root", str(tiny_world), "--work-dir", str(tmp_path / "work"), "--submissions-dir",
                  str(tmp_path / "subs"), "--config", "smoke", "--models", "random", "--name", "2026"]) == 2
     assert "looks like a run-id" in capsys.readouterr().err and not (tmp_path / "work").exists()
+
+
+def test_a_ledger_that_cannot_be_written_is_a_warning_not_a_lost_run(tmp_path, caplog):
+    work = tmp_path / "work"
+    (work / cache_gc.PUBLISHED_LEDGER).mkdir(parents=True)  # a folder in its place
+    record_submissions_dir([work, tmp_path / "gone"], tmp_path / "subs")
+    assert "cannot record" in caplog.text and not (tmp_path / "gone").exists()

@@ -75,19 +75,20 @@ def record_submissions_dir(work_dirs: Sequence[Path | str], submissions_dir: Pat
     gc then refuses to delete there without the runs it cannot find."""
     line = str(Path(submissions_dir).resolve())
     for work_dir in dict.fromkeys(Path(w) for w in work_dirs):
-        if line in (recorded_submissions_dirs(work_dir) or []):
-            continue
+        if not work_dir.is_dir():
+            continue  # a work dir that is gone holds no stage gc could remove
         try:
-            work_dir.mkdir(parents=True, exist_ok=True)
+            if line in (recorded_submissions_dirs(work_dir) or []):
+                continue
             fd = os.open(work_dir / PUBLISHED_LEDGER, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
             try:
                 os.write(fd, (line + "\n").encode("utf-8", "surrogateescape"))
             finally:
                 os.close(fd)
-        except OSError as exc:
+        except (OSError, PipelineError) as exc:
             logger.warning(f"warning: {work_dir / PUBLISHED_LEDGER}: cannot record that runs of this work dir are "
-                           f"published to {line} ({exc.strerror or exc}); gc of this work dir will need "
-                           f"--submissions-dir {line}")
+                           f"published to {line} ({getattr(exc, 'strerror', None) or exc}); gc of this work dir "
+                           f"will need --submissions-dir {line}")
 
 
 def recorded_submissions_dirs(work_dir: Path | str) -> list[str] | None:
