@@ -135,6 +135,14 @@ def test_records_of_both_kinds_round_trip(record_files, tmp_path):
     sidecar = json.loads(result.sidecar.read_text())
     modules = [m for f in sidecar["calls"][0]["files"] for m in f["modules"]]
     assert all(m["dropped"] == {"error": 1} for m in modules)  # the errored run of each, named
+    # every graph's compiler default (the run marked is_default, counted among the kept runs) is in defaults.json
+    defaults = DataRoot(root).defaults()
+    for message, name in ((written, "layout:xla:default"), (tiles, "tile:xla")):
+        for record in message.modules:
+            stem = next(w["stem"] for w in result.written if w["collection"] == name
+                        and w["stem"].endswith(f"_{signed_hex(record.fingerprint)}"))
+            kept = [run for run in record.runs if not run.error]
+            assert defaults[name][stem] == next(i for i, run in enumerate(kept) if run.is_default)
     assert {m["split"] for m in modules} == {"train"}
 
 
@@ -198,6 +206,9 @@ def test_the_real_records_give_the_official_node_ids_and_112_layout_runs(tmp_pat
     tile = load_graph(fusion["path"], TILE_XLA)
     assert tile.num_configs == 579 and tile.config_feat[0, :8].tolist() == [3, 1, 24, 3, 0, 0, 31, 216]
     assert (tile.config_runtime_normalizers == 151565).all()
+    defaults = DataRoot(tmp_path / "r").defaults()
+    assert len(defaults["tile:xla"]) == 15 and len(defaults["layout:xla:default"]) == 1
+    assert tile.config_runtime[defaults["tile:xla"][fusion["stem"]]] == 151565  # the default run's own time
 
 
 # ----------------------------------------------------------------------------- bad input

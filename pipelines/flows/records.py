@@ -40,7 +40,7 @@ import numpy as np
 from pipelines.core.atomic import write_text_atomic
 from pipelines.core.collection import ALL_COLLECTIONS, SPLITS, TILE_XLA, Collection, parse_collection
 from pipelines.core.errors import ConfigError, FormatError, PipelineError
-from pipelines.data.root import DataRoot
+from pipelines.data.root import DEFAULTS_FILE, DataRoot
 from pipelines.synth.world import RECORDS_GENERATOR
 
 logger = logging.getLogger(__name__)
@@ -142,6 +142,7 @@ def _write(out: Path, planned: list[tuple[Path, Any, Collection, str]], entries:
                         "path": str(path)})
     if any(w["split"] == "test" for w in written) or (out / "labels").is_dir():
         _write_labels_marker(out)
+    _write_defaults(out, {(c.name, r.stem): int(r.facts["default_index"]) for _, r, c, _ in planned})
     write_sample_submission(DataRoot(out))
     record["calls"].append({"split": split, "layout_collections": [c.name for c in layouts], "files": entries})
     write_text_atomic(sidecar, json.dumps(record, indent=1) + "\n")
@@ -150,6 +151,14 @@ def _write(out: Path, planned: list[tuple[Path, Any, Collection, str]], entries:
     for item in left_out:
         logger.warning(f"{item['file']}: module {item['module']} left out: {item['reason']}")
     return RecordsResult(out, written, left_out, sidecar)
+
+
+def _write_defaults(out: Path, found: dict[tuple[str, str], int]) -> None:
+    """Add each graph's default config (the run marked ``is_default``) to the root's ``defaults.json``."""
+    defaults = DataRoot(out).defaults()
+    for (collection, stem), index in found.items():
+        defaults.setdefault(collection, {})[stem] = index
+    write_text_atomic(out / DEFAULTS_FILE, json.dumps(defaults, indent=1, sort_keys=True) + "\n")
 
 
 def _graph_path(root: Path, collection: Collection, split: str, stem: str) -> Path:

@@ -217,6 +217,7 @@ def _layout(entry: RecordGraph, record: Any, featurized: Any, path: Path) -> Non
     if default is None:
         return
     entry.facts["default_runtime_ns"] = int(default.profile.compute_time_ns)
+    entry.facts["default_index"] = kept.index(default)  # the config the compiler picks on its own (is_default)
     _check_count(path, entry, len(kept), nc * LAYOUT_CONFIG_DIM)
     configs = np.full((len(kept), nc, LAYOUT_CONFIG_DIM), -1, dtype=np.int8)
     for row, run in enumerate(kept):
@@ -261,6 +262,7 @@ def _tile(entry: RecordGraph, record: Any, featurized: Any, path: Path) -> None:
     _check_count(path, entry, len(kept), 1)
     normalizer = int(default.profile.compute_time_ns)
     entry.facts["default_runtime_ns"] = normalizer
+    entry.facts["default_index"] = kept.index(default)
     feat = np.array([tile_config_row(run.op_config.tile_size_config) for run in kept],
                     dtype=np.float32).reshape(-1, TILE_CONFIG_DIM)
     runtime = np.array([run.profile.compute_time_ns for run in kept], dtype=np.int64)
