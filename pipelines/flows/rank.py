@@ -164,12 +164,12 @@ def blended_scores(run_id: str, data_root: Path, *, submissions_dir: Path | str 
     from pipelines.core.engine import fingerprint
     from pipelines.training.ensemble import blend, prepare_model_scores
     from pipelines.flows.predict import _source_config, predict_test, prepare_test_graphs
-    from pipelines.outputs.run_folders import load_named_stage, read_run_manifest, training_stage_dir
+    from pipelines.outputs.run_folders import load_named_stage, read_run_manifest, recorded_folder, training_stage_dir
 
     source = read_run_manifest(submissions_dir, run_id)
     if source.get("kind") not in (None, "run", "ensemble"):
         raise PipelineError(f"run {run_id} is a {source.get('kind')!r} run; rank needs a run that trained models")
-    source_work = Path(work_dir if work_dir is not None else source["work_dir"])
+    source_work = recorded_folder(source, "work_dir", work_dir)
     method = ((source.get("config") or {}).get("ensemble") or {}).get("method", "minmax")
     out: dict[str, RankScores] = {}
     prepared_by_config: dict[tuple[str, str], Any] = {}
