@@ -28,17 +28,48 @@ def _hook():
     return module
 
 
+def build_strict(config_file: Path, site_dir: Path) -> subprocess.CompletedProcess:
+    """``mkdocs build --strict`` as the docs say to run it (no ``--quiet``: strict mode's warnings are
+    what fails it, and they must show), from the folder of ``config_file``."""
+    env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}
+    return subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--config-file", str(config_file),
+                           "--site-dir", str(site_dir)],
+                          cwd=config_file.parent, env=env, capture_output=True, text=True, timeout=600)
+
+
 @pytest.fixture(scope="module")
 def site(tmp_path_factory) -> Path:
     pytest.importorskip("mkdocs")
     pytest.importorskip("material")
     out = tmp_path_factory.mktemp("site")
-    env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}
-    done = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--quiet",
-                           "--config-file", str(ROOT / "mkdocs.yml"), "--site-dir", str(out)],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, f"mkdocs build --strict failed:\n{done.stdout}\n{done.stderr}"
+    done = build_strict(ROOT / "mkdocs.yml", out)
+    log = done.stdout + done.stderr
+    assert done.returncode == 0, f"mkdocs build --strict failed:\n{log}"
+    assert "WARNING" not in log, log
     return out
+
+
+def test_the_strict_build_fails_on_a_warning(tmp_path: Path) -> None:
+    """The check above can fail: the same command on a one-page site with a broken link exits non-zero."""
+    pytest.importorskip("mkdocs")
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "index.md").write_text("# Home\n\n[gone](missing.md)\n", encoding="utf-8")
+    (tmp_path / "mkdocs.yml").write_text("site_name: canary\n", encoding="utf-8")
+    done = build_strict(tmp_path / "mkdocs.yml", tmp_path / "site")
+    assert done.returncode != 0 and "missing.md" in done.stdout + done.stderr
+
+
+def test_results_files_link_the_site_pages(site: Path) -> None:
+    """A results file links a page as the repository holds it (../../docs/PAGE.md); on the site the
+    link reaches that page."""
+    linking = [p for p in sorted((ROOT / RESULTS_PATH).glob("*.md"))
+               if "../../docs/" in p.read_text(encoding="utf-8")]
+    assert linking, "no results file links a docs page: this test checks nothing"
+    for path in linking:
+        html = (site / "results" / path.stem / "index.html").read_text(encoding="utf-8")
+        for target in re.findall(r'href="(\.\./[^"#]*)', html):
+            page = (site / "results" / path.stem / target).resolve()
+            assert (page / "index.html").is_file() or page.is_file(), f"{path.name}: {target} is not on the site"
 
 
 def test_site_builds_strict(site: Path) -> None:

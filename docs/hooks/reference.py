@@ -9,7 +9,9 @@
 * ``<!-- generated: shipped-configs -->`` becomes the table of shipped configs alone, and
   ``<!-- generated: results-index -->`` a list of the results files;
 * every file of ``benchmarks/results/`` is added to the site under ``results/`` (nothing is copied into
-  ``docs/``), so a link such as ``results/<file>.md`` from a page is checked by ``mkdocs build --strict``.
+  ``docs/``), so a link such as ``results/<file>.md`` from a page is checked by ``mkdocs build --strict``;
+  a results file links the pages as the repository holds them (``../../docs/<page>.md``, which a reader of
+  the file on disk follows), and those links are mapped onto the site's pages (``../<page>.md``).
 
 Modules are imported by name through the one table below (new package path first, then the old one).
 Build with ``python -m mkdocs build --strict`` from the repository root, so that the checkout being
@@ -92,7 +94,33 @@ def on_files(files: Any, config: Any) -> Any:
 
 def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:
     root = Path(config["config_file_path"]).resolve().parent
+    if page.file.src_uri.startswith(f"{RESULTS_URI}/"):
+        markdown = site_links(markdown, RESULTS_DIR, Path(config["docs_dir"]).resolve().relative_to(root).as_posix(),
+                              RESULTS_URI)
     return MARKER.sub(lambda match: generate(match.group(1), root), markdown)
+
+
+LINK = re.compile(r"(\]\()([^)\s]+)(\))")  # a Markdown link's target: ](target)
+
+
+def site_links(markdown: str, folder: str, docs: str, site_folder: str) -> str:
+    """``markdown`` of a file in the repository's ``folder`` shown on the site as ``site_folder``: each
+    relative link into the repository's ``docs`` folder points at that page of the site instead (both
+    folders relative to the repository root); other links are left as they are."""
+    import posixpath
+
+    def mapped(match: re.Match) -> str:
+        target = match.group(2)
+        if "://" in target or target.startswith(("#", "/", "mailto:")):
+            return match.group(0)
+        path, hash_, anchor = target.partition("#")
+        in_repo = posixpath.normpath(posixpath.join(folder, path))
+        if not in_repo.startswith(docs.rstrip("/") + "/"):
+            return match.group(0)
+        page = in_repo[len(docs.rstrip("/")) + 1:]
+        return match.group(1) + posixpath.relpath(page, site_folder) + hash_ + anchor + match.group(3)
+
+    return LINK.sub(mapped, markdown)
 
 
 def generate(what: str, root: Path) -> str:
