@@ -592,6 +592,49 @@ def test_two_runs_started_together_on_one_work_dir_succeed_with_the_same_bytes_e
     assert len(seen) == 1
 
 
+def _folder_removed_during_mkdir(monkeypatch, folder: Path) -> list[Path]:
+    """Replay the interleaving of two runs on one work dir: ``folder`` exists when this process's
+    ``mkdir`` of it runs, and the other run's cleanup removes it before ``mkdir`` checks what is
+    there (pathlib's ``exist_ok`` check then finds nothing). Returns the calls it raced."""
+    raced: list[Path] = []
+    real_mkdir = os.mkdir
+
+    def mkdir(path, mode=0o777, **kwargs):
+        if Path(path) == folder and not raced:
+            raced.append(Path(path))
+            raise FileExistsError(errno.EEXIST, "File exists", str(path))  # ... and it is gone at the check
+        return real_mkdir(path, mode, **kwargs)
+
+    monkeypatch.setattr(os, "mkdir", mkdir)
+    return raced
+
+
+def test_a_fold_folder_removed_by_a_concurrent_run_while_being_made_is_made_again(tmp_path, monkeypatch):
+    """Issue 79: two runs on one work dir; one finished the training stage and removed its folder of
+    fold jobs (.folds-<key>) while the other was creating it to save a fold: "file system error: File
+    exists". The fold is saved (the folder made again), as when the folder was gone before the call."""
+    from pipelines.training.fit import FoldResult, fold_job_name, load_fold_result, save_fold_result
+
+    result = FoldResult(0, 0, pl.DataFrame({"graph": ["g"], "score": [0.5]}), pl.DataFrame({"graph": ["g"]}),
+                        None, {}, 1.0, {"model.txt": b"weights"})
+    partial = tmp_path / "train-random" / ".folds-key"
+    raced = _folder_removed_during_mkdir(monkeypatch, partial)
+    assert save_fold_result(result, partial)
+    assert raced == [partial]
+    assert load_fold_result(partial / fold_job_name(0, 0)).predictions["score"].to_list() == [0.5]
+
+
+def test_a_checkpoint_folder_removed_by_a_concurrent_run_while_being_made_is_made_again(tmp_path, monkeypatch):
+    """The same race on a GNN fold's epoch checkpoint folder (inside .folds-<key>)."""
+    pytest.importorskip("torch")
+    from pipelines.models.gnn.trainer import atomic_torch_save
+
+    path = tmp_path / ".folds-key" / "f0-s0.ckpt" / "gnn_seed0.pt"
+    raced = _folder_removed_during_mkdir(monkeypatch, path.parent)
+    atomic_torch_save({"epoch": 1}, path)
+    assert raced == [path.parent] and path.is_file()
+
+
 def test_a_resumed_fold_result_whose_files_were_altered_is_trained_again(tmp_path, caplog):
     """Issue 71, class 2: negated scores in a finished fold's predictions entered the stage output."""
     from pipelines.training.fit import FoldResult, fold_job_name, load_fold_result, save_fold_result

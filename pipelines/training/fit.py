@@ -51,6 +51,7 @@ from typing import Any, Callable
 import numpy as np
 import polars as pl
 
+from pipelines.core.atomic import make_folder
 from pipelines.core.collection import LABELLED, Collection
 from pipelines.config.settings import PipelineConfig
 from pipelines.core.engine import Code, StageOutput, file_sha256, rename_if_free, write_json_atomic
@@ -296,7 +297,7 @@ def save_fold_result(result: FoldResult, partial: Path) -> bool:
     """
     name = fold_job_name(result.fold, result.seed)
     try:
-        partial.mkdir(parents=True, exist_ok=True)
+        make_folder(partial)  # made again if a concurrent run removes it meanwhile
         work = Path(tempfile.mkdtemp(prefix=f".tmp-{name}-", dir=partial))
     except FileNotFoundError:
         return False
