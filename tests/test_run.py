@@ -362,10 +362,18 @@ def test_demo_data_root_follows_the_scale(monkeypatch, tmp_path):
     monkeypatch.setattr(demo, "run_demo", lambda **kwargs: seen.update(kwargs) or Published())
     monkeypatch.setattr(demo, "demo_summary", lambda *args: "")
     monkeypatch.setattr(report, "write_run_report", lambda *args: None)
-    assert main(["demo", "--scale", "tiny"]) == 0
+    with logged_messages() as lines:
+        assert main(["demo", "--scale", "tiny"]) == 0
     assert seen["data_root"] == Path("data/synthetic-tiny") and seen["scale"] == "tiny"
+    # the demo config's 5 folds do not fit the tiny world's 3 program families: smoke, and the line says why
+    assert seen["config"] == "smoke" and lines[0].startswith("config: smoke (no --config given; the tiny world")
     assert main(["demo", "--scale", "tiny", "--data-root", str(tmp_path / "w")]) == 0
     assert seen["data_root"] == tmp_path / "w"
+    with logged_messages() as lines:
+        assert main(["demo"]) == 0 and main(["demo", "--scale", "tiny", "--config", "quick"]) == 0
+    assert lines == ["config: demo (no --config given; the demo's config: base with a lighter GNN schedule and one "
+                     "seed)", "config: quick (--config)"]
+    assert seen["config"] == "quick"
 
 
 def test_help_lists_every_model_carries_an_example_and_the_exit_codes(monkeypatch, capsys):
