@@ -12,7 +12,7 @@ from pipelines.commands.common import announce_config, config_options, command_p
 def add(sub: argparse._SubParsersAction) -> None:
     p = command_parser(sub, "run", "every stage, every model, the ensemble, a validated submission and report.html "
                                    "(cached stages are reused); prints the submission path last",
-                       "run --data-root data/kaggle --config quick --models gbdt,gnn")
+                       "run --data-root data/kaggle --config quick --models gbdt")
     p.add_argument("--data-root", type=Path, required=True, help="any data root in the Kaggle layout")
     p.add_argument("--work-dir", type=Path, default=paths.WORK_DIR)
     config_options(p, config_help="config name (e.g. quick) or TOML file (default: the machine's: gpu, base's "
