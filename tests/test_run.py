@@ -413,7 +413,13 @@ def test_stage_counter_adds_a_whole_run_eta_refined_as_stages_finish():
     record = logging.LogRecord("pipelines.core.engine", logging.INFO, "", 0, "a [prune] done 0123456789abcdef in 10.0s",
                                (), None)
     fresh.filter(record)
-    assert record.getMessage().endswith("(run ETA ~10s + 1 stage not timed yet)")  # no ensemble timed anywhere
+    # no ensemble timed anywhere: the ETA is a lower bound that says what it leaves out
+    assert record.getMessage().endswith("(run ETA at least 10s, 1 stage not timed yet: ensemble)")
+    first = StageCounter(3, {"prune": 1, "train-gnn": 2})
+    record = logging.LogRecord("pipelines.core.engine", logging.INFO, "", 0, "a [prune] done 0123456789abcdef in 0.1s",
+                               (), None)
+    first.filter(record)  # nothing left is timed: no "~0s" that grows tenfold as the stages run
+    assert record.getMessage().endswith("(run ETA not known yet, 2 stages not timed yet: train-gnn)")
 
     counter = StageCounter(4, {"prune": 2, "train-gbdt": 2}, history={"train-gbdt": [100.0]})
 

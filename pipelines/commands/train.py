@@ -46,9 +46,13 @@ def run(args: argparse.Namespace) -> int:
     from pipelines.training.fit import check_models
 
     check_models([args.model], chosen)
+    from pipelines.flows.run import log_epoch_caps
+
     prepared = prepare(config, args.data_root, args.work_dir, collections)
+    outputs = []
     for name, item in prepared.items():
-        output = train_model(config, item, model=args.model, work_dir=args.work_dir, force=args.force)
-        print(format_summary(output))
+        outputs.append(train_model(config, item, model=args.model, work_dir=args.work_dir, force=args.force))
+        print(format_summary(outputs[-1]))
+    log_epoch_caps(outputs)
     return 0
 
