@@ -47,6 +47,34 @@ def set_score(value: float, created: str, wall: float = 10.0, seeds=(0,)):
     return edit
 
 
+def test_runs_list_fits_100_columns_unless_wide(one_run, tmp_path, capsys):
+    """Issue 79: the table was ~230 characters wide, the data-root column cut by the terminal."""
+    result, _ = one_run
+
+    def label(name: str, created: str, score: float):
+        def edit(manifest: dict) -> None:
+            set_score(score, created)(manifest)
+            manifest["name"] = name
+        return edit
+
+    subs = tmp_path / "subs"
+    copy_run(result.run_dir, subs, "20260101T000000Z-aaaaaaaa", label("a short name", "2026-01-01T00:00:00+00:00", 0.61))
+    copy_run(result.run_dir, subs, "20260102T000000Z-bbbbbbbb",
+             label("a name far longer than the room left for it", "2026-01-02T00:00:00+00:00", 0.62))
+    assert main(["runs", "list", "--submissions-dir", str(subs)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert max(map(len, lines)) <= 100
+    # the name has priority over the models, which are left out when no room is left for them
+    assert lines[0].split() == ["RUN", "tile", "xla:def", "xla:rnd", "nlp:def", "nlp:rnd", "COMBINED", "NAME"]
+    assert lines[1].startswith("20260101T000000Z-aaaaaaaa") and lines[1].endswith("0.6100  a short name")
+    assert lines[2].endswith("  a name far longer ~") and len(lines[2]) == 100
+    assert lines[-1] == "--wide adds MODELS, DATA ROOT, SEEDS, FOLDS, WALL, SUBMITTED, DIFFERS FROM BASE, NOTE"
+    assert main(["runs", "list", "--wide", "--submissions-dir", str(subs)]) == 0
+    wide = capsys.readouterr().out.splitlines()
+    assert max(map(len, wide)) > 100 and "a name far longer than the room left for it" in wide[2]
+    assert "DATA ROOT" in wide[0] and "DIFFERS FROM BASE" in wide[0]
+
+
 def test_runs_list_shows_each_run_with_its_scores_and_sorts(one_run, tmp_path, capsys):
     result, _ = one_run
     subs = tmp_path / "subs"
@@ -56,7 +84,7 @@ def test_runs_list_shows_each_run_with_its_scores_and_sorts(one_run, tmp_path, c
     copy_run(result.run_dir, subs, "20260103T000000Z-cccccccc", set_score(0.55, "2026-01-03T00:00:00+00:00", 20))
     (subs / "not-a-run").mkdir()  # folders without a manifest are not runs
 
-    assert main(["runs", "list", "--submissions-dir", str(subs), "--sort", "score"]) == 0
+    assert main(["runs", "list", "--wide", "--submissions-dir", str(subs), "--sort", "score"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].split()[:5] == ["RUN", "CREATED", "KIND", "DATA", "ROOT"]
     assert [line.split()[0] for line in lines[1:4]] == ["20260102T000000Z-bbbbbbbb", "20260101T000000Z-aaaaaaaa",
@@ -102,7 +130,7 @@ def test_submit_a_run_validates_uploads_with_a_default_message_and_records_it(on
     assert entry["message"] == upload[2] and entry["validated_against"] == result.manifest["data_root"]
     assert entry["sha256"] == result.manifest["submission"]["sha256"] and "Successfully" in entry["kaggle_response"]
     capsys.readouterr()
-    assert main(["runs", "list", "--submissions-dir", str(subs), "--submitted"]) == 0
+    assert main(["runs", "list", "--wide", "--submissions-dir", str(subs), "--submitted"]) == 0
     listed = capsys.readouterr().out.splitlines()
     assert listed[1].startswith(result.run_id) and entry["submitted_at"][:10] in listed[1]
 

@@ -75,7 +75,7 @@ def test_the_tests_of_runs_compare_are_the_pure_function_on_per_graph_scores(loo
 
 def test_runs_list_names_notes_differences_reruns_and_seed_counts(loop_runs, capsys):
     made, subs = loop_runs["runs"], str(loop_runs["subs"])
-    assert main(["runs", "list", "--submissions-dir", subs]) == 0
+    assert main(["runs", "list", "--wide", "--submissions-dir", subs]) == 0
     lines = capsys.readouterr().out.splitlines()
     header = lines[0]
     assert "NAME" in header and "DIFFERS FROM BASE" in header and "PUBLIC LB" in header and "NOTE" in header
@@ -84,7 +84,7 @@ def test_runs_list_names_notes_differences_reruns_and_seed_counts(loop_runs, cap
     first = next(line for line in lines if line.startswith(made["a"].run_id))
     assert " a " in first and "first" in first and "+1 rerun(s)" in first and "1 (0)" in first
     assert "models=random,feature +2" in first  # --models, then the smoke settings that differ from base
-    assert main(["runs", "list", "--submissions-dir", subs, "--all"]) == 0
+    assert main(["runs", "list", "--wide", "--submissions-dir", subs, "--all"]) == 0
     rerun = next(line for line in capsys.readouterr().out.splitlines() if line.startswith(made["rerun"].run_id))
     assert f"= {made['a'].run_id}" in rerun
 
@@ -122,7 +122,7 @@ def test_train_and_tune_results_are_listed_as_their_own_kinds(loop_runs, tiny_wo
         "generator": "pipelines.flows.tune", "study_name": "gbdt:tile:xla:x", "model": "gbdt",
         "collection": "tile:xla", "best_value": 0.91, "trials_complete": 3, "created": "2026-01-01T00:00:00+00:00"}))
     capsys.readouterr()
-    assert main(["runs", "list", "--submissions-dir", subs, "--work-dir", str(work)]) == 0
+    assert main(["runs", "list", "--wide", "--submissions-dir", subs, "--work-dir", str(work)]) == 0
     lines = capsys.readouterr().out.splitlines()
     train = [line for line in lines if line.startswith("train-random/")]
     assert len(train) == 1 and " train " in train[0] and "1 (7)" in train[0]  # only the stage no run used
@@ -158,7 +158,7 @@ def test_submissions_sync_files_public_scores_beside_the_cv(loop_runs, fake, tmp
     assert ("list", COMPETITION, 1, 100) in fake.calls
     record = json.loads((subs / made["feature"].run_id / runs.LEADERBOARD_RECORD).read_text())
     assert record["submissions"][0]["public_score"] == 0.4321 and record["submissions"][0]["status"] == "complete"
-    assert main(["runs", "list", "--submissions-dir", str(subs)]) == 0
+    assert main(["runs", "list", "--wide", "--submissions-dir", str(subs)]) == 0
     lines = capsys.readouterr().out.splitlines()
     feature = next(line for line in lines if line.startswith(made["feature"].run_id))
     cv = f"{made['feature'].manifest['combined_oof']['ensemble']['value']:.4f}"

@@ -33,6 +33,9 @@ def add(sub: argparse._SubParsersAction) -> None:
     listing.add_argument("--all", action="store_true",
                          help="a row per run folder (default: one per distinct result; a cached rerun is counted "
                               "in SAME)")
+    listing.add_argument("--wide", action="store_true",
+                         help="every column (data root, seeds, folds, wall time, submitted, config difference from "
+                              "base, note); default: the columns that fit in 100 characters")
     listing.add_argument("--work-dir", type=Path, default=None,
                          help="also list the train stages no run used and the tune studies of this work dir")
     listing.set_defaults(handler=list_runs)
@@ -72,7 +75,7 @@ def list_runs(args: argparse.Namespace) -> int:
     rows = runs.collapse_reruns(rows, keep_all=args.all)
     rows = runs.filter_runs(rows, submitted_only=args.submitted, data_root=args.data_root)
     rows = runs.sort_runs(rows, args.sort, args.reverse)
-    print(runs.format_runs(rows[:args.limit] if args.limit else rows))
+    print(runs.format_runs(rows[:args.limit] if args.limit else rows, wide=args.wide))
     return 0
 
 

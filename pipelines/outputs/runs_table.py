@@ -37,6 +37,7 @@ COLLECTION_LABELS = {
     "layout:nlp:random": "nlp:rnd",
 }
 SORT_KEYS = ("date", "score", "lb", "wall", "id")
+COMPACT_WIDTH = 100  # the default `runs list` fits a terminal this wide; --wide shows every column
 
 
 # ----------------------------------------------------------------------------- pure parts
@@ -218,10 +219,50 @@ def _submitted(row: dict[str, Any]) -> str:
         if len(row["submitted"]) > 1 else (last.get("submitted_at") or "yes")[:16].replace("T", " ")
 
 
-def format_runs(rows: list[dict[str, Any]]) -> str:
-    """The leaderboard as a text table: one line per run."""
+def _compact_columns(rows: list[dict[str, Any]], width: int) -> tuple[list[tuple[str, list[str], bool]], list[str]]:
+    """The columns of the compact table, ``(header, cells, numeric)`` in display order, and the headers of
+    optional columns left out because they did not fit in ``width``. The run-id and the scores always show;
+    then, while they fit and in this order of priority: KIND (when a row is not a plain run), PUBLIC LB
+    (when a run has one), NAME (when a run has one) and MODELS; a name or models cell longer than the room
+    left is cut (``~``), to no fewer than 4 characters."""
+    scores = [(label, [_cell(r["collections"].get(c)) for r in rows], True) for c, label in COLLECTION_LABELS.items()]
+    combined = [_cell(r["combined"]) + ("" if r["complete"] or r["combined"] is None else "*") for r in rows]
+    fixed = [("RUN", [r["run_id"] for r in rows], False), *scores, ("COMBINED", combined, True)]
+    optional = []  # (header, cells, numeric, may be cut)
+    if any(r["kind"] != "run" for r in rows):
+        optional.append(("KIND", [r["kind"] for r in rows], False, False))
+    if any(r.get("public_lb_cell", "-") != "-" for r in rows):
+        optional.append(("PUBLIC LB", [r.get("public_lb_cell", "-") for r in rows], True, False))
+    if any(r.get("name") for r in rows):
+        optional.append(("NAME", [r.get("name") or "-" for r in rows], False, True))
+    optional.append(("MODELS", [",".join(r["models"]) or "-" for r in rows], False, True))
+
+    def span(header: str, cells: list[str]) -> int:
+        return max(len(header), *(len(c) for c in cells))
+
+    used = sum(span(h, cells) for h, cells, _ in fixed) + 2 * (len(fixed) - 1)
+    shown, left_out = {h: (h, cells, numeric) for h, cells, numeric in fixed}, []
+    for header, cells, numeric, cut in optional:
+        room = width - used - 2  # two spaces before the column
+        if cut and max(4, len(header)) <= room < span(header, cells):
+            cells = [c if len(c) <= room else c[:room - 1] + "~" for c in cells]
+        if span(header, cells) > room:
+            left_out.append(header)
+            continue
+        shown[header] = (header, cells, numeric)
+        used += span(header, cells) + 2
+    order = ["RUN", "KIND", "MODELS", *COLLECTION_LABELS.values(), "COMBINED", "PUBLIC LB", "NAME"]
+    return [shown[h] for h in order if h in shown], left_out
+
+
+def format_runs(rows: list[dict[str, Any]], wide: bool = False, width: int = COMPACT_WIDTH) -> str:
+    """The leaderboard as a text table: one line per run. By default the columns that fit in ``width``
+    (:func:`_compact_columns`); ``wide``: every column (data root, seeds, folds, wall time, submitted,
+    the config's difference from base, the note)."""
     if not rows:
         return "no runs"
+    if not wide:
+        return _format_compact(rows, width)
     header = ["RUN", "CREATED", "KIND", "DATA ROOT", "MODELS", *COLLECTION_LABELS.values(), "COMBINED", "PUBLIC LB",
               "SEEDS", "FOLDS", "WALL", "SUBMITTED", "NAME", "DIFFERS FROM BASE", "SAME", "NOTE"]
     table = [header]
@@ -253,6 +294,26 @@ def format_runs(rows: list[dict[str, Any]]) -> str:
     if any(r.get("public_lb") is not None or r.get("public_lb_cell") == "pending" for r in rows):
         notes.append("PUBLIC LB: Kaggle's public score of the latest scored upload (submissions sync)")
     return "\n".join(lines + notes)
+
+
+def _format_compact(rows: list[dict[str, Any]], width: int) -> str:
+    import textwrap
+
+    columns, left_out = _compact_columns(rows, width)
+    widths = [max(len(header), *(len(c) for c in cells)) for header, cells, _ in columns]
+    table = [[header for header, _, _ in columns], *([cells[i] for _, cells, _ in columns] for i in range(len(rows)))]
+    lines = ["  ".join(cell.rjust(w) if numeric else cell.ljust(w)
+                       for cell, w, (_, _, numeric) in zip(line, widths, columns)).rstrip() for line in table]
+    notes = ["scores: ensemble out-of-fold CV (tile: top-5 slowdown, layout: Kendall tau); COMBINED: their mean"]
+    if any(not r["complete"] and r["combined"] is not None for r in rows):
+        notes.append("*: not all five collections, the mean of those present")
+    if any(r["kind"] == "predict" for r in rows):
+        notes.append("predict runs show the CV of the run whose models they used")
+    if any(r.get("reruns") for r in rows):
+        notes.append(f"{sum(len(r['reruns']) for r in rows)} cached rerun(s) of these results not listed (--all)")
+    hidden = [*left_out, "DATA ROOT", "SEEDS", "FOLDS", "WALL", "SUBMITTED", "DIFFERS FROM BASE", "NOTE"]
+    notes.append(f"--wide adds {', '.join(hidden)}")
+    return "\n".join(lines + [line for note in notes for line in textwrap.wrap(note, width)])
 
 
 def _model_scores(manifest: Mapping[str, Any]) -> dict[tuple[str, str], dict[str, float | None]]:
