@@ -42,6 +42,7 @@ def add(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     import logging
 
+    from pipelines.config.registry import device_models
     from pipelines.config.settings import load_config
     from pipelines.flows.run import checked_models, gpu_sized_on_cpu, machine_config, parse_models, run_pipeline
     from pipelines.models.gnn.device import cuda_summary
@@ -52,8 +53,8 @@ def run(args: argparse.Namespace) -> int:
     config = load_config(name, args.overrides)
     labels = {k: v for k, v in (("name", args.name), ("note", args.note)) if v}
     models = checked_models(config, parse_models(args.models))
-    if args.config is not None and any(m.partition(":")[0] == "gnn" for m in models):
-        gpu = cuda_summary()  # torch only where the GNN trains
+    if args.config is not None and device_models(models):
+        gpu = cuda_summary()  # torch only where a model trains on a device
     if gpu_sized_on_cpu(config, models, gpu):
         log.warning(f"warning: config {name}'s GNN schedule is base's, sized for a GPU, and torch sees none: the GNN "
                     "trains on the CPU (hours at real scale); --config cpu is the CPU's schedule")
