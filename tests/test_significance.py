@@ -77,7 +77,7 @@ def test_a_lower_level_widens_the_interval_and_needs_more_graphs():
     usual, strict = paired_difference(a, b), paired_difference(a, b, alpha=0.005)
     assert strict.low < usual.low and strict.high > usual.high and strict.p_value == usual.p_value
     few = paired_difference(a[:8], b[:8], alpha=0.005)  # 2/2^8 = 0.0078: no sign vector rare enough
-    assert "too few pairs to detect any at level 0.005" in few.verdict
+    assert "too few pairs to detect any at 0.50%" in few.verdict
 
 
 def test_too_few_graphs_say_so_and_nan_pairs_are_left_out():

@@ -341,19 +341,61 @@ def config_difference(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[tuple[
     return diff
 
 
-def compare_runs(a_id: str, a: Mapping[str, Any], b_id: str, b: Mapping[str, Any]) -> str:
-    """Side by side: CV score per collection and model (A, B, B - A), combined, then the config diff."""
+def _model_sections() -> set[str]:
+    from pipelines.config.registry import model_sections  # the config layer: dataclasses only, no torch
+
+    return {name for name, _ in model_sections()}
+
+
+def used_settings_difference(a: Mapping[str, Any], b: Mapping[str, Any]) -> tuple[list[tuple[str, Any, Any]], list[str]]:
+    """The config difference of two run manifests over the settings both runs used: a model's section
+    (``gnn.*``) counts only when both trained that model (when one did, ``models`` differ already).
+    Returns the differences (``data_root`` and ``models`` first when they differ) and, per model section
+    left out, a line saying how many of its settings differ and why they are not listed."""
+    diff = config_difference(a.get("config") or {}, b.get("config") or {})
+    trained_a = {str(m).split(":", 1)[0] for m in a.get("models") or []}
+    trained_b = {str(m).split(":", 1)[0] for m in b.get("models") or []}
+    sections, kept, left_out = _model_sections(), [], {}
+    for key, va, vb in diff:
+        section = key.split(".", 1)[0]
+        if section in sections and not (section in trained_a and section in trained_b):
+            left_out[section] = left_out.get(section, 0) + 1
+        else:
+            kept.append((key, va, vb))
+    if a.get("models") != b.get("models"):
+        kept.insert(0, ("models", a.get("models"), b.get("models")))
+    if a.get("data_root") != b.get("data_root"):
+        kept.insert(0, ("data_root", a.get("data_root"), b.get("data_root")))
+    notes = []
+    for section, count in left_out.items():
+        who = ("neither run trains" if section not in trained_a | trained_b
+               else f"only {'A' if section in trained_a else 'B'} trains")
+        notes.append(f"{count} {section}.* setting(s) differ but are not listed: {who} {section}")
+    return kept, notes
+
+
+def compare_runs(a_id: str, a: Mapping[str, Any], b_id: str, b: Mapping[str, Any], *,
+                 differences: bool = True, notes: Iterable[str] = ()) -> str:
+    """Side by side: CV score per collection and model (A, B and, with ``differences``, B - A: left out
+    when the paired tests follow, which carry the one figure per difference), combined, then the
+    difference of the settings both runs used (:func:`used_settings_difference`). ``notes``: lines
+    after the header (a predict run compared by its source run)."""
     sa, sb = _model_scores(a), _model_scores(b)
     collections = list(dict.fromkeys([c for c, _ in sa] + [c for c, _ in sb]))
     lines = [f"A = {a_id} ({a.get('kind', 'run')}, {a.get('created', '?')}, data root {a.get('data_root')})",
-             f"B = {b_id} ({b.get('kind', 'run')}, {b.get('created', '?')}, data root {b.get('data_root')})", ""]
-    header = f"{'collection':<20} {'model':<28} {'A mean +- std':>18} {'B mean +- std':>18} {'B - A':>8}"
-    lines.append(header)
+             f"B = {b_id} ({b.get('kind', 'run')}, {b.get('created', '?')}, data root {b.get('data_root')})",
+             *notes, ""]
+    header = f"{'collection':<20} {'model':<28} {'A mean +- std':>18} {'B mean +- std':>18}"
+    lines.append(header + (f" {'B - A':>8}" if differences else ""))
 
     def both(value: dict | None) -> str:
         if not value or value["cv"] is None:
             return "-"
         return f"{value['cv']:.4f}" + (f" +- {value['std']:.4f}" if value["std"] is not None else "")
+
+    def line(cname: str, model: str, va: str, vb: str, delta: float | None) -> str:
+        text = f"{cname:<20} {model:<28} {va:>18} {vb:>18}"
+        return text + (f" {'-' if delta is None else f'{delta:+.4f}':>8}" if differences else "")
 
     for cname in collections:
         models = list(dict.fromkeys([m for c, m in sa if c == cname and m != "ensemble"]
@@ -361,31 +403,48 @@ def compare_runs(a_id: str, a: Mapping[str, Any], b_id: str, b: Mapping[str, Any
         for model in models:
             va, vb = sa.get((cname, model)), sb.get((cname, model))
             delta = (vb["cv"] - va["cv"]) if va and vb and va["cv"] is not None and vb["cv"] is not None else None
-            lines.append(f"{cname:<20} {model:<28} {both(va):>18} {both(vb):>18} "
-                         f"{'-' if delta is None else f'{delta:+.4f}':>8}")
+            lines.append(line(cname, model, both(va), both(vb), delta))
     ca, cb = (a.get("combined_oof") or {}), (b.get("combined_oof") or {})
     for model in dict.fromkeys([*ca, *cb]):
         va, vb = _number((ca.get(model) or {}).get("value")), _number((cb.get(model) or {}).get("value"))
         delta = vb - va if va is not None and vb is not None else None
-        lines.append(f"{'combined':<20} {model:<28} {_cell(va):>18} {_cell(vb):>18} "
-                     f"{'-' if delta is None else f'{delta:+.4f}':>8}")
+        lines.append(line("combined", model, _cell(va), _cell(vb), delta))
+    if not differences:
+        lines.append("(B - A, with its interval: the paired tests below)")
     lines.append("")
-    diff = config_difference(a.get("config") or {}, b.get("config") or {})
-    if a.get("models") != b.get("models"):
-        diff.insert(0, ("models", a.get("models"), b.get("models")))
-    if a.get("data_root") != b.get("data_root"):
-        diff.insert(0, ("data_root", a.get("data_root"), b.get("data_root")))
+    diff, left_out = used_settings_difference(a, b)
     if not diff:
-        lines.append("config: identical")
+        lines.append("config: identical" + (" in the settings both runs used" if left_out else ""))
     else:
         lines.append(f"config differences ({len(diff)}):")
         width = max(len(k) for k, _, _ in diff)
         for key, va, vb in diff:
             lines.append(f"  {key:<{width}}  A {json.dumps(va, default=str)}  B {json.dumps(vb, default=str)}")
+    lines += [f"  ({note})" for note in left_out]
     return "\n".join(lines)
 
 
 # ----------------------------------------------------------------------------- I/O shell
+
+
+def compared_run(submissions_dir: Path | str, run_id: str, manifest: Mapping[str, Any]) -> tuple[str, Mapping[str, Any], str]:
+    """The run whose scores stand for ``run_id`` in ``runs compare``, its manifest, and a note (or ""): a
+    predict run ranked new graphs with another run's fold models and has no out-of-fold predictions of
+    its own, so it is compared by that source run."""
+    from pipelines.outputs.run_folders import read_run_manifest
+
+    if manifest.get("kind") != "predict":
+        return run_id, manifest, ""
+    source = manifest.get("source_run")
+    if not source:
+        raise PipelineError(f"run {run_id} is a predict run that names no source run: it has no scores to compare")
+    try:
+        source_manifest = read_run_manifest(submissions_dir, source)
+    except PipelineError as exc:
+        raise PipelineError(f"run {run_id} is a predict run of {source}, whose scores it would be compared by: "
+                            f"{exc}") from None
+    return source, source_manifest, (f"{run_id} is a predict run (it ranked {manifest.get('data_root')} with the "
+                                     f"fold models of {source}): compared by {source}'s scores")
 
 
 def read_manifest(run_dir: Path) -> dict[str, Any] | None:

@@ -66,7 +66,7 @@ class Difference:
 
 def _verdict(low: float, high: float, rejectable: bool, p_value: float, alpha: float = ALPHA) -> str:
     if not rejectable:
-        return f"{NO_DIFFERENCE} (too few pairs to detect any" + (")" if alpha == ALPHA else f" at level {alpha:.2g})")
+        return f"{NO_DIFFERENCE} (too few pairs to detect any" + (")" if alpha == ALPHA else f" at {alpha:.2%})")
     if p_value < alpha and low > 0:
         return B_BETTER
     if p_value < alpha and high < 0:
