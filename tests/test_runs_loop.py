@@ -5,6 +5,7 @@ refusal, ``evaluate``'s intervals and the MLflow round trip (a real local store)
 from __future__ import annotations
 
 import enum
+import os
 import json
 import shutil
 import types
@@ -245,3 +246,49 @@ def test_run_flags_name_note_and_track_reach_the_manifest_and_the_store(loop_run
     got = MlflowClient(tracking_uri=uri).get_run(record["mlflow_run_id"])
     assert got.info.run_name == "by-cli" and got.data.tags["mlflow.note.content"] == "from the command line"
     assert "report.html" in {a.path for a in MlflowClient(tracking_uri=uri).list_artifacts(record["mlflow_run_id"])}
+
+
+@pytest.mark.slow
+def test_the_documented_mlflow_ui_command_shows_a_tracked_run(loop_runs, tmp_path, monkeypatch, capsys):
+    """Issue 79: `runs track` wrote the store but `mlflow ui` failed (only mlflow-skinny was installed)
+    and no page said how to open it. The command of the daily-loop guide, run from a folder as the
+    repository root, serves the run `runs track` logged (the UI's own API answers with it)."""
+    pytest.importorskip("flask")  # the UI's: the full mlflow package of the track extra
+    import re
+    import shlex
+    import signal
+    import socket
+    import subprocess
+    import sys
+    import time
+    import urllib.request
+
+    guide = (Path(__file__).resolve().parents[1] / "docs" / "guide" / "daily-loop.md").read_text(encoding="utf-8")
+    (command,) = re.findall(r"^mlflow ui .*$", guide, re.M)
+    run_id = loop_runs["runs"]["a"].run_id
+    shutil.copytree(loop_runs["subs"] / run_id, tmp_path / "submissions" / run_id)
+    monkeypatch.chdir(tmp_path)
+    assert main(["runs", "track", run_id]) == 0  # into the default store, submissions/mlflow.db
+    capsys.readouterr()
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    mlflow = Path(sys.executable).with_name("mlflow")
+    server = subprocess.Popen([str(mlflow), *shlex.split(command)[1:], "--port", str(port)], cwd=tmp_path,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        found, deadline = "", time.monotonic() + 120
+        while run_id not in found and time.monotonic() < deadline and server.poll() is None:
+            time.sleep(1)
+            request = urllib.request.Request(f"http://127.0.0.1:{port}/api/2.0/mlflow/runs/search", method="POST",
+                                             data=json.dumps({"experiment_ids": ["1"]}).encode(),
+                                             headers={"Content-Type": "application/json"})
+            try:
+                with urllib.request.urlopen(request, timeout=5) as answer:
+                    found = answer.read().decode()
+            except OSError:
+                continue
+        assert run_id in found, f"mlflow ui did not serve the run: exit {server.poll()}"
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)  # the server and its workers, which it started
+        server.wait(timeout=30)
