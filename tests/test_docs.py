@@ -120,3 +120,34 @@ def test_no_dates_in_configs_or_docstrings() -> None:
                 if doc and DATE.search(doc):
                     dated.append(f"{path.relative_to(ROOT)}:{getattr(node, 'lineno', 1)}")
     assert not dated, f"dates in {dated}: they belong in docs/decisions.md"
+
+
+def test_code_blocks_of_the_home_page_and_the_command_reference_fit_the_text_column(site: Path) -> None:
+    """Issue 79: the pipeline diagram of the home page was clipped (a 100-column block in a text column
+    that shows about 75 at 1280 pixels); the command reference's usage, example and exit-code blocks
+    are wrapped to the same width (checked by eye in a headless browser's screenshot too)."""
+    import html as html_module
+
+    width = _hook().CODE_WIDTH
+    for page in ("index.html", "reference/commands/index.html"):
+        text = (site / page).read_text(encoding="utf-8")
+        blocks = re.findall(r"<pre[^>]*>(.*?)</pre>", text, re.S)
+        assert blocks, page
+        for block in blocks:
+            for line in html_module.unescape(re.sub(r"<[^>]+>", "", block)).splitlines():
+                assert len(line) <= width, f"{page}: {line!r} is wider than {width} columns"
+
+
+def test_setting_names_in_tables_break_only_after_a_dot_or_underscore(site: Path) -> None:
+    """Issue 79: setting names were broken mid-word (``data.on_ba d_file``): the theme lets code break
+    anywhere; the site's CSS forbids that in tables and the generated cells offer a break after each
+    dot and underscore instead."""
+    hook = _hook()
+    css = (ROOT / "docs" / "stylesheets" / "extra.css").read_text(encoding="utf-8")
+    assert re.search(r"table:not\(\[class\]\) code \{[^}]*word-break: normal", css)
+    assert "stylesheets/extra.css" in (ROOT / "mkdocs.yml").read_text(encoding="utf-8")
+    html = (site / "reference" / "configuration" / "index.html").read_text(encoding="utf-8")
+    assert hook.breakable_code("data.on_bad_file") == "<code>data.<wbr>on_<wbr>bad_<wbr>file</code>"
+    for section, key, _, _ in hook.config_settings():
+        assert hook.breakable_code(f"{section}.{key}") in html, f"{section}.{key}"
+    assert hook.wrapped_command("x --a b  # or: y") == "# or: y\nx --a b"
