@@ -103,6 +103,19 @@ def test_unique_prefixes_and_ambiguous_ones(loop_runs, capsys):
     assert "names 5 runs" in capsys.readouterr().err
 
 
+def test_a_mistyped_run_name_or_id_gets_the_closest_runs_suggested(loop_runs, capsys):
+    """Issue 79: config keys, commands and flags got a "did you mean"; run names and ids did not."""
+    made, subs = loop_runs["runs"], str(loop_runs["subs"])
+    seed1 = made["seed1"].run_id
+    assert main(["runs", "compare", "a", "sead1", "--submissions-dir", subs, "--no-test"]) == 1
+    assert f"did you mean {seed1} (name 'seed1')?" in capsys.readouterr().err
+    typo = seed1[:-1] + ("0" if seed1[-1] != "0" else "1")  # the last hex digit mistyped: no prefix matches
+    assert main(["runs", "rm", typo, "--yes", "--submissions-dir", subs]) == 1
+    assert f"did you mean {seed1}" in capsys.readouterr().err and (loop_runs["subs"] / seed1).is_dir()
+    assert main(["report", "nothing-like-it", "--submissions-dir", subs]) == 1
+    assert "did you mean" not in capsys.readouterr().err
+
+
 def test_runs_rm_asks_and_keeps_submitted_runs(loop_runs, tmp_path, capsys):
     made = loop_runs["runs"]
     subs = tmp_path / "subs"
