@@ -59,6 +59,7 @@ def test_the_strict_build_fails_on_a_warning(tmp_path: Path) -> None:
     assert done.returncode != 0 and "missing.md" in done.stdout + done.stderr
 
 
+@pytest.mark.slow
 def test_results_files_link_the_site_pages(site: Path) -> None:
     """A results file links a page as the repository holds it (../../docs/PAGE.md); on the site the
     link reaches that page."""
@@ -72,12 +73,14 @@ def test_results_files_link_the_site_pages(site: Path) -> None:
             assert (page / "index.html").is_file() or page.is_file(), f"{path.name}: {target} is not on the site"
 
 
+@pytest.mark.slow
 def test_site_builds_strict(site: Path) -> None:
     for page in ("index.html", "reference/commands/index.html", "reference/configuration/index.html",
                  "decisions/index.html", "architecture/index.html"):
         assert (site / page).is_file(), page
 
 
+@pytest.mark.slow
 def test_command_reference_lists_every_command(site: Path) -> None:
     import argparse
 
@@ -88,6 +91,7 @@ def test_command_reference_lists_every_command(site: Path) -> None:
         assert f'id="{name}"' in html, name
 
 
+@pytest.mark.slow
 def test_configuration_reference_lists_every_setting(site: Path) -> None:
     html = (site / "reference" / "configuration" / "index.html").read_text(encoding="utf-8")
     settings = _hook().config_settings()
@@ -122,6 +126,7 @@ def test_no_dates_in_configs_or_docstrings() -> None:
     assert not dated, f"dates in {dated}: they belong in docs/decisions.md"
 
 
+@pytest.mark.slow
 def test_code_blocks_of_the_home_page_and_the_command_reference_fit_the_text_column(site: Path) -> None:
     """Issue 79: the pipeline diagram of the home page was clipped (a 100-column block in a text column
     that shows about 75 at 1280 pixels); the command reference's usage, example and exit-code blocks
@@ -138,6 +143,7 @@ def test_code_blocks_of_the_home_page_and_the_command_reference_fit_the_text_col
                 assert len(line) <= width, f"{page}: {line!r} is wider than {width} columns"
 
 
+@pytest.mark.slow
 def test_setting_names_in_tables_break_only_after_a_dot_or_underscore(site: Path) -> None:
     """Issue 79: setting names were broken mid-word (``data.on_ba d_file``): the theme lets code break
     anywhere; the site's CSS forbids that in tables and the generated cells offer a break after each

@@ -261,6 +261,7 @@ def test_a_read_only_work_dir_is_a_clear_error_and_nothing_is_written(tiny_world
     assert not work.exists()
 
 
+@pytest.mark.slow
 def test_a_full_submissions_disk_is_a_clear_error_and_leaves_no_run_folder(tiny_world, tmp_path, monkeypatch,
                                                                             capsys):
     import pipelines.data.submission as submission
@@ -420,6 +421,7 @@ def uninterrupted(tiny_world: Path, tmp_path_factory: pytest.TempPathFactory) ->
     return submission_csv(base / "submissions")
 
 
+@pytest.mark.slow
 def test_a_run_killed_in_each_stage_and_restarted_gives_the_same_submission(tiny_world, tmp_path, uninterrupted):
     work, submissions = tmp_path / "work", tmp_path / "submissions"
     args = run_args(tiny_world, work, submissions)
@@ -442,6 +444,7 @@ def test_a_run_killed_in_each_stage_and_restarted_gives_the_same_submission(tiny
     assert all(r["state"] == "complete" for r in list_stages(work))
 
 
+@pytest.mark.slow
 def test_sigterm_stops_a_run_as_ctrl_c_does_and_discards_the_running_stage(tiny_world, tmp_path):
     work, submissions = tmp_path / "work", tmp_path / "submissions"
     process, folder = _paused_in("train-gbdt", "start", run_args(tiny_world, work, submissions), tmp_path / "marker")
@@ -553,6 +556,7 @@ def test_a_fold_job_finishing_while_a_concurrent_run_removes_the_partial_folder_
     assert load_fold_result(being_removed).model_files == {"model.txt": b"weights"}
 
 
+@pytest.mark.slow
 def test_two_concurrent_runs_on_one_work_dir_both_finish_with_identical_outputs(tiny_world, tmp_path, uninterrupted):
     work = tmp_path / "work"
     processes = [subprocess.Popen([sys.executable, "-m", "pipelines",
@@ -571,6 +575,7 @@ def test_two_concurrent_runs_on_one_work_dir_both_finish_with_identical_outputs(
     assert (work / "prune").is_dir() and all((p / GRAPHS_TABLE).is_file() for p in (work / "prune").iterdir())
 
 
+@pytest.mark.slow
 def test_two_runs_started_together_on_one_work_dir_succeed_with_the_same_bytes_every_time(tiny_world, tmp_path):
     """Issue 71, class 6: of 6 trials of two runs on one work dir started 1 s apart, one failed (a
     checkpoint's temporary file moved by the other). Three trials, a fresh work dir each, the second

@@ -268,6 +268,7 @@ def test_a_hand_edited_run_manifest_is_named_and_left_out_of_runs_list(one_run, 
     assert f"warning: {bad / 'manifest.json'}: not a valid run manifest" in caplog.text
 
 
+@pytest.mark.slow
 def test_a_hand_edited_run_manifest_is_refused_by_name_and_breaks_no_other_run(one_run, tiny_world, tmp_path, capsys):
     result, base = one_run
     subs = tmp_path / "subs"

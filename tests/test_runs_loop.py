@@ -21,6 +21,8 @@ from pipelines.outputs import runs_table as runs
 from pipelines.outputs.kaggle_io import COMPETITION
 from tests.test_kaggle_io import fake, no_credentials  # noqa: F401  (fixtures: a fake kaggle package)
 
+pytestmark = pytest.mark.slow  # end-to-end: left out of make test-quick
+
 
 @pytest.fixture(scope="module")
 def loop_runs(tiny_world: Path, tmp_path_factory: pytest.TempPathFactory) -> dict:
@@ -261,7 +263,6 @@ def test_run_flags_name_note_and_track_reach_the_manifest_and_the_store(loop_run
     assert "report.html" in {a.path for a in MlflowClient(tracking_uri=uri).list_artifacts(record["mlflow_run_id"])}
 
 
-@pytest.mark.slow
 def test_the_documented_mlflow_ui_command_shows_a_tracked_run(loop_runs, tmp_path, monkeypatch, capsys):
     """Issue 79: `runs track` wrote the store but `mlflow ui` failed (only mlflow-skinny was installed)
     and no page said how to open it. The command of the daily-loop guide, run from a folder as the

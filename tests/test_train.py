@@ -230,6 +230,7 @@ def test_stage_is_cached_and_keyed_by_model_settings(tmp_path: Path, caplog):
     assert train_model(changed, prepared, model="gbdt", work_dir=tmp_path).key != first.key
 
 
+@pytest.mark.slow
 def test_models_beat_random_and_parallel_jobs_match_serial(tmp_path: Path):
     prepared = memory_prepared(TILE_XLA, holdout=0)
     silent = dict(work_dir=tmp_path)
