@@ -162,7 +162,7 @@ def predict_run(run_id: str, data_root: Path | str, *, submissions_dir: Path | s
     can score."""
     from pipelines.config.settings import PipelineConfig, config_from_dict
     from pipelines.training.ensemble import blend, prepare_model_scores
-    from pipelines.flows.run import default_command, submission_rows
+    from pipelines.flows.run import anchored_rows, default_anchor, default_command
     from pipelines.outputs.run_folders import publish_submission
 
     started = time.perf_counter()
@@ -181,6 +181,7 @@ def predict_run(run_id: str, data_root: Path | str, *, submissions_dir: Path | s
     collections = list(source.get("collections") or source["stages"])
     rows: dict[str, list[int]] = {}
     stages: dict[str, Any] = {}
+    defaults = DataRoot(data_root).defaults()  # each graph's compiler default, where the root names it
     prepared_by_config: dict[tuple[str, str], Any] = {}
     for step, cname in enumerate(collections, start=1):
         collection = parse_collection(cname)
@@ -213,8 +214,9 @@ def predict_run(run_id: str, data_root: Path | str, *, submissions_dir: Path | s
             prepare_keys = prepared.stage_keys
             frames.append(predict_test(output, prepared, num_threads=num_threads)
                           .with_columns(pl.lit(model).alias("model")))
-        test = prepare_model_scores(pl.concat(frames), method)
-        rows.update(submission_rows(blend(test, weights)))
+        per_fold = pl.concat(frames)
+        rows.update(anchored_rows(collection, blend(prepare_model_scores(per_fold, method), weights), lambda: per_fold,
+                                  weights, defaults.get(cname, {}), default_anchor(source.get("config"))))
         # the ensemble stage whose weights were applied (the report reads its weight curve)
         stages[cname] = {"prepare": prepare_keys, "train": refs, "ensemble": source["stages"][cname].get("ensemble")}
     manifest = {

@@ -660,12 +660,42 @@ def log_epoch_caps(outputs: Sequence[StageOutput]) -> None:
         logger.log(level, message)
 
 
+def anchored_rows(collection: Collection, blended: pl.DataFrame, model_test: Callable[[], pl.DataFrame],
+                  weights: Mapping[str, float], defaults: Mapping[str, int], anchor: bool) -> dict[str, list[int]]:
+    """One collection's submission rows from its blended test scores, with the tile anchor
+    (:mod:`pipelines.training.anchor`) where ``anchor`` is on and the graphs' defaults are known;
+    ``model_test()``: the blended models' per-fold test predictions, read only then."""
+    rows = submission_rows(blended)
+    if not (anchor and collection.is_tile and defaults):
+        return rows
+    from pipelines.training.anchor import anchor_rows, default_votes
+
+    voters = [name for name, weight in weights.items() if weight > 0]
+    votes = default_votes(model_test().filter(pl.col("model").is_in(voters)), defaults)
+    return anchor_rows(rows, collection, defaults, votes)
+
+
+def default_anchor(config: Mapping[str, Any] | None) -> bool:
+    """``ensemble.default_anchor`` of a resolved config as a run manifest records it (off where absent)."""
+    return bool(((config or {}).get("ensemble") or {}).get("default_anchor", False))
+
+
+def _trained_test(item: CollectionRun) -> pl.DataFrame:
+    """The test predictions of every model of one collection's run, one row per fold model and config."""
+    from pipelines.training.fit import load_predictions
+
+    return pl.concat([load_predictions(out).filter(pl.col("split") == "test").with_columns(pl.lit(name).alias("model"))
+                      for name, out in item.trained.items()])
+
+
 def _finish(runs: Sequence[CollectionRun], *, kind: str, config: Any, data_root: Path, work_dir: Path,
             submissions_dir: Path, command: str | None, started: float, computed: list[str],
             extra: dict[str, Any] | None = None) -> RunResult:
     rows: dict[str, list[int]] = {}
+    defaults = DataRoot(data_root).defaults()
     for item in runs:
-        rows.update(submission_rows(load_blended_test(item.ensemble)))
+        rows.update(anchored_rows(item.collection, load_blended_test(item.ensemble), lambda item=item: _trained_test(item),
+                                  item.weights, defaults.get(item.collection.name, {}), default_anchor(config)))
     table = scores_table(runs)
     manifest = _manifest(kind=kind, config=config, data_root=data_root, work_dir=work_dir, runs=runs, table=table,
                          command=command, wall_s=time.perf_counter() - started,

@@ -97,6 +97,7 @@ PARTIAL_MARKER = ".synth-incomplete.json"
 LABELS_DIR = "labels"  # the hidden-label sidecar, a sibling of npz_all/
 LABELS_MARKER = "labels.json"
 LABELS_VERSION = 1
+RECORDS_GENERATOR = "pipelines.records"  # the label record of a data root `records` wrote (real measurements)
 
 
 # ----------------------------------------------------------------------------- scales
@@ -561,6 +562,15 @@ def _marker_problem(marker: object) -> str | None:
 
     if not isinstance(marker, dict):
         return f"expected a JSON object, got {type(marker).__name__}"
+    if marker.get("generator") == RECORDS_GENERATOR:  # measured labels of tuning records (pipelines.flows.records)
+        names = marker.get("collections")
+        if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+            return f"collections {names!r} is not a list of collection names"
+        try:
+            parse_collections(names) if names else None
+        except ConfigError as exc:
+            return f"collections: {exc}"
+        return None
     if marker.get("scale") not in SCALES:
         return f"scale {marker.get('scale')!r} is not one of {', '.join(SCALES)}"
     if not whole(marker.get("seed"), 0, 2**32):
@@ -641,6 +651,8 @@ def program_families(root: Path | str) -> dict[tuple[str, str], Family]:
     marker = read_labels_marker(root)
     if marker is None:
         raise FormatError(Path(root) / LABELS_DIR / LABELS_MARKER, "no label record: not a synthetic world")
+    if marker.get("generator") == RECORDS_GENERATOR:
+        return {}  # a data root of tuning records: its programs are no synthetic family
     chosen = parse_collections(marker["collections"])
     specs = world_specs(SCALES[marker["scale"]], int(marker["seed"]), chosen, marker.get("limit"),
                         _recurrent(marker.get("family", REFERENCE), marker.get("recurrent")))
