@@ -9,7 +9,7 @@ would get, in a scratch folder (its relative paths land there), in one of three 
 * **on the tiny world** (``ON_TINY``): examples that generate a larger world run with the same
   arguments at ``--scale tiny`` (a ``small`` world takes minutes to generate).
 * **parse + first validation** (``FIRST_CHECK``): examples that need Kaggle (credentials, the network),
-  a user's own HLO dumps, or hours of training, run in an empty folder without Kaggle credentials: they
+  a user's own HLO dumps or tuning records, or hours of training, run in an empty folder without Kaggle credentials: they
   must parse, then stop at their first check with exit 1 and one error line naming what is missing,
   no traceback.
 
@@ -74,6 +74,8 @@ FIRST_CHECK = {  # example -> what its error names
         "dumps/module_0001.jit_step.before_optimizations.hlo.pb",
     "rank --run 20261122T120000Z-1a2b3c4d dumps/module_0001.jit_step.before_optimizations.txt --configs 500":
         "dumps/module_0001.jit_step.before_optimizations.txt",
+    "records tuning/op_tuning_data.pb tuning/module_tuning_data_layout.pb --out data/mine":
+        "tuning/op_tuning_data.pb",  # the user's own XLA autotuning records
     "tune --model gbdt --collection layout:xla:random --trials 20 --data-root data/synthetic-small":
         "data/synthetic-small",  # 20 trials of base's GBDT
 }
