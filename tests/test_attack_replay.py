@@ -7,6 +7,8 @@ import pytest
 from benchmarks.attack import Outcome, judge, run_cli
 from pipelines.cli import EXIT_CODES_HELP
 
+pytestmark = pytest.mark.slow  # end-to-end: left out of make test-quick
+
 
 def outcome(rc, stderr="", stdout="", timed_out=False):
     return Outcome(rc, stdout, stderr, 0.1, 10.0, timed_out)

@@ -17,6 +17,8 @@ from pipelines.flows.run import fan_out, run_pipeline, train_models
 from tests.test_prepare import stage_bytes
 from pipelines.training.fit import PREDICTIONS_FILE
 
+pytestmark = pytest.mark.slow  # end-to-end: left out of make test-quick
+
 distributed = pytest.importorskip("distributed")
 
 FAST = ["run.n_jobs=2"]  # on top of the smoke config: two local jobs, as the cluster has two workers

@@ -30,6 +30,7 @@ def run(tiny_world: Path, tmp_path_factory: pytest.TempPathFactory):
     return {"run_id": result.run_id, "subs": base / "subs", "base": base}
 
 
+@pytest.mark.slow
 def test_a_data_root_of_real_programs_runs_through_prepare_and_predict(run, tmp_path):
     root = tmp_path / "programs"
     for name in PROGRAMS:

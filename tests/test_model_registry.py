@@ -110,6 +110,7 @@ def test_cli_choices_and_search_space_come_from_the_registry(toy, capsys):
     assert "invalid choice: 'random'" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_the_toy_keeps_the_contract_and_runs(toy, tiny_world, tmp_path):
     from pipelines.flows.prepare import prepare
     from pipelines.flows.run import run_pipeline

@@ -31,6 +31,7 @@ def _grow(megabytes: int) -> int:
     return os.getpid()
 
 
+@pytest.mark.slow
 def test_a_worker_replaced_for_its_grown_memory_runs_on_without_the_leak_warning() -> None:
     import warnings
 

@@ -23,6 +23,8 @@ from pipelines.reports.report import write_run_report
 from pipelines.flows.run import run_pipeline
 from pipelines.data.submission import validate_submission
 
+pytestmark = pytest.mark.slow  # end-to-end: left out of make test-quick
+
 # On top of the smoke config: a GNN small enough for seconds per fold on one core, trained a few epochs.
 TINY_GNN = ["gnn.epochs=3", "gnn.patience=0", "gnn.hidden=8", "gnn.free_layers=1", "gnn.configs_per_graph=4",
             "gnn.eval_max_configs=16"]

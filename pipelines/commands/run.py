@@ -6,13 +6,13 @@ import argparse
 from pathlib import Path
 
 from pipelines.core import paths
-from pipelines.commands.common import config_options, command_parser, report_new_run
+from pipelines.commands.common import announce_config, config_options, command_parser, report_new_run
 
 
 def add(sub: argparse._SubParsersAction) -> None:
     p = command_parser(sub, "run", "every stage, every model, the ensemble, a validated submission and report.html "
                                    "(cached stages are reused); prints the submission path last",
-                       "run --data-root data/kaggle --config quick --models gbdt,gnn")
+                       "run --data-root data/kaggle --config quick --models gbdt")
     p.add_argument("--data-root", type=Path, required=True, help="any data root in the Kaggle layout")
     p.add_argument("--work-dir", type=Path, default=paths.WORK_DIR)
     config_options(p, config_help="config name (e.g. quick) or TOML file (default: the machine's: gpu, base's "
@@ -48,14 +48,8 @@ def run(args: argparse.Namespace) -> int:
     from pipelines.models.gnn.device import cuda_summary
 
     log = logging.getLogger(__name__)
-    gpu: str | None = None
-    if args.config is None:  # the schedule for this machine; an explicit --config always wins
-        gpu = cuda_summary()
-        name, why = machine_config(gpu)
-        log.info(f"config: {name} (no --config given; {why})")
-    else:
-        name = args.config
-        log.info(f"config: {name} (--config)")
+    gpu = cuda_summary() if args.config is None else None  # the schedule for this machine; --config always wins
+    name = announce_config(args.config, *machine_config(gpu))
     config = load_config(name, args.overrides)
     labels = {k: v for k, v in (("name", args.name), ("note", args.note)) if v}
     if args.name is not None:

@@ -483,8 +483,9 @@ class StageCounter(logging.Filter):
     The ETA sums an estimate per stage not yet finished (``plan``: how many stages of each name the run
     has): the mean time of that stage's outputs computed so far in this run, else of its earlier
     outputs in the work dir (``history``, seconds by stage name); stages of a name with neither are
-    counted apart ("+ N stages not timed yet"), not guessed from others (a data stage takes seconds,
-    a training stage hours). Cached stages count 0 s, so the estimate is refined as stages finish.
+    counted apart, not guessed from others (a data stage takes seconds, a training stage hours): the ETA
+    then reads "at least" the timed part, or "not known yet" while nothing left is timed, and names the
+    stages not timed yet. Cached stages count 0 s, so the estimate is refined as stages finish.
     Stages that run side by side (training stages sharing workers) are summed: an upper bound then."""
 
     _START = re.compile(r"\[([\w.:-]+)\] (computing|cached) [0-9a-f]+$")
@@ -509,6 +510,19 @@ class StageCounter(logging.Filter):
                 total += count * sum(known) / len(known)
         return total, untimed
 
+    def eta_text(self) -> str:
+        """The ETA as the log shows it: a time, a lower bound while some stages are not timed yet, or
+        "not known yet" while none of those left is."""
+        seconds, untimed = self.eta()
+        if not untimed:
+            return f"run ETA ~{format_duration(seconds)}"
+        names = [stage for stage, count in self.left.items()
+                 if count and not (self.seconds.get(stage) or self.history.get(stage))]
+        what = f"{untimed} stage{'s' if untimed != 1 else ''} not timed yet: {', '.join(names)}"
+        if seconds < 1:
+            return f"run ETA not known yet, {what}"
+        return f"run ETA at least {format_duration(seconds)}, {what}"
+
     def _finished(self, stage: str, seconds: float | None) -> None:
         if self.left.get(stage, 0) > 0:
             self.left[stage] -= 1
@@ -526,9 +540,7 @@ class StageCounter(logging.Filter):
         elif done:
             self._finished(done.group(1), float(done.group(2)))
             if any(self.left.values()):
-                seconds, untimed = self.eta()
-                more = f" + {untimed} stage{'s' if untimed != 1 else ''} not timed yet" if untimed else ""
-                record.msg, record.args = f"{message} (run ETA ~{format_duration(seconds)}{more})", ()
+                record.msg, record.args = f"{message} ({self.eta_text()})", ()
         return True
 
     @contextmanager
@@ -628,7 +640,26 @@ def train_and_blend(config: PipelineConfig, data_root: Path | str, *, work_dir: 
                                                    options={"trained": trained[cname]}, force=force)))
             runs.append(CollectionRun(item.collection, item.stage_keys, trained[cname], output,
                                       {name: c.stage_keys for name, c in item.companions.items()}))
+    log_epoch_caps([output for outputs in trained.values() for output in outputs.values()])
     return runs, computed
+
+
+def log_epoch_caps(outputs: Sequence[StageOutput]) -> None:
+    """Say once, for all the training stages of a command, which fold models stopped at their epoch cap
+    and what that means under this config (:func:`pipelines.training.fit.epoch_cap_notes`)."""
+    from pipelines.config.settings import load_config, resolve_for_collection
+    from pipelines.training.fit import epoch_cap_notes
+
+    if not any(output.metrics.get("epoch_cap", {}).get("at_cap") for output in outputs):
+        return
+    base = load_config("base")
+
+    def base_epochs(model: str, collection: str) -> int | None:
+        section = getattr(base, model.partition(":")[0], None)
+        return getattr(resolve_for_collection(section, collection), "epochs", None) if section is not None else None
+
+    for level, message in epoch_cap_notes(outputs, base_epochs):
+        logger.log(level, message)
 
 
 def anchored_rows(collection: Collection, blended: pl.DataFrame, model_test: Callable[[], pl.DataFrame],

@@ -327,6 +327,29 @@ def _json_type(value: Any) -> str:
     return f"{kind} {shown if len(shown) <= 40 else shown[:37] + '...'}"
 
 
+def similar_runs(submissions_dir: Path | str, text: str, limit: int = 3) -> list[str]:
+    """Runs under ``submissions_dir`` that ``text`` (naming none) was probably meant to name: their
+    run-id, 8-hex part or name (``run --name``) close to it, as ``run-id`` or ``run-id (name 'x')``."""
+    import difflib
+
+    by_word: dict[str, str] = {}  # what a user may type -> how the run is shown
+    try:
+        folders = sorted(e.name for e in Path(submissions_dir).iterdir() if e.is_dir() and _RUN_ID.fullmatch(e.name))
+    except OSError:
+        return []
+    for run_id in folders:
+        by_word.setdefault(run_id, run_id)
+        by_word.setdefault(run_id.partition("-")[2], run_id)
+        try:
+            name = json.loads((Path(submissions_dir) / run_id / RUN_MANIFEST).read_text(encoding="utf-8")).get("name")
+        except (OSError, ValueError, AttributeError):
+            continue
+        if isinstance(name, str) and name:
+            by_word.setdefault(name, f"{run_id} (name {name!r})")
+    close = difflib.get_close_matches(text, list(by_word), n=limit, cutoff=0.6)
+    return list(dict.fromkeys(by_word[word] for word in close))
+
+
 def read_run_manifest(submissions_dir: Path | str, run_id: str) -> dict[str, Any]:
     """The manifest of a run (``run_id``: a run-id or what :func:`resolve_run_id` accepts)."""
     run_id = resolve_run_id(submissions_dir, run_id)
@@ -339,7 +362,9 @@ def read_run_manifest(submissions_dir: Path | str, run_id: str) -> dict[str, Any
         if _RUN_ID.fullmatch(run_id) and path.parent.is_dir():
             raise PipelineError(f"{path.parent}: incomplete run folder (no {RUN_MANIFEST}: its publishing was "
                                 "interrupted); it is not a validated run, run the pipeline again") from None
-        raise PipelineError(f"{path}: no such run manifest (is {run_id!r} a run-id under {submissions_dir}?)") from None
+        close = similar_runs(submissions_dir, run_id)
+        raise PipelineError(f"{path}: no such run manifest (is {run_id!r} a run-id under {submissions_dir}?)"
+                            + (f"; did you mean {' or '.join(close)}?" if close else "")) from None
     except (OSError, ValueError) as exc:
         raise FormatError(path, f"unreadable run manifest ({exc})") from None
     problem = run_manifest_problem(manifest)

@@ -24,7 +24,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from pipelines.core.atomic import write_text_atomic
+from pipelines.core.atomic import make_folder, write_text_atomic
 from pipelines.core.errors import ConfigError, FormatError
 from pipelines.core.metric import kendall_tau_b, tile_score, tile_top_k
 from pipelines.models.gnn.batch import GraphBatch, PreparedGraph, collate, gather_configs
@@ -230,7 +230,7 @@ def atomic_torch_save(obj: dict, path: Path) -> None:
 
     buffer = io.BytesIO()
     torch.save(_interned(obj), buffer)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    make_folder(path.parent)  # inside a training stage's fold folder, which a concurrent run may remove
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as handle:
