@@ -8,7 +8,7 @@ import pytest
 import pipelines.models.gnn.device as device
 from pipelines.cli import main
 from pipelines.config.settings import load_config
-from pipelines.flows.run import gpu_sized_on_cpu, machine_config
+from pipelines.flows.schedule import gpu_sized_on_cpu, machine_config
 
 
 def test_the_machine_picks_the_config_and_says_why():

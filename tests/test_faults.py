@@ -478,7 +478,7 @@ if __name__ == "__main__":
 _SLOW_STAGES = """
 import os, sys, time
 from pipelines.core.parallel import terminate_as_interrupt
-from pipelines.flows.run import _train_sharing_workers
+from pipelines.flows.schedule import _train_sharing_workers
 
 def job(folder):
     open(os.path.join(folder, str(os.getpid())), "w").close()

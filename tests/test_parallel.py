@@ -167,7 +167,7 @@ def _fake_stage(task: tuple[str, str, float, int], pool: JobPool) -> list[str]:
 
 
 def test_stages_start_while_the_one_before_runs_its_last_job_and_keep_their_order(tmp_path: Path) -> None:
-    from pipelines.flows.run import _train_sharing_workers
+    from pipelines.flows.schedule import _train_sharing_workers
 
     log = str(tmp_path / "spans.log")
     tasks = [(log, "a", 2.0, 1), (log, "b", 0.2, 3), (log, "c", 0.2, 1)]
@@ -180,7 +180,7 @@ def test_stages_start_while_the_one_before_runs_its_last_job_and_keep_their_orde
 
 
 def test_a_failed_stage_stops_the_others_and_its_error_is_raised(tmp_path: Path) -> None:
-    from pipelines.flows.run import _train_sharing_workers
+    from pipelines.flows.schedule import _train_sharing_workers
 
     log = str(tmp_path / "spans.log")
     started = time.perf_counter()

@@ -19,7 +19,8 @@ from pipelines.config.settings import load_config
 from pipelines.core.errors import ConfigError, FormatError, PipelineError, SubmissionError
 from pipelines.core.predictions import prediction_frame, read_predictions
 from pipelines.flows.run import (ensemble_runs, indexed_stage_count, resolve_models, run_pipeline, stage_index,
-                           stages_wall_time, submission_rows, train_and_blend)
+                                 stages_wall_time, train_and_blend)
+from pipelines.flows.scores import submission_rows
 from pipelines.outputs.run_folders import SUBMISSION_FILE, new_run_id, publish_submission
 from pipelines.data.submission import read_submission, validate_submission
 from tests.conftest import logged_messages
@@ -311,7 +312,7 @@ def test_lightgbm_predictions_do_not_depend_on_the_thread_count(tiny_world, tmp_
 def test_training_stages_sharing_workers_give_the_results_of_stages_run_alone(tiny_world, tmp_path):
     from pipelines.core.collection import parse_collection
     from pipelines.flows.prepare import prepare
-    from pipelines.flows.run import train_models
+    from pipelines.flows.schedule import train_models
 
     config = fast_config("run.n_jobs=2", "gbdt.num_threads=0", "gnn.num_threads=0")  # smoke fixes 1 thread
     prepared = prepare(config, tiny_world, tmp_path / "work", [parse_collection("layout:xla:default")])  # fast fits
@@ -420,7 +421,7 @@ def test_exit_codes_tell_usage_errors_from_pipeline_errors(tmp_path, capsys):
 def test_stage_counter_adds_a_whole_run_eta_refined_as_stages_finish():
     import logging
 
-    from pipelines.flows.run import StageCounter
+    from pipelines.flows.schedule import StageCounter
 
     fresh = StageCounter(3, {"prune": 2, "ensemble": 1})
     record = logging.LogRecord("pipelines.core.engine", logging.INFO, "", 0, "a [prune] done 0123456789abcdef in 10.0s",

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from pipelines.core import paths
 from pipelines.core.errors import ConfigError
-from pipelines.commands.common import command_parser, seed
+from pipelines.commands.common import command_parser
 
 
 def add(sub: argparse._SubParsersAction) -> None:

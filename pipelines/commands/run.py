@@ -44,7 +44,8 @@ def run(args: argparse.Namespace) -> int:
 
     from pipelines.config.registry import device_models
     from pipelines.config.settings import load_config
-    from pipelines.flows.run import checked_models, gpu_sized_on_cpu, machine_config, parse_models, run_pipeline
+    from pipelines.flows.run import checked_models, parse_models, run_pipeline
+    from pipelines.flows.schedule import gpu_sized_on_cpu, machine_config
     from pipelines.models.gnn.device import cuda_summary
 
     log = logging.getLogger(__name__)
@@ -64,7 +65,8 @@ def run(args: argparse.Namespace) -> int:
                     "trains on the CPU (hours at real scale); --config cpu is the CPU's schedule")
     if args.collections is not None:  # some collections: their stages and scores, no submission
         from pipelines.core.collection import parse_collections
-        from pipelines.flows.run import check_training_root, format_scores, scores_table, train_and_blend
+        from pipelines.flows.run import check_training_root, train_and_blend
+        from pipelines.flows.scores import format_scores, scores_table
 
         check_training_root(args.data_root)
         runs, _ = train_and_blend(config, args.data_root, work_dir=args.work_dir, models=parse_models(args.models),

@@ -38,7 +38,7 @@ def run(args: argparse.Namespace) -> int:
     names = [n for text in args.collections for n in text.split(",") if n.strip()]
     collections = list(parse_collections(names)) if names else None
     from pipelines.flows.prepare import collections_to_prepare
-    from pipelines.flows.run import check_devices
+    from pipelines.flows.schedule import check_devices
 
     # a GPU asked for and absent fails before the data stages, as in `run`
     chosen = collections_to_prepare(config, args.data_root, collections)[0]

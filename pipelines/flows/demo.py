@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 from pipelines.core.paths import SUBMISSIONS_DIR, WORK_DIR
 
 if TYPE_CHECKING:
-    from pipelines.flows.run import RunResult
+    from pipelines.flows.scores import RunResult
 
 logger = logging.getLogger(__name__)
 

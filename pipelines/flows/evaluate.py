@@ -47,7 +47,7 @@ from pipelines.data.tpugraphs import Graph, load_ref
 
 if TYPE_CHECKING:
     from pipelines.core.engine import StageOutput
-    from pipelines.flows.run import CollectionRun
+    from pipelines.flows.scores import CollectionRun
     from pipelines.synth.programs import Family
 
 EVALUATION_FILE = "evaluation.json"
@@ -322,7 +322,7 @@ def trained_rows(outputs: Sequence[tuple[str, StageOutput]], method: str, *,
     """Submission rows of each (model name, training output) alone, its test scores normalised as a blend would;
     with ``per_seed``, of each of its run seeds alone instead (entries :func:`seed_entry`)."""
     from pipelines.training.ensemble import prepare_model_scores
-    from pipelines.flows.run import submission_rows
+    from pipelines.flows.scores import submission_rows
     from pipelines.training.fit import load_predictions
 
     out: dict[str, dict[str, list[int]]] = {}
@@ -349,7 +349,7 @@ def evaluate_collection_runs(runs: Sequence[CollectionRun], data_root: Path | st
     world's hidden labels: each model alone and the blend (as ``submission``), floor and ceiling. The
     combined figures are then over these collections only."""
     from pipelines.training.ensemble import load_blended_test
-    from pipelines.flows.run import submission_rows
+    from pipelines.flows.scores import submission_rows
 
     rows: dict[str, Mapping[str, Sequence[int]]] = dict(
         trained_rows([(model, output) for run in runs for model, output in run.trained.items()], method))

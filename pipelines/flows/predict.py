@@ -28,7 +28,7 @@ from pipelines.core.errors import ConfigError, PipelineError
 from pipelines.core.paths import SUBMISSIONS_DIR
 from pipelines.flows import dag
 from pipelines.core.seeds import fit_seed as derived_fit_seed
-from pipelines.flows.run import RunResult, scores_from_manifest
+from pipelines.flows.scores import RunResult, scores_from_manifest
 from pipelines.outputs.run_folders import read_run_manifest, recorded_folder, resolve_run_id, training_stage_dirs
 
 logger = logging.getLogger(__name__)
@@ -162,7 +162,8 @@ def predict_run(run_id: str, data_root: Path | str, *, submissions_dir: Path | s
     can score."""
     from pipelines.config.settings import PipelineConfig, config_from_dict
     from pipelines.training.ensemble import blend, prepare_model_scores
-    from pipelines.flows.run import anchored_rows, default_anchor, default_command
+    from pipelines.flows.run import default_command
+    from pipelines.flows.scores import anchored_rows, default_anchor
     from pipelines.outputs.run_folders import publish_submission
 
     started = time.perf_counter()

@@ -584,7 +584,7 @@ def hidden_label_weight_curve(predictions: Mapping[str, pl.DataFrame], data_root
     from pipelines.core.collection import parse_collection
     from pipelines.training.ensemble import AVERAGED, blend, prepare_model_scores
     from pipelines.flows.evaluate import evaluate_rows, require_sidecar
-    from pipelines.flows.run import submission_rows
+    from pipelines.flows.scores import submission_rows
 
     first, second = _two_model_blend("hidden_label_weight_curve", predictions, weights)
     require_sidecar(data_root)
