@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 # otherwise pip falls back to the registry's default build.
 TORCH_PIN ?= torch==2.13.0
 
-.PHONY: demo test test-quick bench bench-gpu install clean-venv
+.PHONY: demo test test-quick bench bench-gpu real-records install clean-venv
 
 install: $(STAMP)
 
@@ -39,6 +39,10 @@ bench: $(STAMP)
 # The same on a CUDA workstation: GNN fit, predict and throughput on the GPU next to the same machine's CPU.
 bench-gpu: $(STAMP)
 	BENCH_DEVICE=cpu,cuda BENCH_PRECISION=fp32,bf16 $(PY) -m benchmarks.run
+
+# A run's ranking of the real TPU tuning records (../shared/real_tpu), next to the default-first baselines.
+real-records: $(STAMP)
+	$(PY) -m benchmarks.real_records --run $(RUN)
 
 clean-venv:
 	rm -rf $(VENV)

@@ -4,6 +4,7 @@ outside its own five."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import polars as pl
 
 from pipelines.core.collection import parse_collection
@@ -46,6 +47,7 @@ def test_an_anchored_row_scores_at_least_the_default_and_loses_only_when_the_fif
     assert tile_score(anchor_row(missed, 5, None), runtime) > tile_score(missed, runtime)
 
 
+@pytest.mark.slow
 def test_a_run_keeps_the_named_defaults_in_its_tile_picks_and_predict_repeats_it(tiny_world, tmp_path):
     """On a root whose defaults.json names each tile test graph's default (a config outside the plain
     run's picks, so the anchor has work), a run with the anchor on holds the default in every
@@ -83,3 +85,27 @@ def test_a_run_keeps_the_named_defaults_in_its_tile_picks_and_predict_repeats_it
     assert any(default in after[TILE.submission_id(stem)] for stem, default in defaults.items())
     again = predict_run(anchored.run_id, root, submissions_dir=tmp_path / "subs")
     assert again.submission.read_bytes() == anchored.submission.read_bytes()
+
+
+@pytest.mark.slow
+def test_the_real_records_smoke_benchmark_ranks_them_next_to_the_default_first_baselines(tiny_world, tmp_path):
+    """benchmarks.real_records: the real records through records and predict with a run's models; the
+    default-first rows hold each graph's default first, and every entry is scored."""
+    from benchmarks import real_records
+    from pipelines.config.settings import load_config
+    from pipelines.flows.run import run_pipeline
+
+    if not (real_records.REAL / "op_tuning_data.pb").is_file():
+        pytest.skip("../shared/real_tpu is not here")
+    run = run_pipeline(load_config("smoke", ["run.seeds=[0]"]), tiny_world, work_dir=tmp_path / "work",
+                       submissions_dir=tmp_path / "subs", models=["gbdt"])
+    out = tmp_path / "real.md"
+    assert real_records.main(["--run", run.run_id, "--submissions-dir", str(tmp_path / "subs"), "--out", str(out)]) == 0
+    text = out.read_text()
+    assert "| tile:xla, 8 kernels > 5 configs |" in text and "| layout:xla:default |" in text
+    root = real_records.real_records_root(tmp_path / "root")
+    defaults = root.defaults()
+    published = {TILE.submission_id(stem): [0, 1, 2, 3, 4] for stem in defaults["tile:xla"]}
+    rows = real_records.baseline_rows(published, {"tile:xla": {s: 4 for s in defaults["tile:xla"]}})
+    assert all(row[0] == 4 for row in rows["default_first"].values())
+    assert rows["default_in_five"] == published  # 4 is among the five already
