@@ -143,11 +143,9 @@ class HloSource:
     proto: bytes
 
 
-def load_module(path: Path | str) -> HloSource:
-    """An XLA module from a serialized proto or HLO text file; anything else is a FormatError naming
-    the file. Nesting and dims are checked before XLA reads a byte (its parser recurses)."""
-    path = Path(path)
-    hlo_lib()
+def read_bounded(path: Path, limit: int, what: str) -> bytes:
+    """The bytes of a regular, non-empty file of at most ``limit`` bytes (``what`` names the limit in the
+    error); anything else is a FormatError naming the file, before a byte is read."""
     try:
         size = path.stat().st_size
     except FileNotFoundError:
@@ -156,9 +154,17 @@ def load_module(path: Path | str) -> HloSource:
         raise FormatError(path, "not a regular file")
     if size == 0:
         raise FormatError(path, "empty file")
-    if size > MAX_PROGRAM_BYTES:
-        raise FormatError(path, f"{size} bytes: larger than any program this reader accepts ({MAX_PROGRAM_BYTES})")
-    data = path.read_bytes()
+    if size > limit:
+        raise FormatError(path, f"{size} bytes: larger than {what} ({limit})")
+    return path.read_bytes()
+
+
+def load_module(path: Path | str) -> HloSource:
+    """An XLA module from a serialized proto or HLO text file; anything else is a FormatError naming
+    the file. Nesting and dims are checked before XLA reads a byte (its parser recurses)."""
+    path = Path(path)
+    hlo_lib()
+    data = read_bounded(path, MAX_PROGRAM_BYTES, "any program this reader accepts")
     as_text = path.suffix.lower() in TEXT_SUFFIXES or (path.suffix.lower() not in PROTO_SUFFIXES and _looks_textual(data))
     if as_text:
         try:

@@ -77,20 +77,11 @@ def read_records(path: Path | str) -> tuple[str, list[Any]]:
     """``("TuningData" | "ModuleTuningData", [ModuleTuningData, ...])`` of a records file, or a FormatError
     naming it. The kind is read from the bytes: a ``ModuleTuningData`` has runs, a fingerprint or
     ``config_index_to_node`` next to its module; a ``TuningData`` holds only ``modules``."""
+    from pipelines.hlo.parse import read_bounded
     from pipelines.hlo.schema import decode_error, tuning_message
 
     path = Path(path)
-    try:
-        size = path.stat().st_size
-    except FileNotFoundError:
-        raise FormatError(path, "file not found") from None
-    if not path.is_file():
-        raise FormatError(path, "not a regular file")
-    if size == 0:
-        raise FormatError(path, "empty file")
-    if size > MAX_RECORDS_BYTES:
-        raise FormatError(path, f"{size} bytes: larger than one protobuf message may be ({MAX_RECORDS_BYTES})")
-    data = path.read_bytes()
+    data = read_bounded(path, MAX_RECORDS_BYTES, "one protobuf message may be")
     for kind in ("ModuleTuningData", "TuningData"):
         try:
             message = tuning_message(kind).FromString(data)
