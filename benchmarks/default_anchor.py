@@ -1,9 +1,9 @@
 """The compiler's default as a tile anchor, measured on worlds that name each graph's default.
 
-For each (run, world) pair: the run's tile test rows as published, the same rows with the anchor
-(:mod:`pipelines.training.anchor`: the default replaces the fifth pick unless every fold model leaves
-it out of its own five), and two baselines that need no model: the default alone (what keeping the
-compiler's choice scores) and the default first then the run's picks. Scores are the competition's
+For each (run, world) pair: the run's tile test rows as published, the same rows under each anchor
+rule (:mod:`pipelines.training.anchor`; ``always``: the default replaces the fifth pick whenever it is
+not among the five; ``unless-confident``: unless every fold model leaves it out of its own five), and
+the default alone (what keeping the compiler's choice scores). Scores are the competition's
 tile metric on the world's hidden labels, per world and over all graphs, with how many rows the anchor
 changed and how many of those it made better or worse.
 
@@ -54,12 +54,11 @@ def tile_rows(run_id: str, world: Path, submissions_dir: Path) -> list[dict[str,
         labels = read_labels(world, TILE_XLA, "test", ref.stem)
         truth = truth_of(TILE_XLA, labels.runtime, labels.normalizer)
         row, default = published[TILE_XLA.submission_id(ref.stem)], defaults[ref.stem]
-        anchored = anchor_row(row, default, votes.get(ref.stem))
-        first = [default, *[i for i in row if i != default]][:len(row)]
+        confident, always = anchor_row(row, default, votes.get(ref.stem)), anchor_row(row, default, None)
         out.append({"world": world.name, "graph": ref.stem, "configs": int(len(truth)),
-                    "published": tile_score(row, truth), "anchored": tile_score(anchored, truth),
-                    "default_alone": tile_score([default], truth), "default_first": tile_score(first, truth),
-                    "changed": anchored != row, "votes": votes.get(ref.stem, (0, 0))})
+                    "published": tile_score(row, truth), "unless_confident": tile_score(confident, truth),
+                    "always": tile_score(always, truth), "default_alone": tile_score([default], truth),
+                    "changed_unless_confident": confident != row, "changed_always": always != row})
     return out
 
 
@@ -68,13 +67,14 @@ def report(rows: list[dict[str, Any]]) -> list[str]:
     lines = ["# The compiler's default as a tile anchor", ""]
     table = []
     for name, part in [*sorted(frame.partition_by("world", as_dict=True).items()), (("all",), frame)]:
-        changed = part.filter(pl.col("changed"))
-        gain = (changed["anchored"] - changed["published"]).to_numpy()
-        table.append([name[0], part.height, f"{part['published'].mean():.4f}", f"{part['anchored'].mean():.4f}",
-                      f"{part['default_alone'].mean():.4f}", f"{part['default_first'].mean():.4f}",
-                      changed.height, int((gain > 0).sum()), int((gain < 0).sum())])
-    lines += markdown_table(["world", "graphs", "published", "anchored", "default alone", "default first",
-                             "changed", "better", "worse"], table)
+        cells = [name[0], part.height, f"{part['published'].mean():.4f}", f"{part['default_alone'].mean():.4f}"]
+        for rule in ("always", "unless_confident"):
+            gain = (part[rule] - part["published"]).to_numpy()
+            cells += [f"{part[rule].mean():.4f}", f"{int(part[f'changed_{rule}'].sum())} / {int((gain > 0).sum())} / "
+                      f"{int((gain < 0).sum())}"]
+        table.append(cells)
+    lines += markdown_table(["world", "graphs", "published", "default alone", "always", "changed / better / worse",
+                             "unless-confident", "changed / better / worse"], table)
     return lines
 
 

@@ -66,7 +66,7 @@ def test_a_run_keeps_the_named_defaults_in_its_tile_picks_and_predict_repeats_it
     root = tmp_path / "root"
     shutil.copytree(tiny_world, root)
     tests = {ref.stem: ref for ref in DataRoot(root).graphs(TILE, "test")}
-    config = load_config("smoke", ["ensemble.default_anchor=true", "run.seeds=[0]"])
+    config = load_config("smoke", ['ensemble.default_anchor="unless-confident"', "run.seeds=[0]"])
     plain = run_pipeline(load_config("smoke", ["run.seeds=[0]"]), root, work_dir=tmp_path / "work",
                          submissions_dir=tmp_path / "subs", models=["gbdt"])
     before = read_submission(plain.submission)
@@ -85,6 +85,11 @@ def test_a_run_keeps_the_named_defaults_in_its_tile_picks_and_predict_repeats_it
     assert any(default in after[TILE.submission_id(stem)] for stem, default in defaults.items())
     again = predict_run(anchored.run_id, root, submissions_dir=tmp_path / "subs")
     assert again.submission.read_bytes() == anchored.submission.read_bytes()
+    always = read_submission(run_pipeline(load_config("smoke", ['ensemble.default_anchor="always"', "run.seeds=[0]"]),
+                                          root, work_dir=tmp_path / "work", submissions_dir=tmp_path / "subs",
+                                          models=["gbdt"]).submission)
+    assert all(always[TILE.submission_id(stem)] == [*before[TILE.submission_id(stem)][:4], default]
+               for stem, default in defaults.items())
 
 
 @pytest.mark.slow

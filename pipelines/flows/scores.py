@@ -145,20 +145,23 @@ def format_scores(table: pl.DataFrame) -> str:
 
 
 def anchored_rows(collection: Collection, blended: pl.DataFrame, model_test: Callable[[], pl.DataFrame],
-                  weights: Mapping[str, float], defaults: Mapping[str, int], anchor: bool) -> dict[str, list[int]]:
+                  weights: Mapping[str, float], defaults: Mapping[str, int], anchor: str) -> dict[str, list[int]]:
     """One collection's submission rows from its blended test scores, with the tile anchor
-    (:mod:`pipelines.training.anchor`) where ``anchor`` is on and the graphs' defaults are known;
-    ``model_test()``: the blended models' per-fold test predictions, read only then."""
+    (:mod:`pipelines.training.anchor`; ``anchor``: ``ensemble.default_anchor``) where the graphs'
+    defaults are known; ``model_test()``: the blended models' per-fold test predictions, read only for
+    ``"unless-confident"``."""
     rows = submission_rows(blended)
-    if not (anchor and collection.is_tile and defaults):
+    if anchor == "off" or not (collection.is_tile and defaults):
         return rows
     from pipelines.training.anchor import anchor_rows, default_votes
 
-    voters = [name for name, weight in weights.items() if weight > 0]
-    votes = default_votes(model_test().filter(pl.col("model").is_in(voters)), defaults)
+    votes: dict[str, tuple[int, int]] = {}
+    if anchor == "unless-confident":
+        voters = [name for name, weight in weights.items() if weight > 0]
+        votes = default_votes(model_test().filter(pl.col("model").is_in(voters)), defaults)
     return anchor_rows(rows, collection, defaults, votes)
 
 
-def default_anchor(config: Mapping[str, Any] | None) -> bool:
-    """``ensemble.default_anchor`` of a resolved config as a run manifest records it (off where absent)."""
-    return bool(((config or {}).get("ensemble") or {}).get("default_anchor", False))
+def default_anchor(config: Mapping[str, Any] | None) -> str:
+    """``ensemble.default_anchor`` of a resolved config as a run manifest records it ("off" where absent)."""
+    return str(((config or {}).get("ensemble") or {}).get("default_anchor", "off"))
