@@ -23,8 +23,8 @@ import socket
 from collections.abc import Callable
 from pathlib import Path
 
-from benchmarks.attack import (FAST, REPO, Context, Outcome, both, kill_when_checkpointed, no_more_than,
-                               nothing_written, private_work, says, warns)
+from benchmarks.attack_kit import (FAST, REPO, Context, Outcome, both, kill_when_checkpointed, no_more_than,
+                                   nothing_written, private_work, says, warns)
 
 DATA_LOST = "data lost"  # a check's problem starting so is judged "data lost"
 

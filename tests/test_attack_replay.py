@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from benchmarks.attack import Outcome, judge, run_cli
+from benchmarks.attack import judge
+from benchmarks.attack_kit import Outcome, run_cli
 from pipelines.cli import EXIT_CODES_HELP
 
 pytestmark = pytest.mark.slow  # end-to-end: left out of make test-quick
