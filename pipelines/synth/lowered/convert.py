@@ -244,7 +244,8 @@ def complete_blocks(blocks: np.ndarray, defaults: np.ndarray, rows: int = 4096) 
             listed = chunk[:, :, cols].astype(np.int16)
             default = np.broadcast_to(defaults[None, :, cols].astype(np.int16), listed.shape)
             count = (listed >= 0).sum(axis=-1)
-            partial = (count > 0) & (count < (default >= 0).sum(axis=-1))
+            rank = (default >= 0).sum(axis=-1)
+            partial = (count > 0) & (count < rank)
             if not partial.any():
                 continue
             taken = (default[..., :, None] == listed[..., None, :]).any(axis=-1)
@@ -252,7 +253,7 @@ def complete_blocks(blocks: np.ndarray, defaults: np.ndarray, rows: int = 4096) 
             rest = np.take_along_axis(default, rest_order, axis=-1)
             slot = np.arange(6)
             fill = np.take_along_axis(rest, np.clip(slot - count[..., None], 0, 5), axis=-1)
-            filled = np.where(slot < count[..., None], listed, fill)
+            filled = np.where(slot < count[..., None], listed, np.where(slot < rank[..., None], fill, -1))
             out[start:start + rows, :, cols] = np.where(partial[..., None], filled, listed).astype(np.int8)
     return out
 
