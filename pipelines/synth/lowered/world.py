@@ -41,6 +41,7 @@ import numpy as np
 
 from pipelines.core.atomic import write_text_atomic
 from pipelines.core.collection import ALL_COLLECTIONS, SPLITS, TILE_XLA, Collection, parse_collections
+from pipelines.core.engine import fingerprint
 from pipelines.core.errors import ConfigError
 from pipelines.core.progress import Progress
 from pipelines.data.tpugraphs import LayoutGraph, TileGraph, save_graph
@@ -103,13 +104,14 @@ def _choose_programs(rng: np.random.Generator, archs: list[Architecture], total:
     return [picked[i] for i in rng.permutation(len(picked))]
 
 
-def layout_files(scale: Scale, seed: int, collection: Collection) -> dict[str, list[LayoutFile]]:
+def layout_files(scale: Scale, seed: int, collection: Collection,
+                 architectures: tuple[Architecture, ...] = catalogue.ARCHITECTURES) -> dict[str, list[LayoutFile]]:
     """The files of one layout collection per split, sorted by stem."""
     source = collection.source
     same_source = [c for c in ALL_COLLECTIONS if c.is_layout and c.source == source]
     sizes = [max(scale.layout_counts[c.name][s] for c in same_source) for s in range(3)]
     rng = _rng(seed, scale.name, "lowered-pool", source)
-    chosen = _choose_programs(rng, catalogue.architectures(source), sum(sizes))
+    chosen = _choose_programs(rng, [a for a in architectures if a.source == source], sum(sizes))
     test_stems = [_hex(rng, 32) for _ in range(sizes[2])]
     own = scale.layout_counts[collection.name]
     out: dict[str, list[LayoutFile]] = {}
@@ -126,12 +128,14 @@ def layout_files(scale: Scale, seed: int, collection: Collection) -> dict[str, l
     return out
 
 
-def tile_source_programs(scale: Scale, seed: int) -> list[ProgramSpec]:
-    """The programs whose compiled kernels the tile collection may use, in the order they are tried."""
+def tile_source_programs(scale: Scale, seed: int,
+                         architectures: tuple[Architecture, ...] = catalogue.ARCHITECTURES) -> list[ProgramSpec]:
+    """The programs whose compiled kernels the tile collection may use (two variants of each architecture
+    in a drawn order, at most ``TILE_SOURCES`` of them)."""
     rng = _rng(seed, scale.name, "lowered-tile-sources")
     out = []
-    for i in rng.permutation(len(catalogue.ARCHITECTURES)):
-        variants = catalogue.ARCHITECTURES[i].variants()
+    for i in rng.permutation(len(architectures)):
+        variants = architectures[i].variants()
         out.extend(variants[j] for j in rng.choice(len(variants), size=2, replace=False))
     return out[:TILE_SOURCES.get(scale.name, 16)]
 
@@ -282,6 +286,7 @@ def make_tile_graph(part: Any, space: Any, kernel: Any, file: TileFile, seed: in
 class _Job:
     """Every file of one program (so it is featurized once)."""
 
+    arch: Architecture
     program: ProgramSpec
     layout: tuple[LayoutFile, ...] = ()
     tile: tuple[TileFile, ...] = ()
@@ -291,7 +296,7 @@ def _run_job(out: str, cache_dir: str, scale_name: str, seed: int, family_name: 
              job: _Job) -> list[tuple[str, str, str, int, int, int]]:
     """Write the job's files and labels; returns (collection, split, stem, nodes, configurable, configs) each."""
     family = load_family(family_name)
-    arch = catalogue.architecture(job.program.arch)
+    arch = job.arch
     rows = []
     if job.layout:
         featurized = featurize(cache.load_module(cache_dir, arch, job.program), job.program.key)
@@ -320,10 +325,10 @@ def _write(out: Path, collection: Collection, split: str, stem: str, graph: Any,
     write_labels(label_path(out, collection, split, stem), labels)
 
 
-def _kernels(cache_dir: Path, programs: Iterable[ProgramSpec]) -> list[Kernel]:
+def _kernels(cache_dir: Path, programs: Iterable[ProgramSpec], by_name: dict[str, Architecture]) -> list[Kernel]:
     found = []
     for program in programs:
-        arch = catalogue.architecture(program.arch)
+        arch = by_name[program.arch]
         featurized = featurize(cache.load_module(cache_dir, arch, program, "optimized"), program.key)
         parts = {p.computation: p for p in featurized.tiles}
         found += [Kernel(program, name, kernel_structure(parts[name])) for name, _, _ in fused_kernels(featurized)]
@@ -335,11 +340,12 @@ def _kernels(cache_dir: Path, programs: Iterable[ProgramSpec]) -> list[Kernel]:
 
 def generate_lowered_world(out: Path | str, *, scale: str, seed: int, family: str = REFERENCE,
                            collections: str | list[str] | None = None, cache_dir: Path | str = cache.DEFAULT_CACHE,
-                           jobs: int = 1) -> str:
+                           jobs: int = 1, architectures: tuple[Architecture, ...] = catalogue.ARCHITECTURES) -> str:
     """Write a world over lowered programs under ``out`` (see the module docstring); returns a summary.
 
-    Refuses a non-empty ``out`` unless it is (part of) a lowered world of the same arguments: a complete
-    one is left alone, an interrupted one is written again."""
+    ``architectures`` (default: the catalogue) are the programs it draws from. Refuses a non-empty
+    ``out`` unless it is (part of) a lowered world of the same arguments: a complete one is left alone,
+    an interrupted one is written again."""
     if scale not in SCALES:
         raise ConfigError(f"unknown scale {scale!r}; expected one of {', '.join(SCALES)}")
     if jobs < 1:
@@ -349,7 +355,9 @@ def generate_lowered_world(out: Path | str, *, scale: str, seed: int, family: st
     chosen = tuple(c for c in ALL_COLLECTIONS if c in chosen)
     out, cache_dir = Path(out), Path(cache_dir)
     marker = {"generator": GENERATOR, "version": VERSION, "scale": scale, "seed": seed, "family": family,
-              "collections": [c.name for c in chosen], "packages": cache.package_versions()}
+              "collections": [c.name for c in chosen], "packages": cache.package_versions(),
+              "catalogue": fingerprint(architectures)}
+    by_name = {a.name: a for a in architectures}
     if _check_target(out, marker):
         return f"{out}: lowered world (scale={scale}, seed={seed}, family={family}) is already complete; nothing written"
     started = time.perf_counter()
@@ -365,21 +373,22 @@ def generate_lowered_world(out: Path | str, *, scale: str, seed: int, family: st
         for split in SPLITS:
             collection_dir_path(out, collection, split).mkdir(parents=True, exist_ok=True)
         if collection.is_tile:
-            sources = tile_source_programs(spec, seed)
+            sources = tile_source_programs(spec, seed, architectures)
             logger.info(f"lowered world: compiling {len(sources)} programs for their fused kernels")
-            files = tile_files(spec, seed, _kernels(cache_dir, sources))
+            files = tile_files(spec, seed, _kernels(cache_dir, sources, by_name))
             for split_files in files.values():
                 for f in split_files:
                     by_program.setdefault(f.program, {"layout": [], "tile": []})["tile"].append(f)
         else:
-            files = layout_files(spec, seed, collection)
+            files = layout_files(spec, seed, collection, architectures)
             for split_files in files.values():
                 for f in split_files:
                     by_program.setdefault(f.program, {"layout": [], "tile": []})["layout"].append(f)
-        programs[collection.name] = {f.stem: {"kind": catalogue.architecture(f.program.arch).kind,
+        programs[collection.name] = {f.stem: {"kind": by_name[f.program.arch].kind,
                                               "program": f.program.arch}
                                      for split_files in files.values() for f in split_files}
-    todo = [_Job(p, tuple(v["layout"]), tuple(v["tile"])) for p, v in sorted(by_program.items(), key=lambda kv: kv[0].key)]
+    todo = [_Job(by_name[p.arch], p, tuple(v["layout"]), tuple(v["tile"]))
+            for p, v in sorted(by_program.items(), key=lambda kv: kv[0].key)]
     logger.info(f"lowered world: {sum(len(j.layout) + len(j.tile) for j in todo)} files from {len(todo)} programs "
                 f"under {out} ({scale}, seed {seed}, family {family}, {jobs} job(s))")
     progress = Progress("lowered", len(todo), every_s=10.0)
