@@ -11,9 +11,9 @@ stay ``while`` loops with their bodies.
 
 Files: ``<cache>/<variant key>.<digest>.lowered.pb`` and ``... .optimized.pb`` (serialized
 ``HloModuleProto``), written atomically. The digest covers the variant, the architecture's options,
-the source of the model definitions (:mod:`pipelines.synth.lowered.models`) and the installed
-versions of jax, jaxlib and the model packages: an upgrade or an edit lowers again, never reuses a
-stale module. Nothing here writes under a data root; the default cache is ``data/lowered/``.
+the source of the model definitions, of the catalogue and of this module (``LOWERING_CODE``) and the
+installed versions of jax, jaxlib and the model packages: an upgrade or an edit of them lowers again,
+never reuses a stale module. Nothing here writes under a data root; the default cache is ``data/lowered/``.
 """
 
 from __future__ import annotations
@@ -38,6 +38,9 @@ DEFAULT_CACHE = Path("data") / "lowered"
 CACHE_VERSION = 1
 DISTRIBUTIONS = ("jax", "jaxlib", "flax", "dm-haiku", "equinox", "transformers")
 STAGES = ("lowered", "optimized")
+# The modules whose source shapes a lowered module (hashed without following their imports: an edit to
+# the world's writer or the converter does not lower the catalogue again).
+LOWERING_CODE = ("pipelines.synth.lowered.models", "pipelines.synth.lowered.cache", "pipelines.synth.lowered.catalogue")
 # Primitives whose body is a traced function called in place (inlined before lowering).
 _CALLS = frozenset({"jit", "pjit", "closed_call", "core_call", "custom_jvp_call", "custom_vjp_call",
                     "custom_vjp_call_jaxpr", "remat", "checkpoint"})
@@ -58,8 +61,7 @@ def package_versions() -> dict[str, str | None]:
 def variant_digest(arch: Architecture, spec: ProgramSpec) -> str:
     """What keys a cached module: the variant, its architecture, the model code and the package versions."""
     return fingerprint({"version": CACHE_VERSION, "spec": spec, "builder": arch.builder, "options": arch.options,
-                        "code": code_fingerprint(["pipelines.synth.lowered.models", "pipelines.synth.lowered.cache"]),
-                        "packages": package_versions()})[:16]
+                        "code": code_fingerprint((), shallow=LOWERING_CODE), "packages": package_versions()})[:16]
 
 
 def cache_path(cache: Path | str, arch: Architecture, spec: ProgramSpec, stage: str) -> Path:
