@@ -103,3 +103,16 @@ def test_the_evaluate_command_reads_an_outside_world(outside: Path, tmp_path: Pa
     record = json.loads((tmp_path / "submissions" / run.run_id / "evaluation.json").read_text())
     assert record["world"]["generator"] == "blind-b"
     assert {row["program"] for row in record["per_graph"]} == {"hand_xla", "hand_nlp"}
+
+
+def test_the_evaluation_worlds_benchmark_scores_given_worlds(outside: Path, tmp_path: Path) -> None:
+    from benchmarks import evaluation_worlds
+
+    out = tmp_path / "result.md"
+    assert evaluation_worlds.main(["--worlds", str(outside), "--config", "smoke", "--set", "gbdt.n_estimators=5",
+                                   "--models", "gbdt", "--collections", "layout:xla:random", "--root", str(tmp_path),
+                                   "--out", str(out)]) == 0
+    text = out.read_text()
+    assert f"worlds {outside}" in text and "| blind-b | layout:xla:random | rnn |" in text
+    per_graph = out.with_suffix(".per-graph.csv").read_text()
+    assert "hand_xla" in per_graph and "blind-b" in per_graph
