@@ -24,7 +24,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from pipelines.core.collection import parse_collections
     from pipelines.synth.world import labels_marker, program_kinds, read_labels
-    from pipelines.data.tpugraphs import list_graphs
+    from pipelines.data.root import DataRoot
 
     names = [labels_marker(r).get("family", "reference") for r in args.roots]
     kinds = program_kinds(args.roots[0])
@@ -34,7 +34,7 @@ def main(argv: list[str] | None = None) -> int:
     taus: dict[tuple[str, str], list[list[float]]] = {}
     for collection in parse_collections(labels_marker(args.roots[0])["collections"]):
         for split in ("train", "valid", "test"):
-            for ref in list_graphs(args.roots[0], collection, split):
+            for ref in DataRoot(args.roots[0]).graphs(collection, split):
                 free = [read_labels(r, collection, split, ref.stem).noise_free for r in args.roots]
                 row = taus.setdefault((collection.name, kinds[(collection.name, ref.stem)]), [])
                 row.append([kendalltau(free[i], free[j])[0] for i, j in pairs])

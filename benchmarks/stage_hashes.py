@@ -25,11 +25,11 @@ def stage_hashes(root: Path, work: Path, overrides: Sequence[str] = ()) -> dict[
     from pipelines.core.collection import parse_collection
     from pipelines.config.settings import load_config
     from pipelines.flows.prepare import collection_refs, raw_data_key, run_data_stages
-    from pipelines.data.tpugraphs import available_collections
+    from pipelines.data.root import DataRoot
 
     config = load_config(None, list(overrides))
     hashes: dict[str, str] = {}
-    for collection in available_collections(root):
+    for collection in DataRoot(root).collections():
         c = parse_collection(collection.name)
         refs = collection_refs(root, c)
         stages = run_data_stages(config, c, work, refs, raw_data_key(root, refs), force=True, with_folds=False)

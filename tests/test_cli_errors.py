@@ -101,12 +101,12 @@ def test_run_on_a_root_of_test_graphs_only_points_to_predict(tiny_world, tmp_pat
 
 
 def test_ctrl_c_says_the_same_command_resumes(monkeypatch, capsys):
-    import pipelines.cli as cli
+    import pipelines.commands.config as config_command
 
     def interrupted(args):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(cli, "_run_config", interrupted)
+    monkeypatch.setattr(config_command, "run", interrupted)
     assert main(["config"]) == 130
     assert "rerun the same command to resume" in capsys.readouterr().err
 

@@ -16,7 +16,7 @@ import pytest
 
 from pipelines.cli import main
 from pipelines.core.collection import LAYOUT_NLP_RANDOM, TILE_XLA, stem_problem
-from pipelines.data.tpugraphs import collection_dir, list_graphs
+from pipelines.data.root import DataRoot
 from tests.test_faults import _flipped, _garbage, _truncated
 
 FAST = ["--config", "smoke", "--models", "random"]
@@ -35,7 +35,7 @@ def run_args(world: Path, tmp_path: Path, *extra: str) -> list[str]:
 
 
 def rename_test_file(world: Path, name: str, in_sample: bool = True) -> Path:
-    victim = list_graphs(world, TILE_XLA, "test")[0]
+    victim = DataRoot(world).graphs(TILE_XLA, "test")[0]
     target = victim.path.with_name(f"{name}.npz")
     victim.path.rename(target)
     sample = world / "sample_submission.csv"
@@ -74,17 +74,17 @@ def test_without_a_sample_submission_prepare_refuses_such_a_name_too(world, tmp_
 
 
 def test_skip_with_every_train_file_of_a_collection_bad_is_an_error(world, tmp_path, capsys):
-    train = list_graphs(world, TILE_XLA, "train")
+    train = DataRoot(world).graphs(TILE_XLA, "train")
     for ref in train:
         _garbage(ref.path)
     assert main(run_args(world, tmp_path, "--set", "data.on_bad_file=skip")) == 1
     err = capsys.readouterr().err
-    assert f"{collection_dir(world, TILE_XLA, 'train')}: tile:xla: every train file ({len(train)}) is unreadable" in err
+    assert f"{DataRoot(world).split_dir(TILE_XLA, 'train')}: tile:xla: every train file ({len(train)}) is unreadable" in err
     assert not (tmp_path / "subs").exists()
 
 
 def test_skip_with_some_train_files_bad_still_trains_on_the_others(world, tmp_path):
-    for ref in list_graphs(world, TILE_XLA, "train")[:-1]:
+    for ref in DataRoot(world).graphs(TILE_XLA, "train")[:-1]:
         _garbage(ref.path)
     assert main(["prepare", "--data-root", str(world), "--work-dir", str(tmp_path / "work"), "--config", "smoke",
                  "--collections", "tile:xla", "--set", "data.on_bad_file=skip"]) == 0
@@ -92,7 +92,7 @@ def test_skip_with_some_train_files_bad_still_trains_on_the_others(world, tmp_pa
 
 @pytest.mark.parametrize("damage", [_garbage, _truncated])
 def test_skip_with_a_bad_test_file_fails_before_the_first_stage(world, tmp_path, capsys, damage):
-    victim = list_graphs(world, LAYOUT_NLP_RANDOM, "test")[0].path  # the last collection prepared
+    victim = DataRoot(world).graphs(LAYOUT_NLP_RANDOM, "test")[0].path  # the last collection prepared
     damage(victim)
     assert main(run_args(world, tmp_path, "--set", "data.on_bad_file=skip")) == 1
     err = capsys.readouterr().err
@@ -101,7 +101,7 @@ def test_skip_with_a_bad_test_file_fails_before_the_first_stage(world, tmp_path,
 
 
 def test_skip_never_leaves_out_a_test_file_damaged_deep_inside(world, tmp_path, capsys):
-    victim = list_graphs(world, TILE_XLA, "test")[0].path
+    victim = DataRoot(world).graphs(TILE_XLA, "test")[0].path
     _flipped(victim)  # headers intact: found when the prune stage reads the data
     assert main(run_args(world, tmp_path, "--set", "data.on_bad_file=skip")) == 1
     err = capsys.readouterr().err

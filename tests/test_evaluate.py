@@ -21,7 +21,7 @@ from pipelines.flows.evaluate import (CEILING, EVALUATION_FILE, FLOOR, HEURISTIC
                                 evaluate_run, heuristics)
 from pipelines.synth.world import read_labels
 from pipelines.training.fit import load_predictions
-from pipelines.data.tpugraphs import list_graphs
+from pipelines.data.root import DataRoot
 
 
 
@@ -39,7 +39,7 @@ def _rows_from(world: Path, array: str) -> dict[str, list[int]]:
     """Submission rows ranking every test graph by one of its hidden label arrays."""
     rows = {}
     for collection in ALL_COLLECTIONS:
-        for ref in list_graphs(world, collection, "test"):
+        for ref in DataRoot(world).graphs(collection, "test"):
             labels = read_labels(world, collection, "test", ref.stem)
             values = labels.runtime / labels.normalizer if collection.is_tile and array == "runtime" \
                 else getattr(labels, array)
@@ -304,7 +304,7 @@ def test_per_graph_view_lists_every_test_graph_with_its_program_size_and_scores(
     out = capsys.readouterr().out
     record = json.loads((submissions / run_id / EVALUATION_FILE).read_text())
     rows = pl.DataFrame(record["per_graph"])
-    graphs = {(c.name, ref.stem) for c in ALL_COLLECTIONS for ref in list_graphs(tiny_world, c, "test")}
+    graphs = {(c.name, ref.stem) for c in ALL_COLLECTIONS for ref in DataRoot(tiny_world).graphs(c, "test")}
     assert set(zip(rows["collection"], rows["graph"])) == graphs and rows.height == len(graphs)
     families = program_families(tiny_world)
     for row in rows.iter_rows(named=True):
@@ -315,7 +315,7 @@ def test_per_graph_view_lists_every_test_graph_with_its_program_size_and_scores(
     # sizes and config counts are the files' own; the collection means are the per-graph means
     for collection in ALL_COLLECTIONS:
         part = rows.filter(pl.col("collection") == collection.name)
-        for ref, row in zip(sorted(list_graphs(tiny_world, collection, "test"), key=lambda r: r.stem),
+        for ref, row in zip(sorted(DataRoot(tiny_world).graphs(collection, "test"), key=lambda r: r.stem),
                             part.sort("graph").iter_rows(named=True)):
             from pipelines.data.tpugraphs import load_ref
 

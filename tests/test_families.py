@@ -15,7 +15,8 @@ from pipelines.core.errors import ConfigError
 from pipelines.synth import costmodel, generate_world, searches, world
 from pipelines.synth.families import DECIDING, HELDOUT, REGISTRY, family_module, load_family
 from pipelines.synth.programs import build_program, build_tile_kernel
-from pipelines.data.tpugraphs import list_graphs, load_graph
+from pipelines.data.tpugraphs import load_graph
+from pipelines.data.root import DataRoot
 from tests.test_synth import TINY_WORLD_SHA256, _real_format_sha256
 
 FAMILIES = [name for name in REGISTRY if name != HELDOUT]
@@ -124,7 +125,7 @@ def test_synth_family_writes_a_world_the_reader_accepts(family_world: Path) -> N
     assert world.labels_marker(family_world)["family"] == "copy_fusion"
     for collection in ALL_COLLECTIONS:
         for split in ("train", "valid", "test"):
-            refs = list_graphs(family_world, collection, split)
+            refs = DataRoot(family_world).graphs(collection, split)
             assert refs
             for ref in refs:
                 graph = load_graph(ref.path, collection)
@@ -138,7 +139,7 @@ def test_same_seed_same_configs_other_runtimes_across_families(family_world: Pat
     other = tmp_path / "mxu"
     generate_world(other, scale="tiny", seed=1, family="mxu_strict", collections="layout:xla:random")
     collection = parse_collections("layout:xla:random")[0]
-    for ref in list_graphs(other, collection, "train"):
+    for ref in DataRoot(other).graphs(collection, "train"):
         a = load_graph(ref.path, collection)
         b = load_graph(family_world / ref.path.relative_to(other), collection)
         np.testing.assert_array_equal(a.node_config_feat, b.node_config_feat)
@@ -153,7 +154,7 @@ def test_program_kinds_and_the_per_family_table(family_world: Path) -> None:
     assert set(kinds.values()) <= {"cnn", "rnn", "transformer", "mlp"}
     rows = {}
     for collection in ALL_COLLECTIONS:
-        for ref in list_graphs(family_world, collection, "test"):
+        for ref in DataRoot(family_world).graphs(collection, "test"):
             assert (collection.name, ref.stem) in kinds
             n = load_ref(ref).num_configs
             rows[ref.submission_id] = list(range(min(5, n))) if collection.is_tile else list(range(n))
@@ -197,7 +198,7 @@ def test_recurrent_option_gives_reference_the_other_families_programs(tmp_path: 
     assert "recurrent" not in json.loads((tmp_path / "pk" / "synth.json").read_text())
     assert world.program_kinds(tmp_path / "ref") == world.program_kinds(tmp_path / "pk")
     collection = parse_collections(chosen)[0]
-    for ref in list_graphs(tmp_path / "ref", collection, "train"):
+    for ref in DataRoot(tmp_path / "ref").graphs(collection, "train"):
         a = load_graph(ref.path, collection)
         b = load_graph(tmp_path / "pk" / ref.path.relative_to(tmp_path / "ref"), collection)
         np.testing.assert_array_equal(a.node_feat, b.node_feat)

@@ -39,7 +39,7 @@ from pipelines.core.errors import FormatError, PipelineError
 from pipelines.data.folds import FOLDS_TABLE
 from pipelines.flows.prepare import prepare
 from pipelines.data.prune import GRAPHS_TABLE
-from pipelines.data.tpugraphs import list_graphs
+from pipelines.data.root import DataRoot
 
 ROOT = Path(__file__).resolve().parent.parent
 RUN_TIMEOUT_S = 300
@@ -118,7 +118,7 @@ DAMAGE = {"garbage": _garbage, "truncated": _truncated, "flipped bytes": _flippe
 
 @pytest.mark.parametrize("kind", list(DAMAGE))
 def test_a_bad_file_stops_prepare_with_an_error_naming_it(kind, data_copy, tmp_path):
-    bad = list_graphs(data_copy, LAYOUT_XLA_DEFAULT, "train")[1].path
+    bad = DataRoot(data_copy).graphs(LAYOUT_XLA_DEFAULT, "train")[1].path
     DAMAGE[kind](bad)
     work = tmp_path / "work"
     with pytest.raises(FormatError) as raised:
@@ -129,9 +129,9 @@ def test_a_bad_file_stops_prepare_with_an_error_naming_it(kind, data_copy, tmp_p
 
 
 def test_a_foreign_non_npz_file_is_ignored_and_a_tile_graph_among_layout_files_is_an_error(data_copy, tmp_path):
-    folder = list_graphs(data_copy, LAYOUT_XLA_DEFAULT, "train")[0].path.parent
+    folder = DataRoot(data_copy).graphs(LAYOUT_XLA_DEFAULT, "train")[0].path.parent
     (folder / "README.txt").write_text("notes next to the data are not graphs\n")
-    tile = list_graphs(data_copy, TILE_XLA, "train")[0].path
+    tile = DataRoot(data_copy).graphs(TILE_XLA, "train")[0].path
     shutil.copy2(tile, folder / "stray_tile_graph.npz")
     with pytest.raises(FormatError, match="stray_tile_graph.npz: missing key"):
         prepare(fast_config(), data_copy, tmp_path / "work", [LAYOUT_XLA_DEFAULT])
@@ -141,7 +141,7 @@ def test_a_foreign_non_npz_file_is_ignored_and_a_tile_graph_among_layout_files_i
 
 
 def test_the_command_line_reports_a_bad_file_by_name(data_copy, tmp_path, capsys):
-    bad = list_graphs(data_copy, TILE_XLA, "valid")[0].path
+    bad = DataRoot(data_copy).graphs(TILE_XLA, "valid")[0].path
     _truncated(bad)
     code = main(["prepare", "--data-root", str(data_copy), "--work-dir", str(tmp_path / "work"), "--config", "quick",
                  "--collections", "tile:xla"])
@@ -151,7 +151,7 @@ def test_the_command_line_reports_a_bad_file_by_name(data_copy, tmp_path, capsys
 
 
 def test_skip_option_leaves_bad_files_out_with_a_warning_on_every_run_and_records_them(data_copy, tmp_path, caplog):
-    refs = list_graphs(data_copy, LAYOUT_XLA_DEFAULT, "train")
+    refs = DataRoot(data_copy).graphs(LAYOUT_XLA_DEFAULT, "train")
     bad, kept = refs[0], refs[1]
     _truncated(bad.path)
     config = fast_config("data.on_bad_file=skip")

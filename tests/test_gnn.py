@@ -22,7 +22,8 @@ from pipelines.models.gnn.batch import (LayoutConfigs, collate, compact_configs,
                                         prepare_graph)
 from pipelines.models.gnn.device import autocast
 from pipelines.models.gnn.losses import list_mle_loss, make_loss, pairwise_hinge_loss
-from pipelines.models.gnn.model import GNNModel, segment_sum
+from pipelines.models.gnn.model import GNNModel
+from pipelines.models.gnn.ops import segment_sum
 import pipelines.models.gnn.trainer as trainer
 from pipelines.models.gnn.trainer import configs_per_chunk, pass_order, scoring_passes
 from pipelines.models.gnn.pretrain import encoder_parameters, pretrain_encoder
@@ -211,37 +212,37 @@ def test_listmle_hand_cases():
 @pytest.mark.parametrize("rows", [1, 7, 3000])
 @pytest.mark.parametrize("ties", [False, True])
 def test_max_over_rows_gives_max_values_and_gradient_to_the_first_maximum(monkeypatch, rows, ties):
-    import pipelines.models.gnn.model as model_module
+    import pipelines.models.gnn.ops as ops_module
 
-    monkeypatch.setattr(model_module, "_MAX_BLOCK_ELEMENTS", 64)  # many row blocks, a partial last one
-    monkeypatch.setattr(model_module, "_LARGE_MAX_ELEMENTS", 0)  # the blocked path at every size
+    monkeypatch.setattr(ops_module, "_MAX_BLOCK_ELEMENTS", 64)  # many row blocks, a partial last one
+    monkeypatch.setattr(ops_module, "_LARGE_MAX_ELEMENTS", 0)  # the blocked path at every size
     generator = torch.Generator().manual_seed(rows)
     # integer values in a small range: most columns hold their maximum in several rows
     x = (torch.randint(0, 3, (rows, 4, 5), generator=generator).float() if ties
          else torch.randn(rows, 4, 5, generator=generator))
     weight = torch.randn(4, 5, generator=generator)
     ours, reference = x.clone().requires_grad_(), x.clone().requires_grad_()
-    value = model_module.max_over_rows(ours)
+    value = ops_module.max_over_rows(ours)
     expected = reference.max(0).values
     (value * weight).sum().backward()
     (expected * weight).sum().backward()
     assert torch.equal(value, expected)
     assert torch.equal(ours.grad, reference.grad)  # every column's gradient in exactly one row, the first
-    assert torch.equal(model_module.max_over_rows(x), expected.detach())  # without a gradient
+    assert torch.equal(ops_module.max_over_rows(x), expected.detach())  # without a gradient
     with torch.no_grad():
-        assert torch.equal(model_module.max_over_rows(ours), expected.detach())
+        assert torch.equal(ops_module.max_over_rows(ours), expected.detach())
 
 
 def test_max_over_rows_keeps_a_nan_maximum_and_its_row_as_max_does(monkeypatch):
-    import pipelines.models.gnn.model as model_module
+    import pipelines.models.gnn.ops as ops_module
 
-    monkeypatch.setattr(model_module, "_MAX_BLOCK_ELEMENTS", 40)  # two rows per block
-    monkeypatch.setattr(model_module, "_LARGE_MAX_ELEMENTS", 0)
+    monkeypatch.setattr(ops_module, "_MAX_BLOCK_ELEMENTS", 40)  # two rows per block
+    monkeypatch.setattr(ops_module, "_LARGE_MAX_ELEMENTS", 0)
     x = torch.randn(30, 4, 5, generator=torch.Generator().manual_seed(1))
     x[7, 1, 2] = x[20, 1, 2] = x[6, 1, 2] = float("nan")  # a column with NaNs in two blocks, two in the first
     x[29, 0, 0] = float("nan")  # in the last block
     ours, reference = x.clone().requires_grad_(), x.clone().requires_grad_()
-    value, expected = model_module.max_over_rows(ours), reference.max(0).values
+    value, expected = ops_module.max_over_rows(ours), reference.max(0).values
     value.backward(torch.ones_like(value))
     expected.backward(torch.ones_like(expected))
     torch.testing.assert_close(value, expected, rtol=0, atol=0, equal_nan=True)
@@ -250,10 +251,10 @@ def test_max_over_rows_keeps_a_nan_maximum_and_its_row_as_max_does(monkeypatch):
 
 @pytest.mark.parametrize("ties", [False, True])
 def test_one_graph_pooling_repeats_the_separate_ops_to_the_bit(monkeypatch, ties):
-    import pipelines.models.gnn.model as model_module
-    from pipelines.models.gnn.model import _PoolOneGraph
+    import pipelines.models.gnn.ops as ops_module
+    from pipelines.models.gnn.ops import PoolOneGraph
 
-    monkeypatch.setattr(model_module, "_MAX_BLOCK_ELEMENTS", 64)  # many row blocks, a partial last one
+    monkeypatch.setattr(ops_module, "_MAX_BLOCK_ELEMENTS", 64)  # many row blocks, a partial last one
     generator = torch.Generator().manual_seed(3)
     rows, k, h = 50, 4, 6
     x = (torch.randint(0, 3, (rows, k, h), generator=generator).float() if ties
@@ -272,14 +273,14 @@ def test_one_graph_pooling_repeats_the_separate_ops_to_the_bit(monkeypatch, ties
     # the separate ops, created in the order the model creates them
     expected, expected_grad = gradient(lambda s: (segment_sum(s, graph, 1), s.max(0).values.unsqueeze(0),
                                                   s[config_rows]))
-    got, got_grad = gradient(lambda s: _PoolOneGraph.apply(s, graph, config_rows))
+    got, got_grad = gradient(lambda s: PoolOneGraph.apply(s, graph, config_rows))
     assert all(torch.equal(a, b) for a, b in zip(got, expected))
     assert torch.equal(got_grad, expected_grad)
 
 
 @pytest.mark.parametrize("config_layers", [0, 1, 2])
 def test_a_training_step_pools_one_graph_in_one_pass_with_the_plain_ops_gradients(monkeypatch, config_layers):
-    """The model's CPU training step takes ``_PoolOneGraph``; every parameter's gradient equals the one
+    """The model's CPU training step takes ``PoolOneGraph``; every parameter's gradient equals the one
     the separate ops give (to the bit), through the whole network."""
     import pipelines.models.gnn.model as model_module
 
@@ -296,18 +297,18 @@ def test_a_training_step_pools_one_graph_in_one_pass_with_the_plain_ops_gradient
         return [p.grad.clone() for p in model.parameters() if p.grad is not None]
 
     taken = []
-    fused_apply = model_module._PoolOneGraph.apply
-    monkeypatch.setattr(model_module._PoolOneGraph, "apply", lambda *a: taken.append(1) or fused_apply(*a))
+    fused_apply = model_module.PoolOneGraph.apply
+    monkeypatch.setattr(model_module.PoolOneGraph, "apply", lambda *a: taken.append(1) or fused_apply(*a))
     fused = gradients()
     assert taken  # the one-pass pooling ran
-    monkeypatch.setattr(model_module._PoolOneGraph, "apply", lambda x, graph_rows, config_rows: (
+    monkeypatch.setattr(model_module.PoolOneGraph, "apply", lambda x, graph_rows, config_rows: (
         segment_sum(x, graph_rows, 1), x.max(0).values.unsqueeze(0), x[config_rows]))
     plain = gradients()
     assert len(fused) == len(plain) and all(torch.equal(a, b) for a, b in zip(fused, plain))
 
 
 def test_segment_max_sorted_per_group_with_an_empty_group():
-    from pipelines.models.gnn.model import segment_max_sorted
+    from pipelines.models.gnn.ops import segment_max_sorted
 
     x = torch.tensor([[1.0, 5.0], [3.0, 2.0], [4.0, 4.0]], requires_grad=True)
     index = torch.tensor([0, 0, 2])

@@ -27,7 +27,8 @@ from pipelines.flows.prepare import prepare
 from pipelines.flows.run import run_pipeline
 from pipelines.outputs.run_folders import SUBMISSION_FILE
 from pipelines.data.submission import validate_submission
-from pipelines.data.tpugraphs import TileGraph, collection_dir, list_graphs, load_graph, save_graph
+from pipelines.data.tpugraphs import TileGraph, load_graph, save_graph
+from pipelines.data.root import DataRoot
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -63,7 +64,7 @@ def published(tiny_world: Path, tmp_path_factory: pytest.TempPathFactory) -> dic
 
 
 def first_test_ref(root: Path, collection=TILE_XLA):
-    return list_graphs(root, collection, "test")[0]
+    return DataRoot(root).graphs(collection, "test")[0]
 
 
 def csv_without(submission: Path, sid: str, out: Path) -> Path:
@@ -136,7 +137,7 @@ def _plant_unreadable(folder: Path, tmp_path: Path) -> list[Path]:
 
 
 def test_03_unreadable_train_entries_are_errors_naming_each(world, tmp_path):
-    bad = _plant_unreadable(collection_dir(world, TILE_XLA, "train"), tmp_path)
+    bad = _plant_unreadable(DataRoot(world).split_dir(TILE_XLA, "train"), tmp_path)
     with pytest.raises(FormatError) as caught:
         prepare(fast_config(), world, tmp_path / "work", [TILE_XLA])
     message = str(caught.value)
@@ -146,7 +147,7 @@ def test_03_unreadable_train_entries_are_errors_naming_each(world, tmp_path):
 
 
 def test_03_with_skip_unreadable_entries_are_recorded_warnings(world, tmp_path, caplog):
-    bad = _plant_unreadable(collection_dir(world, TILE_XLA, "train"), tmp_path)
+    bad = _plant_unreadable(DataRoot(world).split_dir(TILE_XLA, "train"), tmp_path)
     prepared = prepare(fast_config("data.on_bad_file=skip"), world, tmp_path / "work", [TILE_XLA])
     lines = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     skipped = prepared[TILE_XLA.name].stages["prune"].metrics["skipped_files"]
@@ -158,7 +159,7 @@ def test_03_with_skip_unreadable_entries_are_recorded_warnings(world, tmp_path, 
 
 
 def test_04_a_missing_collection_fails_before_any_stage(world, tmp_path):
-    shutil.rmtree(collection_dir(world, LAYOUT_NLP_RANDOM, "train").parent)
+    shutil.rmtree(DataRoot(world).split_dir(LAYOUT_NLP_RANDOM, "train").parent)
     with pytest.raises(FormatError, match="layout/nlp/random"):
         run_pipeline(fast_config(), world, work_dir=tmp_path / "work", models=["random"],
                      submissions_dir=tmp_path / "subs")
@@ -166,7 +167,7 @@ def test_04_a_missing_collection_fails_before_any_stage(world, tmp_path):
 
 
 def test_04_an_empty_test_split_is_named_before_any_stage(world, tmp_path):
-    test_dir = collection_dir(world, TILE_XLA, "test")
+    test_dir = DataRoot(world).split_dir(TILE_XLA, "test")
     for path in test_dir.iterdir():
         path.unlink()
     with pytest.raises(FormatError) as caught:

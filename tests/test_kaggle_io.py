@@ -18,7 +18,7 @@ from pipelines.core.errors import PipelineError, SubmissionError
 from pipelines.outputs.kaggle_io import (
     COMPETITION, MARKER_NAME, RULES_URL, expected_directories, find_credentials, safe_member_path,
 )
-from pipelines.data.tpugraphs import npz_root
+from pipelines.data.root import DataRoot
 
 REPO = Path(__file__).resolve().parents[1]
 CREDENTIAL_VARS = ("KAGGLE_USERNAME", "KAGGLE_KEY", "KAGGLE_API_TOKEN", "KAGGLE_CONFIG_DIR", "XDG_CONFIG_HOME")
@@ -198,7 +198,7 @@ def test_download_installs_writes_marker_then_skips(fake, tmp_path, capsys, monk
     for directory in expected_directories():
         assert (root / directory / "graph_v1.npz").read_bytes() == f"v1 bytes of {directory}".encode()
     assert (root / "sample_submission.csv").read_text() == "ID,TopConfigs\nv1\n"
-    assert npz_root(root) == root / "npz_all" / "npz"
+    assert DataRoot(root).npz == root / "npz_all" / "npz"
     marker = json.loads((root / MARKER_NAME).read_text())
     assert marker["files"] == DATA_FILES and marker["zip_bytes"] == (tmp_path / "v1.zip").stat().st_size
     after = snapshot(root)

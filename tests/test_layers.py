@@ -25,6 +25,7 @@ LAYERS = (
     ("outputs",),
     ("flows",),
     ("reports",),
+    ("commands",),
     ("cli", "__main__"),
 )
 LAYER_OF = {name: depth for depth, names in enumerate(LAYERS) for name in names}

@@ -1,18 +1,17 @@
-"""One contract test over every registered model (pipelines.models.contract), as scikit-learn's
-estimator checks run over every estimator: a new model passes it or is not registered."""
+"""The contract checks (pipelines.models.checks) over every registered model, as scikit-learn's
+estimator checks run over every estimator: a new model passes them or is not registered."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from pipelines.core.collection import parse_collection
 from pipelines.config.settings import load_config
 from pipelines.config.registry import MODELS, get_adapter
-from pipelines.core.predictions import prediction_frame, validate_predictions
 from pipelines.flows.prepare import prepare
+from pipelines.models.checks import CHECKS, CheckCase, check_case
 
 COLLECTIONS = ("tile:xla", "layout:xla:random")
 # On top of the smoke config: the GNN a little smaller still, so every check stays in seconds.
@@ -27,52 +26,26 @@ def prepared(tiny_world: Path, tmp_path_factory: pytest.TempPathFactory):
     return config, prepare(config, tiny_world, work, list(COLLECTIONS))
 
 
-def _data(adapter, item, settings):
-    train_graphs = item.graphs("train")
-    test_graphs = item.graphs("test")
-    train = adapter.load(item, train_graphs[1:], settings=settings, fit=True, seed=0)
-    valid = adapter.load(item, train_graphs[:1], settings=settings, fit=True, seed=0)
-    test = adapter.load(item, test_graphs, settings=settings, fit=False, seed=0)
-    return train, valid, test
+@pytest.fixture(scope="module")
+def cases(prepared, tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, str], CheckCase]:
+    """One case per (model, collection), built on first use and shared by its checks (one fit each)."""
+    config, items = prepared
+    made: dict[tuple[str, str], CheckCase] = {}
+
+    def case(model: str, collection: str) -> CheckCase:
+        if (model, collection) not in made:
+            folder = tmp_path_factory.mktemp(f"{model}-{collection.replace(':', '-')}")
+            made[model, collection] = check_case(model, items[collection], config, folder)
+        return made[model, collection]
+
+    return case
 
 
+@pytest.mark.parametrize("check", CHECKS, ids=lambda check: check.__name__)
 @pytest.mark.parametrize("collection", COLLECTIONS)
 @pytest.mark.parametrize("model", sorted(MODELS))
-def test_every_registered_model_keeps_the_contract(model, collection, prepared, tmp_path):
-    config, items = prepared
-    item = items[collection]
-    adapter = get_adapter(model)
-    settings = adapter.settings(config, item.collection)
-    # the stages it reads: its training stage's inputs in the DAG, and the keys its stage records
-    assert set(adapter.inputs(item)) == set(adapter.input_stages) <= set(item.stages)
-    train, valid, test = _data(adapter, item, settings)
-    graphs, config_index = adapter.index(test)
-
-    ranker = adapter.make(settings, item.collection, num_threads=1)
-    with pytest.raises(RuntimeError, match="before"):  # predict before fit fails loudly
-        ranker.predict(test)
-    assert ranker.fit(train, valid, seed=3) is ranker
-    costs = ranker.predict(test)
-    # one finite float64 cost per row the adapter indexes, in the shared prediction schema
-    assert isinstance(costs, np.ndarray) and costs.dtype == np.float64 and costs.shape == (len(graphs),)
-    assert np.all(np.isfinite(costs))
-    frames = [prediction_frame(collection=collection, graph=g, split="test", scores=costs[graphs == g], fold=0, seed=3,
-                               model=model, config_index=config_index[graphs == g]) for g in np.unique(graphs)]
-    for frame in frames:
-        validate_predictions(frame)
-
-    # the same seed gives the same predictions, from a fresh ranker
-    again = adapter.make(settings, item.collection, num_threads=1).fit(train, valid, seed=3).predict(test)
-    np.testing.assert_array_equal(again, costs)
-
-    # save/load round-trips to the same predictions
-    files = ranker.save(tmp_path, "m")
-    assert files and all((tmp_path / f).is_file() for f in files)
-    loaded = adapter.ranker_class.load(tmp_path, "m", num_threads=1)
-    np.testing.assert_array_equal(loaded.predict(test), costs)
-
-    facts, importance = adapter.describe(ranker)
-    assert isinstance(facts, dict)
+def test_every_registered_model_keeps_the_contract(model, collection, check, cases):
+    check(cases(model, collection))
 
 
 @pytest.mark.parametrize("collection", COLLECTIONS)

@@ -19,6 +19,7 @@ from pipelines.config.registry import ModelSpec, registered
 from pipelines.config.settings import load_config, model_settings
 from pipelines.core.collection import parse_collection
 from pipelines.core.errors import ConfigError
+from pipelines.models.checks import check_case, check_model
 from pipelines.models.feature_table import FeatureTableAdapter
 
 
@@ -116,19 +117,47 @@ def test_the_toy_keeps_the_contract_and_runs(toy, tiny_world, tmp_path):
     config = load_config("smoke", ["run.models=['toy']", "ensemble.models=['toy']", "run.seeds=[0]", "run.n_jobs=1"])
     collection = parse_collection("tile:xla")
     item = prepare(config, tiny_world, tmp_path / "work", [collection])["tile:xla"]
-    adapter = registry.get_adapter("toy")
-    settings = adapter.settings(config, collection)
-    graphs = item.graphs("train")
-    ranker = adapter.make(settings, collection, num_threads=1)
-    with pytest.raises(RuntimeError, match="before"):
-        ranker.predict(adapter.load(item, graphs, settings=settings, fit=False, seed=0))
-    ranker.fit(adapter.load(item, graphs, settings=settings, fit=True, seed=0), seed=0)
-    test = adapter.load(item, item.graphs("test"), settings=settings, fit=False, seed=0)
-    costs = ranker.predict(test)
-    assert costs.dtype == np.float64 and costs.shape == (test.height,)
-    saved = ranker.save(tmp_path, "toy")
-    assert np.array_equal(ToyRanker.load(tmp_path, saved[0][:-4]).predict(test), costs)
+    check_model(check_case("toy", item, config, tmp_path / "checks"))  # the contract checks a plugin runs
 
     result = run_pipeline(config, tiny_world, work_dir=tmp_path / "work", submissions_dir=tmp_path / "subs")
     assert result.submission.is_file()
     assert set(result.manifest["cv_scores"]["tile:xla"]["training"]) == {"toy"}
+
+
+@dataclass
+class DeviceToyConfig(ToyConfig):
+    device: str = "cpu"  # where the toy would train, as the GNN's section says it
+    extra_train_collections: list[str] = field(default_factory=list)
+
+
+def test_device_and_companion_rules_follow_the_registry_not_a_model_name(tmp_path, caplog):
+    """`run` decides by the registry's ``uses_device`` whether to resolve a model's device, and reads any
+    model section's ``extra_train_collections``: a plugin model gets both without a name check."""
+    import logging
+
+    from pipelines.config.registry import device_models
+    from pipelines.flows.prepare import companion_collections
+    from pipelines.flows.run import check_devices
+
+    spec = ModelSpec(f"{__name__}:ToyAdapter", DeviceToyConfig, configurable=True, uses_device=True)
+    with registered("toy", spec):
+        assert device_models(["gbdt", "toy", "feature:f_x"]) == ["toy"]
+        assert device_models(["gbdt", "random"]) == []
+        tile = parse_collection("tile:xla")
+        config = load_config("smoke", ["toy.device='cuda'"])
+        import torch
+
+        if not torch.cuda.is_available():
+            with pytest.raises(ConfigError, match="CUDA"):
+                check_devices(config, ["toy"], [tile])
+        check_devices(config, ["gbdt"], [tile])  # the toy does not train: its device is not resolved
+        with caplog.at_level(logging.INFO):
+            check_devices(load_config("smoke"), ["toy"], [tile])
+        assert "TOY device: cpu (toy.device)" in caplog.text
+
+        layout = parse_collection("layout:xla:random")
+        config = load_config("smoke", ['toy.extra_train_collections=["layout:nlp:random"]',
+                                       "gnn.extra_train_collections=[]"])
+        assert companion_collections(config, layout) == [parse_collection("layout:nlp:random")]
+        with pytest.raises(ConfigError, match="toy.extra_train_collections"):
+            companion_collections(load_config("smoke", ['toy.extra_train_collections=["tile:xla"]']), layout)

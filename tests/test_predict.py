@@ -66,13 +66,13 @@ def test_predict_on_the_original_data_root_reproduces_the_csv_byte_for_byte(run,
 
 
 def test_predict_ranks_a_new_data_root_holding_only_test_graphs(run, tmp_path):
-    from pipelines.data.tpugraphs import collection_dir
+    from pipelines.data.root import DataRoot
 
     new_root = tmp_path / "mine"
     shutil.copytree(run["root"], new_root)
     for collection in run["result"].manifest["collections"]:
         for split in ("train", "valid"):
-            shutil.rmtree(collection_dir(new_root, parse_collection(collection), split), ignore_errors=True)
+            shutil.rmtree(DataRoot(new_root).split_dir(parse_collection(collection), split), ignore_errors=True)
     code = main(["predict", "--run", run["result"].run_id, "--data-root", str(new_root),
                  "--submissions-dir", str(run["base"] / "subs")])
     assert code == 0

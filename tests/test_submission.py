@@ -22,7 +22,8 @@ from pipelines.data.submission import (
     validate_submission,
     write_submission,
 )
-from pipelines.data.tpugraphs import LayoutGraph, TileGraph, collection_dir, count_configs, save_graph
+from pipelines.data.tpugraphs import LayoutGraph, TileGraph, count_configs, save_graph
+from pipelines.data.root import DataRoot
 
 # configs per graph, by split: tile test holds a 3-config graph (c < 5), layout graphs have distinct runtimes.
 TILE_SIZES = {"train": [6], "valid": [7, 4], "test": [6, 3]}
@@ -67,7 +68,7 @@ def build_root(root: Path, runtimes: Callable[[np.random.Generator, int], np.nda
                 runtime = np.zeros(c, dtype=np.int64) if split == "test" else runtimes(runtime_rng, c)
                 make = tile_graph if collection.is_tile else layout_graph
                 graph = make(stem, runtime, rng)
-                save_graph(collection_dir(root, collection, split) / f"{stem}.npz", graph)
+                save_graph(DataRoot(root).split_dir(collection, split) / f"{stem}.npz", graph)
                 if split == "valid":
                     truths[collection.submission_id(stem)] = graph.target
                 if split == "test":
@@ -186,7 +187,7 @@ def test_a_missing_collection_directory_is_named(world, tmp_path):
     root, _ = world
     partial = tmp_path / "partial"
     shutil.copytree(root, partial)
-    missing_dir = collection_dir(partial, LAYOUT_XLA_DEFAULT, "test")
+    missing_dir = DataRoot(partial).split_dir(LAYOUT_XLA_DEFAULT, "test")
     shutil.rmtree(missing_dir)
     path = write_submission(tmp_path / "sub.csv", valid_test_rows())
     with pytest.raises(FormatError, match="missing directory for layout:xla:default test") as caught:
@@ -278,8 +279,8 @@ def test_an_index_of_thousands_of_digits_is_out_of_range_in_linear_time(world, t
 
 def test_count_configs_reads_only_the_header(world, tmp_path):
     root, _ = world
-    tile = collection_dir(root, TILE_XLA, "test") / f"{TEST_STEMS[1]}.npz"
-    layout = collection_dir(root, LAYOUT_XLA_DEFAULT, "valid") / "xla_model_valid_0.npz"
+    tile = DataRoot(root).split_dir(TILE_XLA, "test") / f"{TEST_STEMS[1]}.npz"
+    layout = DataRoot(root).split_dir(LAYOUT_XLA_DEFAULT, "valid") / "xla_model_valid_0.npz"
     assert count_configs(tile, TILE_XLA) == 3
     assert count_configs(layout, LAYOUT_XLA_DEFAULT) == 6
     with pytest.raises(FormatError, match="missing key node_config_feat"):

@@ -21,7 +21,8 @@ from pipelines.core.errors import ConfigError
 from pipelines.synth import costmodel, generate_world, searches
 from pipelines.synth.programs import Family, Variant, build_program, build_tile_kernel
 from pipelines.data.folds import program_family
-from pipelines.data.tpugraphs import list_graphs, load_graph
+from pipelines.data.tpugraphs import load_graph
+from pipelines.data.root import DataRoot
 
 SEED = 3
 
@@ -69,7 +70,7 @@ def test_every_file_loads_and_matches_the_format(world: Path) -> None:
     tile_runtimes = []
     for collection in ALL_COLLECTIONS:
         for split in ("train", "valid", "test"):
-            refs = list_graphs(world, collection, split)
+            refs = DataRoot(world).graphs(collection, split)
             assert refs, f"{collection} {split} is empty"
             for ref in refs:
                 graph = load_graph(ref.path, collection)
@@ -138,26 +139,26 @@ def test_collection_level_facts(world: Path) -> None:
     # duplicates in layout train files (default search), tile tests with fewer than 5 configs
     dup_shares = []
     for collection in (LAYOUT_XLA_DEFAULT,):
-        for ref in list_graphs(world, collection, "train"):
+        for ref in DataRoot(world).graphs(collection, "train"):
             cfg = load_graph(ref.path, collection).node_config_feat
             dup_shares.append(1 - len(np.unique(cfg.reshape(len(cfg), -1), axis=0)) / len(cfg))
     assert max(dup_shares) > 0.2
-    tile_test = [load_graph(r.path, TILE_XLA).num_configs for r in list_graphs(world, TILE_XLA, "test")]
+    tile_test = [load_graph(r.path, TILE_XLA).num_configs for r in DataRoot(world).graphs(TILE_XLA, "test")]
     assert min(tile_test) < 5
     for source in ("xla", "nlp"):
         default, random = (next(c for c in ALL_COLLECTIONS if c.name == f"layout:{source}:{s}")
                            for s in ("default", "random"))
-        d_test = [r.stem for r in list_graphs(world, default, "test")]
-        assert d_test == [r.stem for r in list_graphs(world, random, "test")]
+        d_test = [r.stem for r in DataRoot(world).graphs(default, "test")]
+        assert d_test == [r.stem for r in DataRoot(world).graphs(random, "test")]
         assert all(re.fullmatch(r"[0-9a-f]{32}", s) for s in d_test)
-    d_valid = list_graphs(world, LAYOUT_XLA_DEFAULT, "valid")
-    r_valid = list_graphs(world, LAYOUT_XLA_RANDOM, "valid")
+    d_valid = DataRoot(world).graphs(LAYOUT_XLA_DEFAULT, "valid")
+    r_valid = DataRoot(world).graphs(LAYOUT_XLA_RANDOM, "valid")
     assert [r.stem for r in d_valid] == [r.stem for r in r_valid]
     for d, r in zip(d_valid, r_valid):
         gd = load_graph(d.path, LAYOUT_XLA_DEFAULT, with_configs=False)
         gr = load_graph(r.path, LAYOUT_XLA_RANDOM, with_configs=False)
         assert np.array_equal(gd.node_feat, gr.node_feat) and np.array_equal(gd.edge_index, gr.edge_index)
-    for ref in list_graphs(world, TILE_XLA, "train"):
+    for ref in DataRoot(world).graphs(TILE_XLA, "train"):
         assert re.fullmatch(r"[a-z0-9_]+_(train|inference)_batch_\d+_-?[0-9a-f]{16}", ref.stem)
 
 
@@ -168,7 +169,7 @@ def test_sample_submission_matches_test_files(world: Path) -> None:
     got = dict(rows[1:])
     expected = {}
     for collection in ALL_COLLECTIONS:
-        for ref in list_graphs(world, collection, "test"):
+        for ref in DataRoot(world).graphs(collection, "test"):
             c = load_graph(ref.path, collection).num_configs
             top = range(min(5, c)) if collection.is_tile else range(c)
             expected[ref.submission_id] = ";".join(map(str, top))
@@ -176,7 +177,7 @@ def test_sample_submission_matches_test_files(world: Path) -> None:
 
 
 def test_families_have_several_variants(world: Path) -> None:
-    stems = [r.stem for c in ALL_COLLECTIONS[1:] for s in ("train", "valid") for r in list_graphs(world, c, s)]
+    stems = [r.stem for c in ALL_COLLECTIONS[1:] for s in ("train", "valid") for r in DataRoot(world).graphs(c, s)]
     counts: dict[str, set[str]] = {}
     for stem in stems:
         counts.setdefault(program_family(stem), set()).add(stem)
@@ -189,8 +190,8 @@ def test_same_arguments_give_identical_bytes_and_jobs_do_not_matter(world: Path,
     assert _files(again) == _files(world)
     other = tmp_path / "other"
     generate_world(other, scale="tiny", seed=SEED + 1, collections="tile:xla")
-    ours = [r.path.read_bytes() for r in list_graphs(world, TILE_XLA, "train")]
-    theirs = [r.path.read_bytes() for r in list_graphs(other, TILE_XLA, "train")]
+    ours = [r.path.read_bytes() for r in DataRoot(world).graphs(TILE_XLA, "train")]
+    theirs = [r.path.read_bytes() for r in DataRoot(other).graphs(TILE_XLA, "train")]
     assert len(ours) == len(theirs) and not set(ours) & set(theirs)
 
 
@@ -199,8 +200,8 @@ def test_limit_writes_a_prefix_of_the_unlimited_world(world: Path, tmp_path: Pat
     generate_world(limited, scale="tiny", seed=SEED, limit=1, collections="tile:xla,layout:xla:random")
     for collection in (TILE_XLA, LAYOUT_XLA_RANDOM):
         for split in ("train", "valid", "test"):
-            refs = list_graphs(limited, collection, split)
-            full = list_graphs(world, collection, split)
+            refs = DataRoot(limited).graphs(collection, split)
+            full = DataRoot(world).graphs(collection, split)
             assert len(refs) == 1 and refs[0].stem == full[0].stem
             assert refs[0].path.read_bytes() == full[0].path.read_bytes()
 
@@ -212,7 +213,7 @@ def test_cli_synth_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
             "--collections", "layout:nlp:random"]
     assert main(args) == 0
     assert "3 written" in capsys.readouterr().out
-    assert len(list_graphs(tmp_path / "cli", LAYOUT_NLP_RANDOM, "train")) == 1
+    assert len(DataRoot(tmp_path / "cli").graphs(LAYOUT_NLP_RANDOM, "train")) == 1
     assert main(["synth", "--out", str(tmp_path / "cli"), "--scale", "tiny", "--limit", "0"]) == 2
 
 
@@ -350,7 +351,7 @@ def test_sidecar_holds_every_split_and_matches_the_files(world: Path) -> None:
     assert not list((world / "npz_all").rglob("labels*")), "the sidecar lives outside npz_all/"
     for collection in ALL_COLLECTIONS:
         for split in ("train", "valid", "test"):
-            for ref in list_graphs(world, collection, split):
+            for ref in DataRoot(world).graphs(collection, split):
                 graph = load_graph(ref.path, collection)
                 labels = read_labels(world, collection, split, ref.stem)
                 assert labels.runtime.shape == (graph.num_configs,) and labels.runtime.min() > 0
@@ -393,8 +394,8 @@ def test_two_variants_rank_the_same_graphs_differently(tmp_path: Path) -> None:
     for collection in (TILE_XLA, LAYOUT_XLA_RANDOM, LAYOUT_NLP_RANDOM):
         taus, other_fastest = [], 0
         for split in ("train", "valid", "test"):
-            for ref0, ref1 in zip(list_graphs(tmp_path / "v0", collection, split),
-                                  list_graphs(tmp_path / "v1", collection, split)):
+            for ref0, ref1 in zip(DataRoot(tmp_path / "v0").graphs(collection, split),
+                                  DataRoot(tmp_path / "v1").graphs(collection, split)):
                 g0, g1 = load_graph(ref0.path, collection), load_graph(ref1.path, collection)
                 configs = (g0.config_feat, g1.config_feat) if collection.is_tile else \
                     (g0.node_config_feat, g1.node_config_feat)

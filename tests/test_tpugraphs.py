@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from pipelines.data.root import DataRoot
 from pipelines.data import tpugraphs
 from pipelines.core.collection import LAYOUT_NLP_RANDOM, LAYOUT_XLA_DEFAULT, TILE_XLA
 from pipelines.core.errors import FormatError
@@ -228,14 +229,37 @@ def test_finds_kaggle_and_plain_roots_and_lists_sorted_stems(tmp_path, rng):
             save_graph(directory / f"{stem}.npz", make_tile(rng))
         (directory / "README.txt").write_text("ignored")
     for data_root in (tmp_path / "kaggle", tmp_path / "plain"):
-        refs = tpugraphs.list_graphs(data_root, TILE_XLA, "train")
+        refs = DataRoot(data_root).graphs(TILE_XLA, "train")
         assert [r.stem for r in refs] == ["a_2", "b_1"]
         assert refs[0].submission_id == "tile:xla:a_2"
-        assert tpugraphs.available_collections(data_root) == [TILE_XLA]
+        assert DataRoot(data_root).collections() == [TILE_XLA]
     with pytest.raises(FormatError, match="missing directory for tile:xla valid"):
-        tpugraphs.list_graphs(tmp_path / "kaggle", TILE_XLA, "valid")
+        DataRoot(tmp_path / "kaggle").graphs(TILE_XLA, "valid")
     with pytest.raises(FormatError, match="no TpuGraphs data here"):
-        tpugraphs.npz_root(tmp_path)
+        DataRoot(tmp_path).npz
+
+
+def test_a_data_root_says_where_writers_put_files_and_is_a_path(tmp_path):
+    """Writers (synth: the Kaggle layout; rank and records: the plain one) and readers ask one object
+    where a split lives; the folders a writer is told are the ones the reader then lists."""
+    import os
+
+    from pipelines.core.collection import parse_collection
+
+    layout = parse_collection("layout:nlp:random")
+    kaggle, plain = DataRoot(tmp_path / "k"), DataRoot(tmp_path / "p")
+    assert kaggle.new_split_dir(layout, "valid") == tmp_path / "k/npz_all/npz/layout/nlp/random/valid"
+    assert plain.new_split_dir(layout, "test", kaggle=False) == tmp_path / "p/npz/layout/nlp/random/test"
+    for root, kaggle_layout in ((kaggle, True), (plain, False)):
+        root.new_split_dir(layout, "train", kaggle=kaggle_layout).mkdir(parents=True)
+        assert root.split_dir(layout, "train") == root.new_split_dir(layout, "train", kaggle=kaggle_layout)
+        assert root.collections() == [layout]
+    assert os.fspath(kaggle) == str(tmp_path / "k") and Path(kaggle) == tmp_path / "k"
+    assert DataRoot(kaggle) == kaggle and kaggle.sample_submission == tmp_path / "k/sample_submission.csv"
+    with pytest.raises(FormatError, match="data root does not exist"):
+        DataRoot(tmp_path / "nowhere").collections()
+    with pytest.raises(ValueError, match="unknown split"):
+        kaggle.new_split_dir(layout, "dev")
 
 
 @pytest.mark.parametrize("case,break_it,expected", [

@@ -15,7 +15,7 @@ models above it by import string only.
 from __future__ import annotations
 
 import importlib
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -35,11 +35,15 @@ class ModelSpec:
     default: bool = False  # in the default run.models and ensemble.models
     configurable: bool = True  # may be named in run.models / ensemble.models (the reference models may not)
     takes_column: bool = False  # `name:<f_* column>` fixes the column it ranks by
+    # Trains on a device its section's `device` setting names (cpu, cuda, auto): `run` resolves it before
+    # any stage, checks torch only where such a model trains, and picks the machine's config for it.
+    uses_device: bool = False
 
 
 MODELS: dict[str, ModelSpec] = {
     "gbdt": ModelSpec("pipelines.models.gbdt:GBDTAdapter", GBDTConfig, GBDT_SEARCH_SPACE, default=True),
-    "gnn": ModelSpec("pipelines.models.gnn.adapter:GNNAdapter", GNNConfig, GNN_SEARCH_SPACE, default=True),
+    "gnn": ModelSpec("pipelines.models.gnn.adapter:GNNAdapter", GNNConfig, GNN_SEARCH_SPACE, default=True,
+                     uses_device=True),
     "random": ModelSpec("pipelines.models.reference:RandomAdapter", configurable=False),
     "feature": ModelSpec("pipelines.models.reference:FeatureAdapter", configurable=False, takes_column=True),
 }
@@ -78,6 +82,12 @@ def configurable_models() -> tuple[str, ...]:
 
 def default_models() -> list[str]:
     return [name for name, spec in MODELS.items() if spec.default]
+
+
+def device_models(models: Iterable[str]) -> list[str]:
+    """The models among ``models`` (``feature:<column>`` counts as ``feature``) that train on a device."""
+    names = dict.fromkeys(model.partition(":")[0] for model in models)
+    return [name for name in names if name in MODELS and MODELS[name].uses_device]
 
 
 def tunable_models() -> tuple[str, ...]:

@@ -19,6 +19,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
+from pipelines.data.root import DataRoot
 from pipelines.core.collection import ALL_COLLECTIONS, SPLITS, Collection, split_submission_id, stem_problem
 from pipelines.core.errors import ConfigError, FormatError, PipelineError, SubmissionError
 from pipelines.core.metric import (
@@ -31,12 +32,9 @@ from pipelines.core.metric import (
 )
 from pipelines.data.tpugraphs import (
     GraphRef,
-    collection_dir,
     count_configs,
-    list_graphs,
     load_ref,
     probe_problem,
-    sample_submission_path,
     unreadable_reason,
 )
 
@@ -254,7 +252,7 @@ def read_sample_ids(data_root: Path | str) -> list[str]:
     The file is bounded in size, its header checked, every ID must name a known collection and be
     unique; any problem raises a FormatError naming the file.
     """
-    path = sample_submission_path(data_root)
+    path = DataRoot(data_root).sample_submission
     try:
         text = _read_text(path, MAX_SAMPLE_BYTES, "sample_submission.csv")
     except SubmissionError as exc:
@@ -306,15 +304,16 @@ def test_file_problems(data_root: Path | str, collections: Sequence[Collection] 
                        probe: bool = False) -> tuple[dict[str, GraphRef], list[str]]:
     """The test graphs of ``collections`` by submission ID, and how they differ from the IDs of
     sample_submission.csv (an ID without a file, a file not listed, an unreadable entry)."""
-    sample_ids = read_sample_ids(data_root) if sample_ids is None else sample_ids
+    root = DataRoot(data_root)
+    sample_ids = read_sample_ids(root) if sample_ids is None else sample_ids
     wanted = {c.name for c in collections}
     listed = {sid for sid in sample_ids if split_submission_id(sid)[0].name in wanted}
     found: dict[str, GraphRef] = {}
     problems = []
     for collection in collections:
-        refs = list_graphs(data_root, collection, "test")
+        refs = root.graphs(collection, "test")
         if not refs:
-            problems.append(f"{collection_dir(data_root, collection, 'test')}: no test graphs of {collection.name} "
+            problems.append(f"{root.split_dir(collection, 'test')}: no test graphs of {collection.name} "
                             "(no *.npz file)")
         for ref in refs:
             found[ref.submission_id] = ref
@@ -326,7 +325,7 @@ def test_file_problems(data_root: Path | str, collections: Sequence[Collection] 
     for sid in sorted(listed - set(found)):
         collection, stem = split_submission_id(sid)
         problems.append(f"ID {sid} of sample_submission.csv has no test file "
-                        f"({collection_dir(data_root, collection, 'test') / f'{stem}.npz'})")
+                        f"({root.split_dir(collection, 'test') / f'{stem}.npz'})")
     return found, problems
 
 
@@ -335,7 +334,7 @@ def check_test_files(data_root: Path | str, collections: Sequence[Collection] = 
     found, problems = test_file_problems(data_root, collections)
     if problems:
         more = f"\n  ... and {len(problems) - 20} more" if len(problems) > 20 else ""
-        raise FormatError(sample_submission_path(data_root),
+        raise FormatError(DataRoot(data_root).sample_submission,
                           f"the test files do not match the official test IDs ({len(problems)} problem(s)):\n  "
                           + "\n  ".join(problems[:20]) + more)
     return found
@@ -362,7 +361,8 @@ def _expected_graphs(data_root: Path | str, split: str) -> dict[str, GraphRef]:
         raise ConfigError(f"unknown split {split!r}; expected one of {', '.join(SPLITS)}")
     if split == "test":  # the official list of test IDs decides what a complete submission is
         return check_test_files(data_root)
-    refs = {ref.submission_id: ref for c in ALL_COLLECTIONS for ref in list_graphs(data_root, c, split)}
+    root = DataRoot(data_root)
+    refs = {ref.submission_id: ref for c in ALL_COLLECTIONS for ref in root.graphs(c, split)}
     for ref in refs.values():
         reason = unreadable_reason(ref.path)
         if reason is not None:

@@ -29,7 +29,7 @@ from typing import IO, Iterator, Sequence
 import numpy as np
 
 from pipelines.core.atomic import chmod_like_new_file
-from pipelines.core.collection import ALL_COLLECTIONS, SPLITS, Collection
+from pipelines.core.collection import Collection
 from pipelines.core.errors import FormatError
 from pipelines.data.zip_member import MemberReader
 
@@ -175,57 +175,6 @@ class GraphRef:
     @property
     def submission_id(self) -> str:
         return self.collection.submission_id(self.stem)
-
-
-# ----------------------------------------------------------------------------- finding files
-
-
-def npz_root(data_root: Path | str) -> Path:
-    """Return the ``npz`` directory under a Kaggle download root (``npz_all/npz``) or a plain ``npz`` root."""
-    data_root = Path(data_root)
-    for candidate in (data_root / "npz_all" / "npz", data_root / "npz"):
-        if candidate.is_dir():
-            return candidate
-    if not data_root.exists():
-        raise FormatError(data_root, "data root does not exist")
-    raise FormatError(
-        data_root,
-        "no TpuGraphs data here: expected npz_all/npz/{tile,layout}/... (the Kaggle download) or npz/...; "
-        "run `python -m pipelines download` or `python -m pipelines synth`",
-    )
-
-
-def collection_dir(data_root: Path | str, collection: Collection, split: str) -> Path:
-    if split not in SPLITS:
-        raise ValueError(f"unknown split {split!r}; expected one of {SPLITS}")
-    return npz_root(data_root).joinpath(*collection.relative_dir.parts, split)
-
-
-def list_graphs(data_root: Path | str, collection: Collection, split: str) -> list[GraphRef]:
-    """All graph files of one collection and split, sorted by stem. A missing directory is an error.
-
-    Every entry named ``*.npz`` is listed, also one that cannot be read (a dangling link, a
-    directory, a FIFO): loading it raises a FormatError naming it, never a silent skip; see
-    :func:`unreadable_reason` to find such entries without opening them.
-    """
-    directory = collection_dir(data_root, collection, split)
-    if not directory.is_dir():
-        raise FormatError(directory, f"missing directory for {collection.name} {split}")
-    return [
-        GraphRef(collection, split, p.name[: -len(".npz")], p)
-        for p in sorted(directory.iterdir())
-        if p.name.endswith(".npz") and p.name != ".npz"
-    ]
-
-
-def available_collections(data_root: Path | str) -> list[Collection]:
-    """Collections that have a train directory under the data root."""
-    root = npz_root(data_root)
-    return [c for c in ALL_COLLECTIONS if root.joinpath(*c.relative_dir.parts, "train").is_dir()]
-
-
-def sample_submission_path(data_root: Path | str) -> Path:
-    return Path(data_root) / "sample_submission.csv"
 
 
 # ----------------------------------------------------------------------------- reading

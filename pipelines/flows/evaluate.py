@@ -41,10 +41,11 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import polars as pl
 
+from pipelines.data.root import DataRoot
 from pipelines.core.collection import ALL_COLLECTIONS, Collection
 from pipelines.core.errors import FormatError, PipelineError
 from pipelines.core.metric import GraphScore, ScoreReport, best_scoring, score_submission_row, summarize
-from pipelines.data.tpugraphs import Graph, list_graphs, load_ref
+from pipelines.data.tpugraphs import Graph, load_ref
 
 if TYPE_CHECKING:
     from pipelines.core.engine import StageOutput
@@ -266,7 +267,7 @@ def evaluate_rows(data_root: Path | str, rows: Mapping[str, Mapping[str, Sequenc
     for collection in collections:
         named = heuristic_sets(collection)
         heuristic_names += [h for h in named if h not in heuristic_names]
-        for ref in list_graphs(data_root, collection, "test"):
+        for ref in DataRoot(data_root).graphs(collection, "test"):
             labels = read_labels(data_root, collection, "test", ref.stem)
             graph = load_ref(ref)
             if labels.runtime.shape[0] != graph.num_configs:

@@ -21,6 +21,7 @@ from typing import Any
 
 import polars as pl
 
+from pipelines.data.root import DataRoot
 from pipelines.core.collection import Collection, parse_collection
 from pipelines.core.engine import StageOutput, code_version, file_sha256, fingerprint, library_versions, load_stage
 from pipelines.core.errors import ConfigError, PipelineError
@@ -114,10 +115,9 @@ def prepare_test_graphs(config: Any, collection: Collection, data_root: Path, wo
     from pipelines.data.prepared import Prepared
     from pipelines.core.stages import RawFiles
     from pipelines.flows.prepare import raw_data_key
-    from pipelines.data.tpugraphs import list_graphs
 
     refs = {name: [] for name in SPLITS}  # the other splits may be absent from a root of new graphs
-    refs["test"] = [dataclasses.replace(ref, split="test") for ref in list_graphs(data_root, collection, split)]
+    refs["test"] = [dataclasses.replace(ref, split="test") for ref in DataRoot(data_root).graphs(collection, split)]
     if not refs["test"]:
         raise PipelineError(f"{data_root}: no {collection.name} {split} graphs to rank (the run has models for it; "
                             f"the data root must hold its {split} files in the Kaggle layout)")

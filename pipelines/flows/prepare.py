@@ -37,7 +37,9 @@ from collections.abc import Sequence
 from pathlib import Path
 
 
+from pipelines.data.root import DataRoot
 from pipelines.core.collection import ALL_COLLECTIONS, SPLITS, Collection, parse_collection, split_submission_id
+from pipelines.config.registry import model_sections
 from pipelines.config.settings import PipelineConfig, resolve_for_collection
 from pipelines.core.engine import StageOutput, data_fingerprint, fingerprint
 from pipelines.core.errors import ConfigError, FormatError
@@ -48,11 +50,6 @@ from pipelines.data.prepared import Prepared
 from pipelines.flows import dag
 from pipelines.data.tpugraphs import (
     GraphRef,
-    available_collections,
-    collection_dir,
-    list_graphs,
-    npz_root,
-    sample_submission_path,
     unreadable_reason,
 )
 
@@ -67,7 +64,8 @@ STAGES = tuple(stage.name for stage in dag.data_stages())
 
 def collection_refs(data_root: Path | str, collection: Collection) -> dict[str, list[GraphRef]]:
     """The collection's files per split; a stem found in two splits is a FormatError."""
-    refs = {split: list_graphs(data_root, collection, split) for split in SPLITS}
+    root = DataRoot(data_root)
+    refs = {split: root.graphs(collection, split) for split in SPLITS}
     seen: dict[str, str] = {}
     for split, items in refs.items():
         for ref in items:
@@ -134,12 +132,12 @@ def check_data_root(data_root: Path | str, collections: Sequence[Collection], on
     """
     from pipelines.data.submission import read_sample_ids, test_file_problems, test_ref_problem
 
-    data_root = Path(data_root)
-    npz_root(data_root)  # "no data here" is its own clear error
+    root = DataRoot(data_root)
+    root.npz  # "no data here" is its own clear error
     problems: list[str] = []
     warnings: list[str] = []
-    sample = sample_submission_path(data_root)
-    sample_ids = read_sample_ids(data_root) if sample.exists() or sample.is_symlink() else None
+    sample = root.sample_submission
+    sample_ids = read_sample_ids(root) if sample.exists() or sample.is_symlink() else None
     if sample_ids is not None:
         listed = {split_submission_id(sid)[0] for sid in sample_ids}
         chosen = {c.name for c in collections}
@@ -147,18 +145,18 @@ def check_data_root(data_root: Path | str, collections: Sequence[Collection], on
             if collection.name in chosen:
                 continue
             for split in SPLITS:
-                if not collection_dir(data_root, collection, split).is_dir():
-                    problems.append(f"{collection_dir(data_root, collection, split)}: missing directory for "
+                if not root.split_dir(collection, split).is_dir():
+                    problems.append(f"{root.split_dir(collection, split)}: missing directory for "
                                     f"{collection.name} {split} (sample_submission.csv lists test IDs of it)")
     for collection in collections:
         present = True
         for split in SPLITS:
-            directory = collection_dir(data_root, collection, split)
+            directory = root.split_dir(collection, split)
             if not directory.is_dir():
                 problems.append(f"{directory}: missing directory for {collection.name} {split}")
                 present = False
                 continue
-            refs = list_graphs(data_root, collection, split)
+            refs = root.graphs(collection, split)
             if split != "valid" and not refs:
                 problems.append(f"{directory}: no {split} graphs of {collection.name} (no *.npz file)")
             if split == "test":
@@ -174,16 +172,16 @@ def check_data_root(data_root: Path | str, collections: Sequence[Collection], on
         if not present:
             continue
         if sample_ids is not None:
-            _, test_problems = test_file_problems(data_root, [collection], sample_ids, probe=True)
+            _, test_problems = test_file_problems(root, [collection], sample_ids, probe=True)
             problems += test_problems
         else:
-            problems += [f"{ref.path}: {reason}" for ref in list_graphs(data_root, collection, "test")
+            problems += [f"{ref.path}: {reason}" for ref in root.graphs(collection, "test")
                          if (reason := test_ref_problem(ref, probe=True)) is not None]
     if problems:
         hint = ("" if on_bad_file == "skip" or not any("not a regular file" in p or "symlink" in p for p in problems)
                 else "\n(to leave unreadable train/valid entries out with a warning: --set data.on_bad_file=skip)")
         more = f"\n  ... and {len(problems) - 30} more" if len(problems) > 30 else ""
-        raise FormatError(data_root, f"the data root is not usable ({len(problems)} problem(s)), nothing was "
+        raise FormatError(root.path, f"the data root is not usable ({len(problems)} problem(s)), nothing was "
                                      "computed:\n  " + "\n  ".join(problems[:30]) + more + hint)
     if sample_ids is None:
         logger.warning(f"warning: {sample}: missing; test files are not checked against the official test IDs "
@@ -199,16 +197,16 @@ def prepare(config: PipelineConfig, data_root: Path | str, work_dir: Path | str,
             collections: Sequence[Collection | str] | None = None, force: bool = False) -> dict[str, Prepared]:
     """Run (or reuse) the four preparation stages for each collection; ``None`` = every collection
     with a train directory under ``data_root``."""
-    data_root, work_dir = Path(data_root), Path(work_dir)
-    chosen, extra = collections_to_prepare(config, data_root, collections)
+    root, work_dir = DataRoot(data_root), Path(work_dir)  # the data root's layout, found once
+    chosen, extra = collections_to_prepare(config, root, collections)
     check_feature_exclusions(config)
-    check_output_dir(work_dir, data_root)
-    check_data_root(data_root, [*chosen, *extra], config.data.on_bad_file)
+    check_output_dir(work_dir, root)
+    check_data_root(root, [*chosen, *extra], config.data.on_bad_file)
     # Every collection's file list and folds setting is checked before any stage writes anything.
-    refs = {c.name: collection_refs(data_root, c) for c in [*chosen, *extra]}
+    refs = {c.name: collection_refs(root, c) for c in [*chosen, *extra]}
     for c in [*chosen, *extra]:
         check_folds(config, c, refs[c.name])
-    prepared = {c.name: prepare_collection(config, c, data_root, work_dir, force, refs=refs[c.name])
+    prepared = {c.name: prepare_collection(config, c, root, work_dir, force, refs=refs[c.name])
                 for c in [*chosen, *extra]}
     for c in chosen:
         # a companion's own Prepared, without companions of its own (no cycles when two name each other)
@@ -224,7 +222,7 @@ def collections_to_prepare(config: PipelineConfig, data_root: Path | str,
     directory under ``data_root``) and, after them, the other collections their models also train on
     (:func:`companion_collections`)."""
     if collections is None:
-        chosen = available_collections(data_root)
+        chosen = DataRoot(data_root).collections()
     else:
         chosen = [c if isinstance(c, Collection) else parse_collection(c) for c in collections]
     if not chosen:
@@ -235,17 +233,18 @@ def collections_to_prepare(config: PipelineConfig, data_root: Path | str,
 
 def companion_collections(config: PipelineConfig, collection: Collection) -> list[Collection]:
     """The other collections whose labelled graphs a model of ``config`` trains on for ``collection``
-    (``gnn.extra_train_collections``, resolved for it): of the same kind (tile or layout), not itself.
-    Prepared with it whether or not the GNN is among the models a caller trains."""
-    names = resolve_for_collection(config.gnn, collection).extra_train_collections
-    out = []
-    for name in names:
-        other = parse_collection(name)
-        if other == collection or other.kind != collection.kind:
-            raise ConfigError(f"gnn.extra_train_collections of {collection.name} names {other.name}: it must be "
-                              f"another {collection.kind} collection")
-        out.append(other)
-    return out
+    (a model section's ``extra_train_collections``, resolved for it): of the same kind (tile or layout),
+    not itself. Prepared with it whether or not that model is among the models a caller trains."""
+    out: list[Collection] = []
+    for model, _ in model_sections():
+        section = getattr(config, model)
+        for name in getattr(resolve_for_collection(section, collection), "extra_train_collections", ()):
+            other = parse_collection(name)
+            if other == collection or other.kind != collection.kind:
+                raise ConfigError(f"{model}.extra_train_collections of {collection.name} names {other.name}: it "
+                                  f"must be another {collection.kind} collection")
+            out.append(other)
+    return list(dict.fromkeys(out))
 
 
 def check_folds(config: PipelineConfig, collection: Collection, refs: dict[str, list[GraphRef]]) -> None:
@@ -264,7 +263,7 @@ def prepare_collection(config: PipelineConfig, collection: Collection, data_root
                        force: bool = False, refs: dict[str, list[GraphRef]] | None = None) -> Prepared:
     refs = collection_refs(data_root, collection) if refs is None else refs
     if not refs["train"]:
-        raise FormatError(collection_dir(data_root, collection, "train"), f"{collection.name}: no train graphs")
+        raise FormatError(DataRoot(data_root).split_dir(collection, "train"), f"{collection.name}: no train graphs")
     stages = run_data_stages(config, collection, work_dir, refs, raw_data_key(data_root, refs), force)
     return Prepared(collection, stages, {name: out.cached for name, out in stages.items()})
 

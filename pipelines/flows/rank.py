@@ -29,9 +29,10 @@ import numpy as np
 import polars as pl
 
 from pipelines.core.atomic import write_text_atomic
-from pipelines.core.collection import Collection, parse_collection
+from pipelines.core.collection import TILE_XLA, Collection, parse_collection
 from pipelines.core.errors import PipelineError
 from pipelines.core.paths import SUBMISSIONS_DIR
+from pipelines.data.root import DataRoot
 
 logger = logging.getLogger(__name__)
 
@@ -52,7 +53,7 @@ def build_data_root(featurized: Any, stem: str, root: Path | str, *, configs: in
     from pipelines.hlo.configs import layout_configs
     from pipelines.data.tpugraphs import save_graph
 
-    root = Path(root)
+    root = DataRoot(root)
     layout: dict[str, np.ndarray] = {}
     nc = int(featurized.config_ids.shape[0])
     if nc:
@@ -62,19 +63,20 @@ def build_data_root(featurized: Any, stem: str, root: Path | str, *, configs: in
             for search in ("random", "default"):
                 collection = parse_collection(f"layout:{source}:{search}")
                 blocks = layout_configs(space, count, search, seed)
-                save_graph(collection_dir_path(root, collection) / f"{stem}.npz", featurized.layout_graph(stem, blocks))
+                save_graph(root.new_split_dir(collection, "test", kaggle=False) / f"{stem}.npz",
+                           featurized.layout_graph(stem, blocks))
                 layout[collection.name] = blocks
     tiles: dict[str, Any] = {}
     for part in featurized.tiles:
         tile_stem = f"{stem}-{safe_stem(part.fusion)}"
-        save_graph(collection_dir_path(root, parse_collection("tile:xla")) / f"{tile_stem}.npz",
+        save_graph(root.new_split_dir(TILE_XLA, "test", kaggle=False) / f"{tile_stem}.npz",
                    featurized.tile_graph(tile_stem, part))
         tiles[tile_stem] = part
     write_sample_submission(root)
-    return BuiltRoot(root, stem, layout, tiles)
+    return BuiltRoot(root.path, stem, layout, tiles)
 
 
-def write_sample_submission(root: Path) -> Path:
+def write_sample_submission(root: DataRoot) -> Path:
     """``root/sample_submission.csv`` listing every test graph of the root (the list of test IDs that
     ``predict`` validates a submission against), each with its first configs in index order."""
     from pipelines.core.collection import ALL_COLLECTIONS
@@ -82,19 +84,13 @@ def write_sample_submission(root: Path) -> Path:
 
     lines = ["ID,TopConfigs"]
     for collection in ALL_COLLECTIONS:
-        folder = collection_dir_path(root, collection)
+        folder = root.new_split_dir(collection, "test", kaggle=False)
         for path in sorted(folder.glob("*.npz")) if folder.is_dir() else []:
             shown = min(5, count_configs(path, collection))
             lines.append(f"{collection.submission_id(path.name[:-len('.npz')])},{';'.join(map(str, range(shown)))}")
-    path = root / "sample_submission.csv"
+    path = root.sample_submission
     write_text_atomic(path, "\n".join(lines) + "\n")
     return path
-
-
-def collection_dir_path(root: Path, collection: Collection, split: str = "test") -> Path:
-    """Where a collection's files go in a data root being built (the reader's ``collection_dir`` needs
-    the root to exist already)."""
-    return root.joinpath("npz", *collection.relative_dir.parts, split)
 
 
 def blended_scores(run_id: str, data_root: Path, *, submissions_dir: Path | str = SUBMISSIONS_DIR,

@@ -42,8 +42,10 @@ from typing import Any
 import numpy as np
 import polars as pl
 
+from pipelines.data.root import DataRoot
 from pipelines.core import paths
 from pipelines.core.collection import Collection, parse_collection
+from pipelines.config.registry import device_models
 from pipelines.config.settings import PipelineConfig, config_to_dict
 from pipelines.core.engine import (
     StageOutput,
@@ -344,17 +346,18 @@ def machine_config(gpu: str | None) -> tuple[str, str]:
 
 
 def gpu_sized_on_cpu(config: PipelineConfig, models: Sequence[str], gpu: str | None) -> bool:
-    """True when the GNN of ``config`` trains on base's (GPU-sized) schedule on a machine without a GPU:
-    its ``gnn`` section equals base's but for where it runs."""
+    """True when a model of ``config`` that trains on a device (the registry's ``uses_device``) trains on
+    base's GPU-sized schedule on a machine without a GPU: its section equals base's but for where it runs."""
     from pipelines.config.settings import load_config
 
-    if gpu or not any(m.partition(":")[0] == "gnn" for m in models):
+    if gpu or not device_models(models):
         return False
+    base = load_config("base")
 
-    def schedule(c: PipelineConfig) -> dict:
-        return {k: v for k, v in config_to_dict(c.gnn).items() if k not in _PLACEMENT_KEYS}
+    def schedule(c: PipelineConfig, name: str) -> dict:
+        return {k: v for k, v in config_to_dict(getattr(c, name)).items() if k not in _PLACEMENT_KEYS}
 
-    return schedule(config) == schedule(load_config("base"))
+    return any(schedule(config, name) == schedule(base, name) for name in device_models(models))
 
 
 def stage_history(work_dir: Path) -> dict[str, list[float]]:
@@ -371,32 +374,31 @@ def stage_history(work_dir: Path) -> dict[str, list[float]]:
 def check_training_root(data_root: Path) -> None:
     """A data root a run can train on: it exists, holds TpuGraphs files, and has train graphs. A root of
     test graphs only is for the models of an earlier run (``predict --run``), which this says."""
-    from pipelines.data.tpugraphs import available_collections, npz_root
-
-    npz_root(data_root)  # "data root does not exist" / "no TpuGraphs data here", naming the folder
-    if not available_collections(data_root):
+    # .collections(): "data root does not exist" / "no TpuGraphs data here", naming the folder
+    if not DataRoot(data_root).collections():
         raise FormatError(data_root, "no train graphs (a root of test graphs only?): a run trains on train graphs; "
                                      f"to rank these test graphs with the fold models of an earlier run: "
                                      f"predict --run RUN_ID --data-root {data_root} (runs list shows the runs)")
 
 
 def check_devices(config: PipelineConfig, models: Sequence[str], collections: Sequence[Collection]) -> None:
-    """The ``gnn.device`` of every collection the GNN trains for, resolved before any stage runs, so
-    ``cuda`` on a machine without a GPU fails at once, not after the data stages. Logs the device."""
-    if not any(m.partition(":")[0] == "gnn" for m in models):
-        return
+    """The ``device`` setting of every model that trains on one (the registry's ``uses_device``), resolved
+    for every collection it trains for before any stage runs, so ``cuda`` on a machine without a GPU
+    fails at once, not after the data stages. Logs the device."""
     from pipelines.config.settings import resolve_for_collection
 
-    asked = {c.name: resolve_for_collection(config.gnn, c).device for c in collections}
-    if set(asked.values()) == {"cpu"}:
-        logger.info("GNN device: cpu (gnn.device)")
-        return
-    from pipelines.models.gnn.device import resolve_device  # torch: only when a GPU may be used
+    for name in device_models(models):
+        asked = {c.name: resolve_for_collection(getattr(config, name), c).device for c in collections}
+        if set(asked.values()) == {"cpu"}:
+            logger.info(f"{name.upper()} device: cpu ({name}.device)")
+            continue
+        from pipelines.models.gnn.device import resolve_device  # torch: only when a GPU may be used
 
-    resolved = {name: str(resolve_device(device)) for name, device in asked.items()}
-    shown = sorted(set(resolved.values()))
-    why = ": torch sees no CUDA GPU" if "auto" in asked.values() and shown == ["cpu"] else ""
-    logger.info(f"GNN device: {', '.join(shown)} (gnn.device = {', '.join(sorted(set(asked.values())))}{why})")
+        resolved = {collection: str(resolve_device(device)) for collection, device in asked.items()}
+        shown = sorted(set(resolved.values()))
+        why = ": torch sees no CUDA GPU" if "auto" in asked.values() and shown == ["cpu"] else ""
+        logger.info(f"{name.upper()} device: {', '.join(shown)} ({name}.device = "
+                    f"{', '.join(sorted(set(asked.values())))}{why})")
 
 
 # ----------------------------------------------------------------------------- publishing

@@ -18,10 +18,11 @@ from pathlib import Path
 
 import numpy as np
 
+from pipelines.data.root import DataRoot
 from pipelines.core.collection import ALL_COLLECTIONS
 from pipelines.data.features import output_node
 from pipelines.data.submission import submission_row
-from pipelines.data.tpugraphs import Graph, LayoutGraph, NodeFeat, TileGraph, iter_graphs, list_graphs
+from pipelines.data.tpugraphs import Graph, LayoutGraph, NodeFeat, TileGraph, iter_graphs
 
 SHAPE_COLS = NodeFeat.SHAPE_DIMS
 TILE_OUTPUT_BOUNDS = slice(8, 14)  # config_feat: output tile bounds per dim
@@ -73,6 +74,6 @@ def baseline_rows(data_root: Path | str, split: str) -> dict[str, list[int]]:
     """Submission rows for every graph of ``split`` in all five collections, one graph in memory at a time."""
     rows: dict[str, list[int]] = {}
     for collection in ALL_COLLECTIONS:
-        for ref, graph in iter_graphs(list_graphs(data_root, collection, split)):
+        for ref, graph in iter_graphs(DataRoot(data_root).graphs(collection, split)):
             rows[ref.submission_id] = submission_row(collection, baseline_costs(graph))
     return rows

@@ -36,7 +36,8 @@ A model whose settings name ``extra_train_collections`` (the GNN's) also fits on
 labelled graphs: the training stage appends ``load(companion, its train + valid graphs, fit=True)``
 to each fold's training data, so its ``load`` returns a list.
 
-``tests/test_model_contract.py`` runs one contract test over every registered model.
+``pipelines.models.checks`` holds the contract's checks; ``tests/test_model_contract.py`` runs them over every
+registered model, and a plugin's own tests can run them on its model.
 """
 
 from __future__ import annotations

@@ -34,6 +34,7 @@ from typing import Any, Callable, Iterator, Mapping, Protocol
 from pipelines.core import paths
 from pipelines.core.collection import ALL_COLLECTIONS, SPLITS
 from pipelines.core.errors import ConfigError, FormatError, PipelineError
+from pipelines.data.root import KAGGLE_NPZ, SAMPLE_SUBMISSION, DataRoot
 
 logger = logging.getLogger(__name__)
 
@@ -43,7 +44,7 @@ TOKEN_URL = "https://www.kaggle.com/settings"
 MARKER_NAME = ".kaggle-complete.json"
 DOWNLOAD_DIR_NAME = ".download"
 EXTRACT_PREFIX = ".kaggle-extract-"
-DATA_ENTRIES = ("npz_all", "sample_submission.csv")  # what the archive puts into the data root
+DATA_ENTRIES = (KAGGLE_NPZ[0], SAMPLE_SUBMISSION)  # what the archive puts into the data root
 ZIP_NAME = f"{COMPETITION}.zip"  # the name the kaggle package gives the competition archive
 PARTIAL_SUFFIX = ".kaggle-partial"  # the kaggle package's marker of an unfinished download
 UPLOAD_FAILED_MESSAGE = "Could not submit to competition"  # KaggleApi.COMPETITION_SUBMIT_UPLOAD_FAILED_MESSAGE
@@ -260,7 +261,7 @@ def _detail(exc: BaseException) -> str:
 
 def expected_directories() -> list[PurePosixPath]:
     """The split folders every complete download holds, relative to the data root."""
-    return [PurePosixPath("npz_all", "npz", *c.relative_dir.parts, split) for c in ALL_COLLECTIONS for split in SPLITS]
+    return [PurePosixPath(*KAGGLE_NPZ, *c.relative_dir.parts, split) for c in ALL_COLLECTIONS for split in SPLITS]
 
 
 def _count_files(root: Path) -> int:
@@ -269,7 +270,7 @@ def _count_files(root: Path) -> int:
 
 def _structure_problem(root: Path) -> str | None:
     """What is missing for ``root`` to hold the whole competition data (None when nothing is)."""
-    if not (root / "sample_submission.csv").is_file():
+    if not DataRoot(root).sample_submission.is_file():
         return "sample_submission.csv is missing"
     for directory in expected_directories():
         if not root.joinpath(*directory.parts).is_dir():
@@ -290,7 +291,7 @@ def completion_problem(data_root: Path) -> str | None:
     problem = _structure_problem(data_root)
     if problem:
         return problem
-    present = _count_files(data_root / "npz_all") + 1  # + sample_submission.csv
+    present = _count_files(data_root / KAGGLE_NPZ[0]) + 1  # + sample_submission.csv
     if present != files:
         return f"{present} data files present but {MARKER_NAME} records {files}"
     return None

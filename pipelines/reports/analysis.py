@@ -39,6 +39,7 @@ from typing import Any
 import numpy as np
 import polars as pl
 
+from pipelines.data.root import DataRoot
 from pipelines.core import paths
 from pipelines.core.engine import StageOutput
 from pipelines.core.errors import ConfigError, PipelineError
@@ -384,13 +385,13 @@ def graph_facts(data_root: Path | str, collections: Sequence[str]) -> tuple[pl.D
     ``configurable``, ``configs``, runtime spread) and per (collection, opcode) node counts, reading
     the raw files one at a time without their config arrays."""
     from pipelines.core.collection import SPLITS, parse_collection
-    from pipelines.data.tpugraphs import list_graphs, load_ref
+    from pipelines.data.tpugraphs import load_ref
 
     rows, opcodes = [], []
     for name in collections:
         collection = parse_collection(name)
         for split in SPLITS:
-            for ref in list_graphs(data_root, collection, split):
+            for ref in DataRoot(data_root).graphs(collection, split):
                 graph = load_ref(ref, with_configs=False)
                 configurable = 0 if collection.is_tile else int(graph.node_config_ids.size)
                 spread = runtime_spread(graph.target) if split != "test" else runtime_spread(np.zeros(0))

@@ -88,6 +88,7 @@ from pipelines.core.progress import Progress
 from pipelines.synth import costmodel, searches
 from pipelines.synth.families import REFERENCE, REGISTRY, CostFamily, family_module, load_family
 from pipelines.synth.programs import Family, Variant, build_program, build_tile_kernel
+from pipelines.data.root import DataRoot
 from pipelines.data.tpugraphs import LayoutGraph, TileGraph, save_graph
 
 SYNTH_VERSION = 1
@@ -499,7 +500,7 @@ def _write_file(out: str, scale_name: str, seed: int, variant: int, spec: FileSp
     """Generate one graph, write its file (unless present) and its labels; returns
     (collection, split, nodes, configurable, configs)."""
     collection = parse_collections(spec.collection)[0]
-    path = collection_dir_path(Path(out), collection, spec.split) / f"{spec.stem}.npz"
+    path = DataRoot(out).new_split_dir(collection, spec.split) / f"{spec.stem}.npz"
     params = costmodel.variant_params(variant)
     family = load_family(family_name, variant)
     if collection.is_tile:
@@ -512,11 +513,6 @@ def _write_file(out: str, scale_name: str, seed: int, variant: int, spec: FileSp
         save_graph(path, graph)
     write_labels(label_path(Path(out), collection, spec.split, spec.stem), labels)
     return spec.collection, spec.split, graph.num_nodes, nc, graph.num_configs
-
-
-def collection_dir_path(out: Path, collection: Collection, split: str) -> Path:
-    """Where a collection's split lives under a world root (also before the root exists)."""
-    return out.joinpath("npz_all", "npz", *collection.relative_dir.parts, split)
 
 
 # ----------------------------------------------------------------------------- the label sidecar
@@ -771,7 +767,7 @@ def submission_rows(out: Path, specs: list[FileSpec]) -> list[str]:
         if spec.split != "test":
             continue
         collection = parse_collections(spec.collection)[0]
-        path = collection_dir_path(out, collection, "test") / f"{spec.stem}.npz"
+        path = DataRoot(out).new_split_dir(collection, "test") / f"{spec.stem}.npz"
         with np.load(path) as archive:
             count = int(archive["config_runtime"].shape[0])
         top = range(min(5, count)) if collection.is_tile else range(count)
@@ -806,8 +802,8 @@ def generate_world(out: Path | str, *, scale: str, seed: int, limit: int | None 
     out = Path(out)
     marker = _marker(scale, seed, limit, chosen, variant, family, recurrent)
     specs = world_specs(SCALES[scale], seed, chosen, limit, _recurrent(family, recurrent))
-    submission = out / "sample_submission.csv"
-    paths = [collection_dir_path(out, parse_collections(s.collection)[0], s.split) / f"{s.stem}.npz" for s in specs]
+    submission = DataRoot(out).sample_submission
+    paths = [DataRoot(out).new_split_dir(parse_collections(s.collection)[0], s.split) / f"{s.stem}.npz" for s in specs]
     labels = [label_path(out, parse_collections(s.collection)[0], s.split, s.stem) for s in specs]
     sidecar = {**marker, "labels_version": LABELS_VERSION, "variant": variant,
                "cost_params": costmodel.params_dict(costmodel.variant_params(variant)),
@@ -839,7 +835,7 @@ def generate_world(out: Path | str, *, scale: str, seed: int, limit: int | None 
     todo = [s for s, p, q in zip(specs, paths, labels) if not (p.is_file() and q.is_file())]
     for collection in chosen:
         for split in SPLITS:
-            collection_dir_path(out, collection, split).mkdir(parents=True, exist_ok=True)
+            DataRoot(out).new_split_dir(collection, split).mkdir(parents=True, exist_ok=True)
     logger.info(f"synth: writing {len(todo)} of {len(specs)} files under {out} ({scale}, seed {seed}, "
                 f"variant {variant}, {jobs} job(s))")
     progress = Progress("synth", len(todo), every_s=PROGRESS_EVERY_S)  # i/N files, rate, ETA

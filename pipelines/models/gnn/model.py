@@ -37,8 +37,8 @@ Layout, per step (one or more graphs, K configs each):
    (an MLP on each state of ``D_L``) summed per graph and config is added to it: a runtime is a sum
    of kernel times, which a LayerNorm over pooled states cannot express (``NodeCostHead``).
    A CPU step is bound by its passes over the (|D_L|, K, H) states: the max takes its values and
-   arg-max rows from one pass of ``max`` over row blocks that stay in cache (``max_over_rows``), and
-   a training step on one graph pools with one gradient pass (``_PoolOneGraph``), both bit-for-bit as
+   arg-max rows from one pass of ``max`` over row blocks that stay in cache (``ops.max_over_rows``), and
+   a training step on one graph pools with one gradient pass (``ops.PoolOneGraph``), both bit-for-bit as
    the plain ops.
 
 GATv2 is offered as an option; attention is not linear in its inputs, so its config layers run
@@ -61,259 +61,17 @@ import torch.nn.functional as F
 from torch import nn
 
 from pipelines.models.gnn.batch import (CHAIN_DIM, LAYOUT_NUM_VALUES, PHYSICS_DIM, ROLES_DIM, TILE_PHYSICS_DIM,
-                                         ChainLayouts, ConfigBatch, GraphBatch, Level, chain_layouts, layout_physics,
+                                         ChainLayouts, ConfigBatch, GraphBatch, chain_layouts, layout_physics,
                                          layout_roles)
 from pipelines.models.gnn.device import full_precision
+from pipelines.models.gnn.layers import NodeCostHead, make_layer
+from pipelines.models.gnn.ops import PoolOneGraph, segment_max_sorted, segment_sum
 from pipelines.config.gnn import GNNConfig
 
 NUM_OPCODES = 121  # opcode ids 0..120
 MASK_OPCODE = NUM_OPCODES  # extra embedding row: the "masked" token of pre-training
 LAYOUT_SLOTS = 18
 TILE_CONFIG_DIM = 24
-
-
-# ----------------------------------------------------------------------------- tensor helpers
-
-
-def _weighted_gather_sum(x: torch.Tensor, src: torch.Tensor, dst: torch.Tensor, weight: torch.Tensor,
-                         num_rows: int) -> torch.Tensor:
-    """``out[dst[e]] += weight[e] * x[src[e]]`` over edges e; x is (rows, ...) of any trailing shape."""
-    # weight in x's dtype: under bf16 autocast x is bfloat16 (a no-op in float32)
-    msg = x.index_select(0, src) * weight.to(x.dtype).view(-1, *([1] * (x.dim() - 1)))
-    return x.new_zeros((num_rows, *x.shape[1:])).index_add_(0, dst, msg)
-
-
-def segment_sum(x: torch.Tensor, index: torch.Tensor, size: int) -> torch.Tensor:
-    return x.new_zeros((size, *x.shape[1:])).index_add_(0, index, x)
-
-
-# elements of one block of rows in ``_max_and_first_rows``: 1 MB of float32, within a core's L2 cache
-# (the fastest block size on one thread, against half, a quarter and four times it)
-_MAX_BLOCK_ELEMENTS = 1 << 18
-# below this many elements ``x.max(0)`` runs in cache and beats ``_max_and_first_rows`` (1 thread, forward and
-# backward; above it the blocked search is the faster, by more the larger ``x``)
-_LARGE_MAX_ELEMENTS = 1 << 20
-
-
-def _max_and_first_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``x.max(0)`` of ``x`` (rows, ...): each column's maximum and the first row holding it, from ``max(0)``
-    over row blocks that stay in cache (on a CPU, on tensors larger than its cache, ``x.max(0)`` runs many
-    times slower than ``amax(0)``: it tracks the index through the reduction; in cache it does not, and the
-    blocks' results are merged in order, a later block winning only with a strictly larger value). One pass
-    over ``x`` where ``amax`` and a blocked search for its rows took two (docs/decisions.md)."""
-    rows = x.shape[0]
-    flat = x.reshape(rows, -1)
-    step = max(1, _MAX_BLOCK_ELEMENTS // max(1, flat.shape[1]))
-    maximum, first = flat[:step].max(0)
-    for start in range(step, rows, step):
-        values, at = flat[start:start + step].max(0)
-        # a NaN wins over numbers, as in max(0); the first block holding one keeps it
-        later = (values > maximum) | (values.isnan() & ~maximum.isnan())
-        maximum = torch.where(later, values, maximum)
-        first = torch.where(later, at + start, first)
-    return maximum.view(x.shape[1:]), first.view(x.shape[1:])
-
-
-class _MaxOverRows(torch.autograd.Function):
-    """``x.max(0).values`` with the same gradient, all of it to the first row holding the maximum (so a
-    fit repeats ``max``'s to the bit), in one pass over cache-sized row blocks."""
-
-    @staticmethod
-    def forward(ctx, x: torch.Tensor) -> torch.Tensor:
-        maximum, first = _max_and_first_rows(x)
-        ctx.rows = x.shape[0]
-        ctx.save_for_backward(first)
-        return maximum
-
-    @staticmethod
-    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:
-        (first,) = ctx.saved_tensors
-        return grad.new_zeros((ctx.rows, *grad.shape)).scatter_(0, first.unsqueeze(0), grad.unsqueeze(0))
-
-
-def max_over_rows(x: torch.Tensor) -> torch.Tensor:
-    """``x.max(0).values`` (rows >= 1), its gradient to the first arg-max row.
-
-    ``max(0)`` rather than ``amax(0)`` for the gradient: ``amax``'s backward spreads it over ties with
-    several full-size passes (a large share of a training step on a large graph). Without a gradient the values
-    come from ``amax``; for the gradient of a large ``x`` on a CPU, from ``max`` over cache-sized row
-    blocks; on a GPU ``max(0)`` is kept (not measured).
-    """
-    if not (x.requires_grad and torch.is_grad_enabled()):
-        return x.amax(0)
-    if x.device.type == "cpu" and x.numel() >= _LARGE_MAX_ELEMENTS:
-        return _MaxOverRows.apply(x)
-    return x.max(0).values
-
-
-class _PoolOneGraph(torch.autograd.Function):
-    """The per-config pooling inputs of one graph's varying states ``x`` (rows, K, H): their sum over rows
-    (1, K, H), their max (1, K, H) and the rows of its configurable nodes (R0, K, H), as
-    ``segment_sum``, ``max_over_rows`` and ``x[config_in_final]`` give them, with one gradient pass.
-
-    Taken apart, the three backwards each build a full (rows, K, H) tensor (the sum's broadcast, the
-    max's and the indexing's zero-filled scatters) and autograd adds them with two more full passes,
-    on a CPU step that is bound by its passes over (rows, K, H) (with ``max_over_rows``: +13 to +23% per
-    xla training step, 0.2-0.3 GB lower peak). Here the gradient is one copy of the sum's plus the max's
-    and the configurable rows' parts, added in autograd's order (the indexing's, then the max's, then
-    the sum's) so that a fit repeats the three separate ops' to the bit.
-    """
-
-    @staticmethod
-    def forward(ctx, x: torch.Tensor, graph: torch.Tensor, config_rows: torch.Tensor):
-        total = segment_sum(x, graph, 1)
-        maximum, first = _max_and_first_rows(x)
-        ctx.rows = x.shape[0]
-        ctx.save_for_backward(first, config_rows)
-        return total, maximum.unsqueeze(0), x.index_select(0, config_rows)
-
-    @staticmethod
-    def backward(ctx, grad_total: torch.Tensor, grad_max: torch.Tensor, grad_config: torch.Tensor):
-        first, config_rows = ctx.saved_tensors
-        rows, shape, width = ctx.rows, grad_max.shape[1:], grad_max[0].numel()
-        grad_total, grad_max, first = grad_total.reshape(width), grad_max.reshape(width), first.reshape(width)
-        columns = torch.arange(width, device=first.device)
-        position = torch.full((rows,), -1, dtype=torch.long, device=first.device)
-        position[config_rows] = torch.arange(config_rows.shape[0], device=first.device)
-        at_config = position[first]  # per column, the configurable row holding the max, or -1
-        max_at_config = at_config >= 0
-        # the configurable rows: (their own + the max's) + the sum's
-        config_part = grad_config.reshape(-1, width).clone()
-        config_part.view(-1).index_add_(0, at_config.clamp(min=0) * width + columns,
-                                        torch.where(max_at_config, grad_max, 0))
-        config_part += grad_total
-        # every other row: the sum's, + the max's where the max is there
-        grad = grad_total.expand(rows, width).clone()
-        grad.view(-1).index_add_(0, first * width + columns, torch.where(max_at_config, 0, grad_max))
-        grad.index_copy_(0, config_rows, config_part)
-        return grad.view(rows, *shape), None, None
-
-
-def segment_max_sorted(x: torch.Tensor, index: torch.Tensor, size: int,
-                       counts: list[int] | None = None) -> torch.Tensor:
-    """Max over rows grouped by ``index`` (sorted, as node ids of a batch are); empty groups give -inf.
-
-    ``counts`` (rows per group, known on the host from the batch) spares a GPU a device-to-host read of
-    the group sizes.
-    """
-    if size == 1 and x.shape[0]:
-        return max_over_rows(x).unsqueeze(0)
-    if counts is None:
-        counts = torch.bincount(index, minlength=size).tolist()
-    parts = []
-    for chunk in torch.split(x, counts):  # a loop over graphs, never over nodes
-        if chunk.shape[0]:
-            parts.append(max_over_rows(chunk))
-        else:
-            parts.append(x.new_full(x.shape[1:], float("-inf")))
-    return torch.stack(parts) if parts else x.new_zeros((0, *x.shape[1:]))
-
-
-# ----------------------------------------------------------------------------- layers
-
-
-class SageLayer(nn.Module):
-    """Residual bidirectional GraphSAGE: root + mean over producers + mean over consumers, norm, GELU."""
-
-    fusable = True
-
-    def __init__(self, hidden: int, norm: str, dropout: float):
-        super().__init__()
-        self.lin_root = nn.Linear(hidden, hidden)
-        self.lin_in = nn.Linear(hidden, hidden, bias=False)  # messages producer -> consumer
-        self.lin_out = nn.Linear(hidden, hidden, bias=False)  # messages consumer -> producer
-        self.norm = nn.LayerNorm(hidden) if norm == "layer" else nn.Identity()
-        self.dropout = nn.Dropout(dropout)
-
-    def pre(self, x: torch.Tensor, batch: GraphBatch) -> torch.Tensor:
-        """Pre-activation on the full graph; x is (N, H) or (N, K, H)."""
-        src, dst = batch.message_edges
-        n = x.shape[0]
-        # linear before aggregation (equal by linearity) so the gather moves H-wide rows once
-        agg_in = _weighted_gather_sum(F.linear(x, self.lin_in.weight), src, dst, batch.inv_deg_in[dst], n)
-        agg_out = _weighted_gather_sum(F.linear(x, self.lin_out.weight), dst, src, batch.inv_deg_out[src], n)
-        return self.lin_root(x) + agg_in + agg_out
-
-    def add_delta_pre(self, pre: torch.Tensor, delta: torch.Tensor, level: Level) -> torch.Tensor:
-        """Add, in place, the change of the pre-activation on the rows of D_j caused by ``delta`` (R_{j-1}, K, H).
-
-        ``pre`` is a fresh (|D_j|, K, H) tensor; accumulating into it avoids three more full-size
-        buffers (the per-config tensors are the memory traffic that bounds a step on CPU).
-        """
-        dtype = pre.dtype  # bfloat16 under autocast, where F.linear may return another dtype than pre's
-        pre.index_add_(0, level.root, F.linear(delta, self.lin_root.weight).to(dtype))
-        forward = F.linear(delta, self.lin_in.weight).to(dtype).index_select(0, level.fwd_src)
-        pre.index_add_(0, level.fwd_dst, forward * level.fwd_w.to(dtype)[:, None, None])
-        backward = F.linear(delta, self.lin_out.weight).to(dtype).index_select(0, level.bwd_src)
-        return pre.index_add_(0, level.bwd_dst, backward * level.bwd_w.to(dtype)[:, None, None])
-
-    def post(self, pre: torch.Tensor) -> torch.Tensor:
-        return self.dropout(F.gelu(self.norm(pre)))
-
-    def forward(self, x: torch.Tensor, batch: GraphBatch) -> torch.Tensor:
-        return x + self.post(self.pre(x, batch))
-
-
-class GatLayer(nn.Module):
-    """Residual GATv2 over both edge directions (direction given as a 1-d edge attribute)."""
-
-    fusable = False
-
-    def __init__(self, hidden: int, heads: int, norm: str, dropout: float):
-        super().__init__()
-        from torch_geometric.nn import GATv2Conv
-
-        self.conv = GATv2Conv(hidden, hidden // heads, heads=heads, edge_dim=1, add_self_loops=True)
-        self.norm = nn.LayerNorm(hidden) if norm == "layer" else nn.Identity()
-        self.dropout = nn.Dropout(dropout)
-
-    def pre(self, x: torch.Tensor, batch: GraphBatch) -> torch.Tensor:
-        m = batch.message_edges.shape[1]
-        edges = torch.cat([batch.message_edges, batch.message_edges.flip(0)], dim=1)
-        direction = torch.cat([x.new_zeros(m), x.new_ones(m)]).unsqueeze(-1)
-        if x.dim() == 2:
-            return self.conv(x, edges, direction)
-        n, k, h = x.shape  # K copies of the graph: node i of copy c is row i * K + c
-        edges = (edges.unsqueeze(-1) * k + torch.arange(k, device=edges.device)).reshape(2, -1)
-        direction = direction.repeat_interleave(k, dim=0)
-        return self.conv(x.reshape(n * k, h), edges, direction).reshape(n, k, h)
-
-    def post(self, pre: torch.Tensor) -> torch.Tensor:
-        return self.dropout(F.gelu(self.norm(pre)))
-
-    def forward(self, x: torch.Tensor, batch: GraphBatch) -> torch.Tensor:
-        return x + self.post(self.pre(x, batch))
-
-
-def make_layer(cfg: GNNConfig) -> nn.Module:
-    if cfg.conv == "gat":
-        return GatLayer(cfg.hidden, cfg.gat_heads, cfg.norm, cfg.dropout)
-    return SageLayer(cfg.hidden, cfg.norm, cfg.dropout)
-
-
-class NodeCostHead(nn.Module):
-    """``readout = "pooled+sum"``: a cost per node and config, summed per graph.
-
-    A program's runtime is roughly the sum of its kernels' times, each a nonlinear function of its own
-    layouts; mean/max pooling followed by a LayerNorm and an MLP cannot express such a sum. The head
-    runs on the nodes whose state differs between configs (D_L); the others add the same constant to
-    every config of a graph, which a ranking ignores. The sum is divided by the graph's configurable
-    node count so its scale does not grow with the graph. The last layer starts at zero: training
-    starts from the pooled model's scores.
-    """
-
-    def __init__(self, hidden: int):
-        super().__init__()
-        self.mlp = nn.Sequential(nn.Linear(hidden, hidden // 2), nn.GELU(), nn.Linear(hidden // 2, 1))
-        nn.init.zeros_(self.mlp[-1].weight)
-        nn.init.zeros_(self.mlp[-1].bias)
-
-    def forward(self, states: torch.Tensor, graph: torch.Tensor, batch: GraphBatch) -> torch.Tensor:
-        """(B, K) per-config sum of ``self.mlp`` over ``states`` (rows, K, H), rows grouped by ``graph``."""
-        with full_precision(states):  # float32 costs and sums, also under bf16 autocast (see full_precision)
-            per_node = self.mlp(states.float()).squeeze(-1)  # (rows, K)
-        total = segment_sum(per_node, graph, batch.num_graphs)
-        return total / batch.num_config_nodes.clamp(min=1).to(total.dtype)[:, None]
 
 
 # ----------------------------------------------------------------------------- model
@@ -523,7 +281,7 @@ class GNNModel(nn.Module):
         if b == 1 and self.node_cost is None and x.device.type == "cpu" and x.requires_grad:
             # a training step on the CPU (one graph): the three pooling inputs with one backward pass
             # (the node-cost head would be a fourth input, added in another order: not taken there)
-            total, maximum, at_config = _PoolOneGraph.apply(x, batch.final_graph, batch.config_in_final)
+            total, maximum, at_config = PoolOneGraph.apply(x, batch.final_graph, batch.config_in_final)
         else:
             total = segment_sum(x, batch.final_graph, b)
             maximum = segment_max_sorted(x, batch.final_graph, b, batch.final_counts)

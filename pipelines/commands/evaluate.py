@@ -1,0 +1,45 @@
+"""The `evaluate` command."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from pipelines.core import paths
+from pipelines.commands.common import command_parser
+
+
+def add(sub: argparse._SubParsersAction) -> None:
+    p = command_parser(sub, "evaluate",
+                       "score a run's test submission on a synthetic world's hidden labels, next to the best "
+                       "heuristic (floor) and the noise-free ranking (ceiling)",
+                       "evaluate 20261122T120000Z-1a2b3c4d --data-root data/synthetic-medium-v1")
+    p.add_argument("run_id", metavar="RUN_ID", help="a run-id under --submissions-dir")
+    p.add_argument("--data-root", type=Path, required=True, help="the synthetic world the run was made on")
+    p.add_argument("--submissions-dir", type=Path, default=paths.SUBMISSIONS_DIR)
+    p.add_argument("--work-dir", type=Path, default=None,
+                   help="where the run's training outputs are (default: as its manifest records)")
+    p.add_argument("--no-models", action="store_true", help="score only the submission, not each model alone")
+    p.add_argument("--per-graph", action="store_true",
+                   help="also print every test graph: program family and size, each score, share of its ceiling "
+                        "(worst first); evaluation.json holds it either way")
+    p.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from pipelines.flows.evaluate import evaluate_run
+
+    evaluation, path = evaluate_run(args.run_id, args.data_root, submissions_dir=args.submissions_dir,
+                                    work_dir=args.work_dir, with_models=not args.no_models)
+    print(evaluation.to_text())
+    from pipelines.flows.evaluate import per_graph_table, per_graph_text, program_family_table, program_family_text
+    from pipelines.synth.world import program_families, program_kinds
+
+    print("\nper program family (submission):")
+    print(program_family_text(program_family_table(evaluation, program_kinds(args.data_root))))
+    if args.per_graph:
+        print("\nper test graph (share: submission / ceiling, worst first):")
+        print(per_graph_text(per_graph_table(evaluation, program_families(args.data_root))))
+    print(path)
+    return 0
+

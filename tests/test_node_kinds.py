@@ -1,0 +1,80 @@
+"""Configurable nodes by kind, read from node features alone: convolutions that jax's autodiff writes
+(forward, input and weight gradients, depthwise, 5-D, strided), dots and reshapes, through our own
+featurizer on programs lowered here."""
+
+from __future__ import annotations
+
+import pytest
+
+jax = pytest.importorskip("jax")
+
+import jax.numpy as jnp  # noqa: E402
+
+from pipelines.data.node_kinds import configurable_node_kinds  # noqa: E402
+from pipelines.hlo import featurize_module  # noqa: E402
+from pipelines.hlo.parse import module_from_jax  # noqa: E402
+
+
+def kinds_of(fn, *args) -> dict[str, str]:
+    featurized = featurize_module(module_from_jax(fn, *args), "test")
+    layout = featurized.layout
+    kinds = configurable_node_kinds(layout.node_feat, layout.node_opcode, layout.edge_index, featurized.config_ids)
+    return {layout.names[i]: kind for i, kind in zip(featurized.config_ids, kinds)}
+
+
+def conv(x, w, strides=(1, 1), groups=1, spec=("NHWC", "HWIO", "NHWC")):
+    return jax.lax.conv_general_dilated(x, w, strides, "SAME", dimension_numbers=spec, feature_group_count=groups)
+
+
+def test_a_conv_training_step_has_forward_input_and_weight_gradient_convolutions():
+    def loss(x, w):
+        return (conv(x, w) ** 2).sum()
+
+    kinds = sorted(kinds_of(jax.grad(loss, argnums=(0, 1)), jnp.ones((2, 8, 8, 4)), jnp.ones((3, 3, 4, 6))).values())
+    assert kinds == ["conv-forward", "conv-input-grad", "conv-weight-grad"]
+
+
+def test_strided_depthwise_5d_dot_and_reshape_kinds():
+    def strided(x, w):
+        return (conv(x, w, strides=(2, 2)) ** 2).sum()
+
+    kinds = set(kinds_of(jax.grad(strided), jnp.ones((2, 8, 8, 4)), jnp.ones((3, 3, 4, 6))).values())
+    assert kinds == {"conv-forward", "conv-input-grad"}  # the input is dilated by the stride
+
+    depthwise = kinds_of(lambda x, w: conv(x, w, groups=4), jnp.ones((2, 8, 8, 4)), jnp.ones((3, 3, 1, 4)))
+    assert list(depthwise.values()) == ["conv-depthwise"]
+
+    def conv3d(x, w):
+        return jax.lax.conv_general_dilated(x, w, (1, 1, 1), "SAME", dimension_numbers=("NDHWC", "DHWIO", "NDHWC"))
+
+    def loss3d(x, w):
+        return (conv3d(x, w) ** 2).sum()
+
+    kinds = sorted(kinds_of(jax.grad(loss3d, argnums=(0, 1)), jnp.ones((1, 4, 8, 8, 2)), jnp.ones((3, 3, 3, 2, 4))).values())
+    assert kinds == ["conv-forward-5d", "conv-input-grad-5d", "conv-weight-grad-5d"]
+
+    other = kinds_of(lambda a, b: (a @ b).reshape(-1), jnp.ones((4, 8)), jnp.ones((8, 16)))
+    assert sorted(other.values()) == ["dot", "reshape"]
+
+
+def test_node_effects_find_the_node_that_matters_and_whether_the_order_follows_it():
+    """Three configurable nodes; only node 1's output minor dim moves the runtime. An order that follows
+    the truth agrees there (+1); one that follows node 1 backwards disagrees (-1); the other nodes have
+    no importance."""
+    import numpy as np
+
+    from pipelines.data.node_kinds import node_effects
+
+    rng = np.random.default_rng(0)
+    configs = np.full((300, 3, 18), -1, np.int8)
+    configs[:, :, 0] = rng.integers(0, 2, size=(300, 3))
+    configs[:, :, 1] = 1 - configs[:, :, 0]
+    truth = 100.0 + 10.0 * configs[:, 1, 0] + rng.normal(0, 0.01, 300)
+    importance, agreement = node_effects(configs, truth, truth)
+    assert importance[1] > 0.2 and importance[0] < 0.05 and importance[2] < 0.05
+    assert agreement[1] == pytest.approx(1.0)
+    _, backwards = node_effects(configs, truth, -truth)
+    assert backwards[1] == pytest.approx(-1.0)
+    constant = np.full((300, 3, 18), -1, np.int8)
+    importance, agreement = node_effects(constant, truth, truth)  # one choice per node: nothing to compare
+    assert (importance == 0).all() and np.isnan(agreement).all()
