@@ -16,8 +16,8 @@ import pytest
 from pipelines.cli import main
 from pipelines.core.collection import ALL_COLLECTIONS
 from pipelines.core.errors import FormatError
+from pipelines.data.root import DataRoot
 from pipelines.data.submission import read_submission
-from pipelines.data.tpugraphs import list_graphs
 from pipelines.flows.evaluate import SUBMISSION, evaluate_rows, per_graph_table, program_family_table
 from pipelines.synth.world import ProgramLabel, program_families, program_kinds, read_labels_marker
 
@@ -27,7 +27,7 @@ KIND_OF = {"tile:xla": "mlp", "layout:xla:default": "cnn", "layout:xla:random": 
 
 def _record(world: Path) -> dict:
     return {c.name: {ref.stem: {"kind": KIND_OF[c.name], "program": f"hand_{c.source}"}
-                     for split in ("train", "valid", "test") for ref in list_graphs(world, c, split)}
+                     for split in ("train", "valid", "test") for ref in DataRoot(world).graphs(c, split)}
             for c in ALL_COLLECTIONS}
 
 
@@ -52,7 +52,7 @@ def test_an_outside_world_is_scored_with_its_own_program_kinds(outside: Path) ->
     assert {(r["collection"], r["program_family"]) for r in table.iter_rows(named=True)} == set(KIND_OF.items())
     graphs = per_graph_table(evaluation, families)
     assert set(graphs["program"].to_list()) == {"hand_xla", "hand_nlp"}
-    assert graphs.height == sum(len(list_graphs(outside, c, "test")) for c in ALL_COLLECTIONS)
+    assert graphs.height == sum(len(DataRoot(outside).graphs(c, "test")) for c in ALL_COLLECTIONS)
 
 
 @pytest.mark.parametrize("record, problem", [

@@ -18,7 +18,8 @@ jax = pytest.importorskip("jax")
 
 from pipelines.core.collection import LAYOUT_XLA_DEFAULT, LAYOUT_XLA_RANDOM  # noqa: E402
 from pipelines.core.errors import ConfigError  # noqa: E402
-from pipelines.data.tpugraphs import list_graphs, load_ref  # noqa: E402
+from pipelines.data.root import DataRoot
+from pipelines.data.tpugraphs import load_ref  # noqa: E402
 from pipelines.hlo.featurize import OPCODE_IDS  # noqa: E402
 from pipelines.hlo.parse import module_from_jax  # noqa: E402
 from pipelines.synth import costmodel  # noqa: E402
@@ -204,7 +205,7 @@ def test_a_lowered_world_holds_real_programs_with_hidden_labels(world: Path) -> 
     counts = SCALES["tiny"].layout_counts
     for collection in (LAYOUT_XLA_DEFAULT, LAYOUT_XLA_RANDOM):
         for s, split in enumerate(("train", "valid", "test")):
-            refs = list_graphs(world, collection, split)
+            refs = DataRoot(world).graphs(collection, split)
             assert len(refs) == counts[collection.name][s]
             for ref in refs:
                 graph, labels = load_ref(ref), read_labels(world, collection, split, ref.stem)
@@ -217,8 +218,8 @@ def test_a_lowered_world_holds_real_programs_with_hidden_labels(world: Path) -> 
                 assert (configs == -1).all(axis=(1, 2)).any()  # the compiler's own config is there
                 ranks = (graph.node_feat[graph.node_config_ids, 21:27] > 0).sum(axis=1)
                 assert (configs[:, ranks >= 5, 2:6] == -1).all()  # rank-5 layouts list two dims only
-    default = {r.stem for r in list_graphs(world, LAYOUT_XLA_DEFAULT, "train")}
-    random = {r.stem for r in list_graphs(world, LAYOUT_XLA_RANDOM, "train")}
+    default = {r.stem for r in DataRoot(world).graphs(LAYOUT_XLA_DEFAULT, "train")}
+    random = {r.stem for r in DataRoot(world).graphs(LAYOUT_XLA_RANDOM, "train")}
     assert default <= random  # one pool of programs per source
 
 

@@ -44,13 +44,14 @@ from pipelines.core.collection import ALL_COLLECTIONS, SPLITS, TILE_XLA, Collect
 from pipelines.core.engine import fingerprint
 from pipelines.core.errors import ConfigError
 from pipelines.core.progress import Progress
+from pipelines.data.root import DataRoot
 from pipelines.data.tpugraphs import LayoutGraph, TileGraph, save_graph
 from pipelines.synth import costmodel, searches
 from pipelines.synth.families import REFERENCE, CostFamily, load_family
 from pipelines.synth.lowered import cache, catalogue, convert
 from pipelines.synth.lowered.catalogue import Architecture, ProgramSpec
 from pipelines.synth.world import (LABELS_DIR, LABELS_MARKER, SCALES, Labels, Scale, _hex, _loguniform, _rng,
-                                   collection_dir_path, label_path, measure_layout, write_labels)
+                                   label_path, measure_layout, write_labels)
 
 logger = logging.getLogger(__name__)
 
@@ -320,7 +321,7 @@ def _run_job(out: str, cache_dir: str, scale_name: str, seed: int, family_name: 
 
 
 def _write(out: Path, collection: Collection, split: str, stem: str, graph: Any, labels: Labels) -> None:
-    path = collection_dir_path(out, collection, split) / f"{stem}.npz"
+    path = DataRoot(out).new_split_dir(collection, split) / f"{stem}.npz"
     save_graph(path, graph)
     write_labels(label_path(out, collection, split, stem), labels)
 
@@ -371,7 +372,7 @@ def generate_lowered_world(out: Path | str, *, scale: str, seed: int, family: st
     programs: dict[str, dict[str, dict[str, str]]] = {}
     for collection in chosen:
         for split in SPLITS:
-            collection_dir_path(out, collection, split).mkdir(parents=True, exist_ok=True)
+            DataRoot(out).new_split_dir(collection, split).mkdir(parents=True, exist_ok=True)
         if collection.is_tile:
             sources = tile_source_programs(spec, seed, architectures)
             logger.info(f"lowered world: compiling {len(sources)} programs for their fused kernels")
@@ -409,7 +410,7 @@ def generate_lowered_world(out: Path | str, *, scale: str, seed: int, family: st
             collection = parse_collections(collection_name)[0]
             top = range(min(5, count)) if collection.is_tile else range(count)
             submission.append(f"{collection.submission_id(stem)},{';'.join(map(str, top))}")
-    write_text_atomic(out / "sample_submission.csv", "\n".join(submission) + "\n")
+    write_text_atomic(DataRoot(out).sample_submission, "\n".join(submission) + "\n")
     (out / LABELS_DIR).mkdir(exist_ok=True)
     write_text_atomic(out / LABELS_DIR / PROGRAMS_FILE, json.dumps(programs, indent=1, sort_keys=True) + "\n")
     sidecar = {**marker, "labels_version": 1, "programs": PROGRAMS_FILE,
