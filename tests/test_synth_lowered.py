@@ -242,3 +242,15 @@ def test_a_layout_file_is_a_pure_function_of_its_arguments(cache_dir: Path) -> N
     second, second_labels = lowered.make_layout_graph(featurized, priced, file, 3, SCALES["tiny"], family)
     assert (np.asarray(first.node_config_feat) == np.asarray(second.node_config_feat)).all()
     assert (first_labels.runtime == second_labels.runtime).all()
+
+
+@pytest.mark.parametrize("extra, problem", [(["--programs", "lowered", "--variant", "2"], "--variant"),
+                                            (["--programs", "lowered", "--limit", "3"], "--limit"),
+                                            (["--lowered-cache", "somewhere"], "--lowered-cache")])
+def test_synth_refuses_options_the_chosen_programs_do_not_take(tmp_path: Path, extra: list[str], problem: str,
+                                                               capsys) -> None:
+    from pipelines.cli import main
+
+    assert main(["synth", "--out", str(tmp_path / "w"), *extra]) == 2
+    assert problem in capsys.readouterr().err
+    assert not (tmp_path / "w").exists()
