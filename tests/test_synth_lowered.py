@@ -178,7 +178,7 @@ def test_fused_kernels_of_a_compiled_program_become_priced_tile_graphs(cache_dir
     for index, (name, space, kernel) in enumerate(kernels):
         file = lowered.TileFile("train", f"k{index}", index, spec, name, 12)
         graph, labels = lowered.make_tile_graph(parts[name], space, kernel, file, 0, family)
-        assert graph.config_feat.shape[1] == 24 and 5 <= graph.num_configs <= 12
+        assert graph.config_feat.shape[1] == 24 and 5 <= graph.num_configs <= 12 and graph.num_nodes >= 3
         assert (graph.config_runtime == labels.runtime).all() and np.isfinite(labels.noise_free).all()
         out_rank = int((graph.config_feat[:, 8:14] > 0).sum(axis=1).max())
         assert out_rank == len(kernel.out_shape)

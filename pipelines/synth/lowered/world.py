@@ -63,7 +63,8 @@ PROGRAMS_FILE = "programs.json"
 LISTED_DIMS = 2  # a partial layout block lists the two minor-most dims
 PARTIAL_RANK = 5  # blocks of this rank or more are always partial ...
 RANK4_PARTIAL = (0.5, 1.0)  # ... rank-4 blocks in a per-file share drawn from this range
-TILE_MIN_CONFIGS = 5  # a fused kernel needs this many distinct tile configs to be a tile graph
+TILE_MIN_CONFIGS = 5  # a fused kernel needs this many distinct tile configs to be a tile graph ...
+TILE_MIN_NODES = 3  # ... and this many instructions (a lone broadcast or iota is no kernel to tune)
 TILE_SOURCES = {"tiny": 4, "small": 16, "medium": 40, "full": 120}  # programs compiled for kernels, at most
 
 
@@ -238,7 +239,8 @@ def fused_kernels(featurized: Any) -> list[tuple[str, Any, Any]]:
         fused = by_name[part.computation]
         space = tile_space(fused, shapes)
         kernel = convert.tile_kernel(fused, shapes, space)
-        if convert.kernel_ok(kernel) and _space_size(space) >= TILE_MIN_CONFIGS:
+        if (convert.kernel_ok(kernel) and _space_size(space) >= TILE_MIN_CONFIGS
+                and len(fused.instructions) >= TILE_MIN_NODES):
             out.append((part.computation, space, kernel))
     return out
 
