@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import time
 from collections.abc import Iterable
 from concurrent.futures import ProcessPoolExecutor
@@ -245,11 +244,11 @@ def fused_kernels(featurized: Any) -> list[tuple[str, Any, Any]]:
     return out
 
 
-def _space_size(space: Any) -> int:
-    from pipelines.hlo.configs import _tile_options
+def _space_size(space: Any, at_most: int = TILE_MIN_CONFIGS) -> int:
+    """How many distinct tile configs a kernel has (counted up to ``at_most``)."""
+    from pipelines.hlo.configs import tile_configs
 
-    extents = [*space.out_shape[:6], *([space.contract] if space.contract else [])]
-    return math.prod(len(_tile_options(d)) for d in extents)
+    return int(tile_configs(space, at_most, 0).shape[0])
 
 
 def kernel_structure(part: Any) -> str:
