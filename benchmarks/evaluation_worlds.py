@@ -131,7 +131,8 @@ def main(argv: list[str] | None = None) -> int:
     for family, seed, variant in worlds:
         label = f"{family} seed {seed}" + (f" variant {variant}" if family == REFERENCE else "")
         world = given.get((family, seed, variant)) or args.root / (
-            (f"{args.scale}-seed{seed}-variant{variant}" if family == REFERENCE else f"{args.scale}-seed{seed}-{family}")
+            (f"{args.scale}-seed{seed}-variant{variant}" if family == REFERENCE
+             else f"{args.scale}-seed{seed}-{family}")
             + {None: "", True: "-rnn", False: "-nornn"}[args.recurrent])
         t0 = time.perf_counter()
         if (family, seed, variant) in given:

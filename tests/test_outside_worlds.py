@@ -37,8 +37,9 @@ def outside(tiny_world: Path, tmp_path: Path) -> Path:
     shutil.copytree(tiny_world / "npz_all", root / "npz_all")
     shutil.copytree(tiny_world / "labels" / "npz", root / "labels" / "npz")
     shutil.copy(tiny_world / "sample_submission.csv", root)
-    (root / "labels" / "labels.json").write_text(json.dumps(
-        {"generator": "blind-b", "version": 1, "seed": 5, "scale": "pocket", "collections": [c.name for c in ALL_COLLECTIONS]}))
+    (root / "labels" / "labels.json").write_text(json.dumps({"generator": "blind-b", "version": 1, "seed": 5,
+                                                             "scale": "pocket",
+                                                             "collections": [c.name for c in ALL_COLLECTIONS]}))
     (root / "labels" / "programs.json").write_text(json.dumps(_record(root)))
     return root
 

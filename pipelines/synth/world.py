@@ -620,7 +620,8 @@ def read_program_record(root: Path | str, marker: dict) -> dict[tuple[str, str],
     out: dict[tuple[str, str], ProgramLabel] = {}
     for collection, graphs in record.items():
         if collection not in allowed:
-            raise FormatError(path, f"collection {collection!r} is not one of the world's ({', '.join(sorted(allowed))})")
+            raise FormatError(path, f"collection {collection!r} is not one of the world's "
+                                    f"({', '.join(sorted(allowed))})")
         if not isinstance(graphs, dict):
             raise FormatError(path, f"{collection}: expected an object of graph stems, got {type(graphs).__name__}")
         for stem, entry in graphs.items():

@@ -116,27 +116,17 @@ def priced_program(module: Module, graph: GraphArrays, config_ids: np.ndarray) -
                     if name in inlined:
                         emit(by_name[name], {-1: u})
 
-    reached = _reached(module, inlined, by_name)
-    for computation in module.computations:  # a computation with its own parameters, holding configurable nodes
-        if computation.name not in reached and any(graph.node_opcode[index[i.name]] in configurable
-                                                   for i in computation.instructions):
+    def holds_configurable(name: str) -> bool:  # itself or a computation inlined into it
+        return any(graph.node_opcode[index[i.name]] in configurable or
+                   any(c in inlined and holds_configurable(c) for c in i.called) for i in by_name[name].instructions)
+
+    for computation in module.computations:  # not inlined anywhere: its own parameters, before the entry
+        if not computation.is_entry and computation.name not in inlined and holds_configurable(computation.name):
             emit(computation, None)
     emit(module.entry, None)
     if any(v < 0 for v in builder.alias.values()):
         raise ValueError(f"{module.source}: a loop parameter read before its loop")
     return _program(builder, graph, config_ids, module.source)
-
-
-def _reached(module: Module, inlined: set[str], by_name: dict[str, Computation]) -> set[str]:
-    """The entry and every computation inlined into it (transitively)."""
-    reached, stack = set(), [module.entry.name]
-    while stack:
-        name = stack.pop()
-        if name in reached:
-            continue
-        reached.add(name)
-        stack.extend(c for ins in by_name[name].instructions for c in ins.called if c in inlined)
-    return reached
 
 
 def _program(builder: _Builder, graph: GraphArrays, config_ids: np.ndarray, source: str) -> PricedProgram:

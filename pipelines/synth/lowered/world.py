@@ -216,7 +216,8 @@ def make_layout_graph(featurized: Any, priced: convert.PricedProgram, file: Layo
     configs[int(rng.integers(count))] = -1  # the compiler's own choice everywhere, once per file
 
     def runtimes(blocks: np.ndarray) -> np.ndarray:
-        return family.layout_runtimes(priced.program, priced.priced_blocks(convert.complete_blocks(blocks, space.defaults)))
+        completed = convert.complete_blocks(blocks, space.defaults)
+        return family.layout_runtimes(priced.program, priced.priced_blocks(completed))
 
     noise = family.noise_range(collection.search)
     measured, noise_free = measure_layout(model, configs, rng, noise, params.remeasured_duplicates, runtimes=runtimes)
@@ -361,7 +362,8 @@ def generate_lowered_world(out: Path | str, *, scale: str, seed: int, family: st
               "catalogue": fingerprint(architectures)}
     by_name = {a.name: a for a in architectures}
     if _check_target(out, marker):
-        return f"{out}: lowered world (scale={scale}, seed={seed}, family={family}) is already complete; nothing written"
+        return (f"{out}: lowered world (scale={scale}, seed={seed}, family={family}) is already complete; "
+                "nothing written")
     started = time.perf_counter()
     out.mkdir(parents=True, exist_ok=True)
     write_text_atomic(out / PARTIAL_MARKER, json.dumps(marker, indent=2))
