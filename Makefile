@@ -1,4 +1,5 @@
-# Two contracts: `make demo` (set up + run the pipeline on synthetic data) and `make test`.
+# Two contracts: `make demo` (set up + run the pipeline on synthetic data) and `make test` (the full
+# suite, what CI runs); `make test-quick` is the contributors' fast tier (tests not marked slow).
 # The virtual environment is built once and reused; it is rebuilt when pyproject.toml changes.
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
@@ -8,7 +9,7 @@ STAMP := $(VENV)/.installed
 # otherwise pip falls back to the registry's default build.
 TORCH_PIN ?= torch==2.13.0
 
-.PHONY: demo test bench bench-gpu install clean-venv
+.PHONY: demo test test-quick bench bench-gpu real-records install clean-venv
 
 install: $(STAMP)
 
@@ -23,7 +24,14 @@ demo: $(STAMP)
 	$(PY) -m pipelines demo --config demo
 
 test: $(STAMP)
+	@echo "make test: the full suite (what CI runs), about 9 minutes on 2 idle cores and longer on a busy machine;"
+	@echo "make test-quick runs the fast tier (no end-to-end runs) in about 2 minutes"
 	$(PY) -m pytest -q
+
+# The fast tier: every test but those marked slow (end-to-end runs, subprocesses, notebooks, the docs site).
+test-quick: $(STAMP)
+	@echo "make test-quick: the tests not marked slow, about 2 minutes on 2 idle cores; make test runs them all"
+	$(PY) -m pytest -q -m "not slow"
 
 bench: $(STAMP)
 	$(PY) -m benchmarks.run
@@ -31,6 +39,10 @@ bench: $(STAMP)
 # The same on a CUDA workstation: GNN fit, predict and throughput on the GPU next to the same machine's CPU.
 bench-gpu: $(STAMP)
 	BENCH_DEVICE=cpu,cuda BENCH_PRECISION=fp32,bf16 $(PY) -m benchmarks.run
+
+# A run's ranking of the real TPU tuning records (../shared/real_tpu), next to the default-first baselines.
+real-records: $(STAMP)
+	$(PY) -m benchmarks.real_records --run $(RUN)
 
 clean-venv:
 	rm -rf $(VENV)

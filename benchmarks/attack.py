@@ -4,7 +4,9 @@ Usage: python -m benchmarks.attack [--out DIR] [--keep] [--only SUBSTRING] [--ti
 
 ``--fast`` replays only the quick cases (``Case.fast``), the subset ``tests/test_attack_replay.py`` runs.
 Items ``71.N`` are the classes of issue 71: 1 code from files, 2 corrupt cache, 3 tracebacks, 4 accepted
-wrongly, 5 super-linear time, 6 races, 7 messages.
+wrongly, 5 super-linear time, 6 races, 7 messages. Items ``78.N`` are issue 78's: 3a-3e hostile HLO (below),
+and in ``benchmarks.attack_issue78`` 1 gc, 2 runs rm and names, 4 submit and sync, 5 MLflow, 6 --set, L leftovers
+of issue 71.
 
 Every case is one hostile input or fault, run as ``python -m pipelines ...`` in a fresh subprocess on
 a private copy of the ``tiny`` synthetic world. Each is classified:
@@ -19,6 +21,7 @@ a private copy of the ``tiny`` synthetic world. Each is classified:
 * code executed: a pickle payload the case planted (in a model or checkpoint file) ran;
 * too slow: longer than the case's bound (time super-linear in the input);
 * setup failed: the harness could not build the case's input (counted as a failure, never a pass);
+* data lost: a case's check found run folders, trained stages or raw data gone;
 * raw data changed: the data root's listing, sizes, times or bytes differ afterwards.
 
 Peak RSS is the child's own (``wait4``). The table (and a JSON of every case) goes to stdout and
@@ -132,6 +135,7 @@ class Context:
     gnn: tuple[str, Path, Path] | None = None  # a published GNN run: (run-id, its submissions folder, work dir)
     background: list = field(default_factory=list)  # processes a case started beside its command (races)
     runs_before: set = field(default_factory=set)  # the run folders in subs before the case's command ran
+    env: dict = field(default_factory=dict)  # environment variables the case's command runs with
 
     @property
     def code_marker(self) -> Path:
@@ -583,6 +587,10 @@ def build_cases(bombs: Path) -> list[Case]:
         return ["report", "../../etc", "--submissions-dir", str(ctx.subs)]
 
     issue71_cases(add)
+    issue78_hlo_cases(add)
+    from benchmarks.attack_issue78 import issue78_cases
+
+    issue78_cases(add)
     return cases
 
 
@@ -1078,6 +1086,8 @@ def judge(expect: str, outcome: Outcome, problem: str | None, code_ran: bool = F
         return "traceback"
     if max_wall_s is not None and outcome.wall_s > max_wall_s:
         return "too slow"
+    if problem and problem.startswith("data lost"):  # run folders, trained stages or raw data gone (issue 78)
+        return "data lost"
     if expect == "reject":
         clean = outcome.rc in REJECTION_CODES and "error:" in outcome.stderr and not problem
         return "rejected cleanly" if clean else "accepted wrongly"
@@ -1149,7 +1159,7 @@ def main(argv: list[str] | None = None) -> int:
             ctx.runs_before = set(os.listdir(ctx.subs)) if ctx.subs.is_dir() else set()
             if case.check is _killed_publish:
                 note = _kill_while_publishing(ctx, cli_args, args.timeout)
-            outcome = run_cli(cli_args, base, args.timeout)
+            outcome = run_cli(cli_args, base, args.timeout, env=ctx.env or None)
             changed = snapshot(ctx.data) != before or snapshot(world) != pristine
             try:
                 problem = case.check(ctx, outcome)
@@ -1184,7 +1194,7 @@ def main(argv: list[str] | None = None) -> int:
     return 1 if any(is_bad(r) for r in rows) else 0
 
 
-BAD_VERDICTS = ("traceback", "timeout", "accepted wrongly", "code executed", "too slow", "setup failed")
+BAD_VERDICTS = ("traceback", "timeout", "accepted wrongly", "code executed", "too slow", "setup failed", "data lost")
 
 
 def is_bad(row: dict) -> bool:
@@ -1197,12 +1207,14 @@ def summary(rows: list[dict]) -> str:
     peak = max((r.get("peak_rss_mb") or 0.0 for r in ran), default=0.0)
     lines = [
         "| inputs tried | rejected cleanly | accepted as intended | tracebacks | timeouts | accepted wrongly "
-        "| code executed | too slow | setup failed | raw data changed | skipped | max peak RSS (MB) |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| code executed | too slow | setup failed | data lost | raw data changed | skipped | max peak RSS (MB) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
         f"| {len(ran)} | {count('rejected cleanly')} | {count('accepted as intended')} | {count('traceback')} "
         f"| {count('timeout')} | {count('accepted wrongly')} | {count('code executed')} | {count('too slow')} "
-        f"| {count('setup failed')} | {sum(bool(r.get('raw_data_changed')) for r in ran)} "
+        f"| {count('setup failed')} | {count('data lost')} | {sum(bool(r.get('raw_data_changed')) for r in ran)} "
         f"| {len(rows) - len(ran)} | {peak:.0f} |",
+        "",
+        *by_class(ran),
         "",
         "| item | case | verdict | peak RSS (MB) | wall (s) |",
         "|---|---|---|---|---|",
@@ -1211,6 +1223,235 @@ def summary(rows: list[dict]) -> str:
         lines.append(f"| {r['item']} | {r['case']} | {r['verdict']}{' (raw data changed!)' if r.get('raw_data_changed') else ''}"
                      f" | {r.get('peak_rss_mb', '')} | {r.get('wall_s', '')} |")
     return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------- issue 78.3: hostile HLO
+
+# Item labels 78.3<class>: a XLA accepts the text, then refuses it; b nesting and dims beyond XLA's own
+# limits (it crashed); c numeric options; d one --out shared by two processes; e hostile tuning records.
+
+
+def _hlo_file(ctx: Context, name: str, text: str) -> Path:
+    return _touch(ctx.base / name, text)
+
+
+def _hlo_module(shape: str, printed: str | None = None) -> str:
+    return f"HloModule hostile\n\nENTRY %main (p: {shape}) -> {shape} {{\n  ROOT %p = {printed or shape} parameter(0)\n}}\n"
+
+
+def _hlo_nested(depth: int) -> str:
+    return "(" * depth + "f32[]" + ")" * depth
+
+
+def _hlo_program(ctx: Context, name: str = "mlp.txt") -> Path:
+    """A small program jax lowers here: two dots and a reshape (configurable nodes for rank)."""
+    import jax
+    import jax.numpy as jnp
+
+    def mlp(w1, w2, x):
+        return jnp.sum(jnp.tanh(x @ w1) @ w2).reshape(1)
+
+    text = jax.jit(mlp).lower(jnp.ones((8, 16)), jnp.ones((16, 4)), jnp.ones((5, 8))).compiler_ir("hlo").as_hlo_text()
+    return _hlo_file(ctx, name, text)
+
+
+def _hlo_rank_args(ctx: Context, program: Path, out: Path, *extra: str) -> list[str]:
+    return ["rank", "--run", ctx.run_id, str(program), "--submissions-dir", str(ctx.subs), "--work-dir",
+            str(ctx.base / "work"), "--out", str(out), "--configs", "5", *extra]
+
+
+def _hlo_hold_lock(ctx: Context, folder: Path, command: str) -> None:
+    """Another process holding ``folder``'s ``--out`` lock, as a second ``command`` would (until the case ends)."""
+    ready = ctx.base / f"{command}.lock-held"
+    code = ("import sys, time, pathlib; from pipelines.hlo import out_folder_lock\n"
+            f"with out_folder_lock(sys.argv[1], {command!r}):\n"
+            "    pathlib.Path(sys.argv[2]).touch(); time.sleep(600)\n")
+    ctx.background.append(subprocess.Popen([sys.executable, "-c", code, str(folder), str(ready)], cwd=ctx.base,
+                                           env={**os.environ, "PYTHONPATH": str(REPO)}, start_new_session=True,
+                                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+    _hlo_wait_for(ready, 120)
+
+
+def _hlo_wait_for(path: Path, seconds: float) -> None:
+    started = time.perf_counter()
+    while not path.exists():
+        if time.perf_counter() - started > seconds:
+            raise RuntimeError(f"{path} did not appear within {seconds:g} s")
+        time.sleep(0.05)
+
+
+def _hlo_nothing_in(folder: Path, allowed: tuple[str, ...] = ()) -> Callable[[Context, Outcome], str | None]:
+    def check(ctx: Context, out: Outcome) -> str | None:
+        found = sorted(p.name for p in folder.iterdir() if p.name not in allowed) if folder.exists() else []
+        return f"{folder} holds {found}" if found else None
+    return check
+
+
+def _hlo_other_rank_completed(ctx: Context, out: Outcome) -> str | None:
+    """The first rank, let go again, finished cleanly, and its rank.json is whole and scores the data it built."""
+    for process in ctx.background:
+        os.killpg(process.pid, signal.SIGCONT)
+        _, err = process.communicate(timeout=600)
+        if process.returncode != 0:
+            return f"the other rank failed (rc {process.returncode}): {err.strip().splitlines()[-1:]}"
+    report = json.loads((ctx.base / "ranked" / "rank.json").read_text())
+    layout = report.get("layout") or {}
+    if not layout or any(part["configs"] != report["layout_candidates"]["distinct"] for part in layout.values()):
+        return "the finished rank's report does not match the candidates it built"
+    return None
+
+
+def _hlo_proto_nested(ctx: Context, depth: int) -> Path:
+    """A serialized module whose entry parameter's shape is a tuple nested ``depth`` deep (wire bytes built here)."""
+    def varint(n: int) -> bytes:
+        out = bytearray()
+        while True:
+            byte, n = n & 0x7F, n >> 7
+            out.append(byte | (0x80 if n else 0))
+            if not n:
+                return bytes(out)
+
+    def field(number: int, payload: bytes) -> bytes:
+        return varint(number << 3 | 2) + varint(len(payload)) + payload
+
+    shape = b"\x10\x0b"  # element_type F32
+    for _ in range(depth):
+        shape = b"\x10\x0d" + field(4, shape)  # a tuple of the shape so far
+    instruction = field(1, b"p") + field(2, b"parameter") + field(3, shape) + b"\x98\x02\x01"  # id (35) = 1
+    computation = field(1, b"main") + field(2, instruction) + b"\x28\x01\x30\x01"  # id 1, root_id 1
+    path = ctx.base / "nested.pb"
+    path.write_bytes(field(1, b"hostile") + field(2, b"main") + field(3, computation) + b"\x30\x01")
+    return path
+
+
+def issue78_hlo_cases(add: Callable) -> None:
+    # 78.3a: XLA's parser accepts, its proto checks refuse: a clean error naming the file (were tracebacks)
+    for name, text in {"a dim of 2^62": _hlo_module("f32[4611686018427387904]", "f32[4611686018427387904]{0}"),
+                       "a layout {5,0} on a rank-2 shape": _hlo_module("f32[2,3]", "f32[2,3]{5,0}"),
+                       "tuples nested 1,000 deep": _hlo_module(_hlo_nested(1000))}.items():
+        @add("78.3a", f"featurize HLO with {name}", check=both(says("{base}/hostile.txt"),
+                                                                _hlo_nothing_in_out), fast=name.startswith("a dim"))
+        def _(ctx, text=text):
+            return ["featurize", str(_hlo_file(ctx, "hostile.txt", text)), "--out", str(ctx.base / "out")]
+
+    @add("78.3a", "rank HLO with a layout {5,0} on a rank-2 shape", check=says("{base}/hostile.txt"))
+    def _(ctx):
+        return _hlo_rank_args(ctx, _hlo_file(ctx, "hostile.txt", _hlo_module("f32[2,3]", "f32[2,3]{5,0}")),
+                              ctx.base / "ranked")
+
+    # 78.3b: nesting beyond XLA's recursion (SIGSEGV) and dims beyond any tensor, refused before XLA reads them
+    @add("78.3b", "featurize HLO text with tuples nested 20,000 deep", check=both(says("{base}/deep.txt", "nested"),
+                                                                                 _hlo_nothing_in_out), fast=True)
+    def _(ctx):
+        return ["featurize", str(_hlo_file(ctx, "deep.txt", _hlo_module(_hlo_nested(20_000)))), "--out",
+                str(ctx.base / "out")]
+
+    @add("78.3b", "featurize a serialized module whose shape is nested 20,000 deep", check=says("{base}/nested.pb"))
+    def _(ctx):
+        return ["featurize", str(_hlo_proto_nested(ctx, 20_000)), "--out", str(ctx.base / "out")]
+
+    @add("78.3b", "rank HLO text with tuples nested 20,000 deep", check=says("{base}/deep.txt", "nested"))
+    def _(ctx):
+        return _hlo_rank_args(ctx, _hlo_file(ctx, "deep.txt", _hlo_module(_hlo_nested(20_000))), ctx.base / "ranked")
+
+    # 78.3c: numeric options out of range are usage errors (were tracebacks, or a tile graph the reader refuses)
+    for option in (["--seed", "-1"], ["--tile-configs", "-3"], ["--tile-configs", "0"]):
+        @add("78.3c", f"featurize {' '.join(option)}", check=both(says(option[0]), _hlo_nothing_in_out),
+             fast=option[1] == "0")
+        def _(ctx, option=option):
+            return ["featurize", str(_hlo_program(ctx)), "--out", str(ctx.base / "out"), *option]
+
+    for option in (["--seed", "-1"], ["--tile-configs", "-3"]):
+        @add("78.3c", f"rank {' '.join(option)}", check=says(option[0]))
+        def _(ctx, option=option):
+            return _hlo_rank_args(ctx, _hlo_program(ctx), ctx.base / "ranked", *option)
+
+    # 78.3d: one --out, two processes: the second is refused, the first's output stays whole
+    @add("78.3d", "two ranks into one --out, the second started while the first builds its data",
+         check=both(says("another `rank`"), _hlo_other_rank_completed))
+    def _(ctx):
+        private_work(ctx)
+        program = _hlo_program(ctx)
+        start_beside(ctx, _hlo_rank_args(ctx, program, ctx.base / "ranked"), 0.0)
+        _hlo_wait_for(ctx.base / "ranked" / "data" / ".built-by-rank", 300)
+        os.killpg(ctx.background[-1].pid, signal.SIGSTOP)  # frozen mid-build (the check lets it go on)
+        return _hlo_rank_args(ctx, _hlo_program(ctx, "other.txt"), ctx.base / "ranked")
+
+    @add("78.3d", "featurize into an --out another featurize holds",
+         check=both(says("another `featurize`"), _hlo_nothing_in_out_but_lock("featurize")))
+    def _(ctx):
+        _hlo_hold_lock(ctx, ctx.base / "out", "featurize")
+        return ["featurize", str(_hlo_program(ctx)), "--out", str(ctx.base / "out")]
+
+    @add("78.3d", "records into an --out another records holds",
+         check=both(says("another `records`"), _hlo_nothing_in_out_but_lock("records")))
+    def _(ctx):
+        _hlo_hold_lock(ctx, ctx.base / "out", "records")
+        return ["records", str(_hlo_records(ctx)), "--out", str(ctx.base / "out")]
+
+    # 78.3e: hostile tuning records: clean errors, nothing written, never into a data root
+    @add("78.3e", "records of a truncated tuning record", check=both(says("{base}/cut.pb"), _hlo_nothing_in_out),
+         fast=True)
+    def _(ctx):
+        data = _hlo_records(ctx).read_bytes()
+        return ["records", str(_touch_bytes(ctx.base / "cut.pb", data[: len(data) // 2])), "--out",
+                str(ctx.base / "out")]
+
+    @add("78.3e", "records --out the tiny world's data root", check=says("not a data root `records` made"))
+    def _(ctx):
+        return ["records", str(_hlo_records(ctx)), "--out", str(ctx.data)]
+
+    @add("78.3e", "rank --out the tiny world's data root", check=says("a data root"))
+    def _(ctx):
+        return _hlo_rank_args(ctx, _hlo_program(ctx), ctx.data)
+
+
+def _hlo_nothing_in_out(ctx: Context, out: Outcome) -> str | None:
+    return _hlo_nothing_in(ctx.base / "out")(ctx, out)
+
+
+def _hlo_nothing_in_out_but_lock(command: str) -> Callable[[Context, Outcome], str | None]:
+    def check(ctx: Context, out: Outcome) -> str | None:
+        return _hlo_nothing_in(ctx.base / "out", (f".{command}.lock",))(ctx, out)
+    return check
+
+
+def _touch_bytes(path: Path, data: bytes) -> Path:
+    path.write_bytes(data)
+    return path
+
+
+def _hlo_records(ctx: Context) -> Path:
+    """A small TuningData: one kernel of three tile runs (the program jax lowers here), written by our schema."""
+    import jax
+    import jax.numpy as jnp
+
+    from pipelines.hlo.schema import tuning_message
+
+    module = jax.jit(lambda x: jnp.tanh(x) * 2).lower(jnp.ones((8, 128))).compiler_ir("hlo")
+    record = tuning_message("ModuleTuningData")(module=module.as_serialized_hlo_module_proto(), fingerprint=12345)
+    for k in range(3):
+        run = record.runs.add(is_default=k == 0)
+        run.profile.compute_time_ns = 1000 + 10 * k
+        run.op_config.tile_size_config.output_bounds.extend([8, 128 >> k])
+    records = tuning_message("TuningData")()
+    records.modules.append(record)
+    return _touch_bytes(ctx.base / "records.pb", records.SerializeToString())
+
+
+CLASS_COLUMNS = ("rejected cleanly", "accepted as intended", "traceback", "timeout", "accepted wrongly",
+                 "code executed", "too slow", "setup failed", "data lost")
+
+
+def by_class(rows: list[dict]) -> list[str]:
+    """The verdicts counted per item (class), as table lines: the figures an issue's closing note gives."""
+    items = list(dict.fromkeys(r["item"] for r in rows))
+    lines = ["| item | cases | " + " | ".join(CLASS_COLUMNS) + " |", "|---|---|" + "---|" * len(CLASS_COLUMNS)]
+    for item in items:
+        mine = [r for r in rows if r["item"] == item]
+        lines.append(f"| {item} | {len(mine)} | " + " | ".join(str(sum(r["verdict"] == v for r in mine))
+                                                             for v in CLASS_COLUMNS) + " |")
+    return lines
 
 
 if __name__ == "__main__":

@@ -131,7 +131,7 @@ def cells_of(root: Path, landed: str) -> list[Cell]:
     )
     from pipelines.flows.evaluate import CEILING, evaluate_rows
     from pipelines.core.metric import best_scoring
-    from pipelines.flows.run import submission_rows
+    from pipelines.flows.scores import submission_rows
 
     world, work = world_of(root), root / "work"
     cells = []

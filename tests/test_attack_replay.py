@@ -7,6 +7,8 @@ import pytest
 from benchmarks.attack import Outcome, judge, run_cli
 from pipelines.cli import EXIT_CODES_HELP
 
+pytestmark = pytest.mark.slow  # end-to-end: left out of make test-quick
+
 
 def outcome(rc, stderr="", stdout="", timed_out=False):
     return Outcome(rc, stdout, stderr, 0.1, 10.0, timed_out)
@@ -25,6 +27,9 @@ def test_what_is_not_a_clean_rejection():
     assert judge("reject", outcome(1, "Traceback (most recent call last):\n"), None) == "traceback"
     assert judge("accept", outcome(None, timed_out=True), None) == "timeout"
     assert judge("accept", outcome(0), None) == "accepted as intended"
+    # gc said "removed 2 stage folder(s)" with exit 0, and a run's trained stages were among them
+    assert judge("reject", outcome(0), "data lost: 1 gone, e.g. work/train-gbdt/x") == "data lost"
+    assert judge("reject", outcome(2, "error: x"), "data lost: 1 gone") == "data lost"
 
 
 def test_a_real_data_error_from_the_command_line_is_judged_clean(tmp_path):
@@ -37,14 +42,17 @@ def test_a_real_data_error_from_the_command_line_is_judged_clean(tmp_path):
 
 def test_the_fast_part_of_the_replay_stays_clean(tmp_path):
     """The quick cases of ``python -m benchmarks.attack`` (``--fast``: issue 71's cheap ones, every class but
-    the GNN-file and race cases, which the full replay runs), end to end: no traceback, no wrong acceptance,
-    no planted code run, no raw data changed, no case whose input could not be built. ~30 s."""
+    the GNN-file and race cases, which the full replay runs; issue 78's that need no training), end to end: no
+    traceback, no wrong acceptance, no data lost, no planted code run, no raw data changed, no case whose input
+    could not be built. ~45 s."""
     import json
 
     from benchmarks.attack import build_cases, is_bad, main
 
     fast = [case for case in build_cases(tmp_path / "bombs") if case.fast]
     assert len(fast) >= 15 and {c.item for c in fast} >= {"71.2", "71.3", "71.4", "71.5", "71.7"}
+    issue78 = [c.item for c in fast if c.item.startswith("78.")]  # issue 78's classes, >= 2 quick cases each
+    assert all(issue78.count(item) >= 2 for item in ("78.1", "78.2", "78.4", "78.5", "78.6", "78.L"))
     code = main(["--fast", "--out", str(tmp_path / "out"), "--scratch", str(tmp_path / "scratch")])
     rows = json.loads((tmp_path / "out" / "attack.json").read_text())
     assert len(rows) == len(fast)

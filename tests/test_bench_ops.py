@@ -1,6 +1,7 @@
 """benchmarks/op_timer.py and gnn_throughput's ``--ops``: a step's time, op by op."""
 import time
 
+import pytest
 import torch
 import torch.nn.functional as F
 
@@ -11,6 +12,7 @@ from pipelines.data.node_arrays import make_graph_arrays, save_graph_arrays
 from tests.test_features import chain_graph
 
 
+@pytest.mark.slow
 def test_the_timer_sees_forward_and_backward_ops_by_shape_per_repeat():
     weight = torch.randn(16, 8, requires_grad=True)
     x = torch.randn(64, 8)
@@ -29,6 +31,7 @@ def test_the_timer_sees_forward_and_backward_ops_by_shape_per_repeat():
     assert timer.top(100, repeats=3)[-1][1] in {"x".join(map(str, s)) or "-" for _, s in calls}
 
 
+@pytest.mark.slow
 def test_a_training_figure_with_ops_lists_the_longest_ops_of_its_step(tmp_path):
     path = tmp_path / "node_arrays" / "k" / "train.g.npz"
     path.parent.mkdir(parents=True)

@@ -9,6 +9,8 @@ import pytest
 import benchmarks.training as training
 from benchmarks.training import FitRow, measure_fold, measure_folds, targets
 
+pytestmark = pytest.mark.slow  # end-to-end: left out of make test-quick
+
 
 def row(**changes) -> FitRow:
     base = FitRow("gnn", "layout:nlp:random", train_graphs=2, train_mean_nodes=100.0, fit_s=20.0, fit_cpu_s=20.0,

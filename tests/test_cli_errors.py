@@ -119,3 +119,29 @@ def test_train_checks_the_gpu_before_any_stage_too(tiny_world, tmp_path, capsys)
     code = main(["train", "--model", "gnn", "--collection", "tile:xla", "--data-root", str(tiny_world),
                  "--work-dir", str(tmp_path / "work"), "--config", "smoke", "--set", 'gnn.device="cuda"'])
     assert code == 2 and "no CUDA GPU" in capsys.readouterr().err and not (tmp_path / "work").exists()
+
+
+@pytest.mark.parametrize("argv, hint", [
+    (["rnu"], "invalid choice: 'rnu'"),
+    (["runs", "lsit"], "did you mean 'list'?"),
+    (["run", "--data-root", "x", "--modles", "gbdt"], "unrecognized arguments: --modles gbdt; did you mean --models?"),
+    (["runs", "list", "--srot=score"], "did you mean --sort?"),
+    (["--versoin", "runs", "list"], "did you mean --version?"),  # the program's own options too
+    # a mistyped required option is reported missing: the hint names it
+    (["run", "--data-rot", "x"], "required: --data-root; did you mean --data-root?"),
+    (["runs", "list", "--sort", "scroe"], "did you mean 'score'?"),  # an option's choices
+])
+def test_a_mistyped_command_action_or_option_gets_the_closest_suggested(argv, hint, capsys):
+    """Issue 79: config keys had "did you mean", commands and flags did not."""
+    with pytest.raises(SystemExit) as raised:
+        main(argv)
+    err = capsys.readouterr().err
+    assert raised.value.code == 2 and hint in err, err
+    if argv == ["rnu"]:
+        assert err.rstrip().endswith("did you mean 'run'?")
+
+
+def test_no_suggestion_for_an_option_like_none(capsys):
+    with pytest.raises(SystemExit):
+        main(["runs", "list", "--bogus"])
+    assert capsys.readouterr().err.rstrip().endswith("unrecognized arguments: --bogus")

@@ -51,6 +51,7 @@ def _edit(path: Path, old: str, new: str) -> None:
     path.write_text(text.replace(old, new, 1))
 
 
+@pytest.mark.slow
 def test_fingerprint_is_per_stage_and_ignores_comments_and_docstrings(package_copy):
     before = _fingerprints()
     assert len(set(before.values())) == len(before)
@@ -99,6 +100,7 @@ def test_unknown_module_is_an_error():
         code_fingerprint(["pipelines.no_such_module"])
 
 
+@pytest.mark.slow
 def test_editing_a_stage_module_recomputes_that_stage_end_to_end(tmp_path, tiny_world):
     """Through the real command line: run prepare, edit a copy of the features module, run again."""
     src = tmp_path / "src"

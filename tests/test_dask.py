@@ -13,9 +13,12 @@ from pipelines.config.settings import load_config
 from pipelines.core.errors import PipelineError
 from pipelines.core.predictions import read_predictions
 from pipelines.flows.prepare import prepare
-from pipelines.flows.run import fan_out, run_pipeline, train_models
+from pipelines.flows.run import fan_out, run_pipeline
+from pipelines.flows.schedule import train_models
 from tests.test_prepare import stage_bytes
 from pipelines.training.fit import PREDICTIONS_FILE
+
+pytestmark = pytest.mark.slow  # end-to-end: left out of make test-quick
 
 distributed = pytest.importorskip("distributed")
 

@@ -74,6 +74,7 @@ def test_floor_is_the_best_heuristic_of_each_collection(tiny_world: Path) -> Non
     assert "violation_ratio" in evaluation.heuristic_names
 
 
+@pytest.mark.slow
 def test_evaluate_command_scores_the_run_and_writes_its_folder(run, tiny_world: Path, capsys) -> None:
     submissions, run_id = run
     args = ["evaluate", run_id, "--data-root", str(tiny_world), "--submissions-dir", str(submissions)]
@@ -103,6 +104,7 @@ def test_evaluate_command_scores_the_run_and_writes_its_folder(run, tiny_world: 
     assert "Test evaluation (hidden labels)" in html and "submission/ceiling" in html
 
 
+@pytest.mark.slow
 def test_scoring_some_collections_reuses_the_runs_stages_and_gives_its_scores(run, tiny_world: Path) -> None:
     from pipelines.flows.evaluate import evaluate_collection_runs
     from pipelines.flows.run import train_and_blend
@@ -125,6 +127,7 @@ def test_scoring_some_collections_reuses_the_runs_stages_and_gives_its_scores(ru
     assert not part.reports[SUBMISSION].combined.complete  # a mean of two collections, flagged as not the score
 
 
+@pytest.mark.slow
 def test_each_run_seed_is_scored_alone_and_the_ensemble_is_checked_against_their_spread(run, tiny_world: Path) -> None:
     from pipelines.flows.evaluate import (
         SeedCheck,
@@ -182,6 +185,7 @@ def test_the_gap_of_two_entries_is_paired_over_the_test_graphs_both_score() -> N
     assert math.isnan(paired_graph_gap(frame([0.5]), frame([0.4]))[1])  # one graph: no standard error
 
 
+@pytest.mark.slow
 def test_evaluate_never_overwrites_a_file_it_did_not_write(run, tiny_world: Path, tmp_path: Path) -> None:
     submissions, run_id = run
     copy = tmp_path / "submissions"
@@ -192,6 +196,7 @@ def test_evaluate_never_overwrites_a_file_it_did_not_write(run, tiny_world: Path
     assert (copy / run_id / EVALUATION_FILE).read_text() == "my notes\n"
 
 
+@pytest.mark.slow
 def test_a_world_without_hidden_labels_is_refused(run, tiny_world: Path, tmp_path: Path, capsys) -> None:
     submissions, run_id = run
     real_like = tmp_path / "real"
@@ -203,6 +208,7 @@ def test_a_world_without_hidden_labels_is_refused(run, tiny_world: Path, tmp_pat
         json.loads((submissions / run_id / EVALUATION_FILE).read_text())["data_root"] != str(real_like.resolve())
 
 
+@pytest.mark.slow
 def test_a_run_made_for_another_world_is_refused(run, tmp_path: Path) -> None:
     from pipelines.core.errors import SubmissionError
     from pipelines.synth import generate_world
@@ -214,6 +220,7 @@ def test_a_run_made_for_another_world_is_refused(run, tmp_path: Path) -> None:
         evaluate_run(run_id, other, submissions_dir=submissions, with_models=False)
 
 
+@pytest.mark.slow
 def test_hidden_label_weight_curve_ends_are_the_models_and_the_run_weight_is_its_submission(
         run, tiny_world: Path, tmp_path: Path) -> None:
     from pipelines.reports import analysis
@@ -277,6 +284,7 @@ MALFORMED_LABELS = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("damage", sorted(MALFORMED_LABELS))
 def test_malformed_hidden_labels_are_an_error_naming_the_file(run, tiny_world: Path, tmp_path: Path, capsys,
                                                               damage) -> None:
@@ -294,6 +302,7 @@ def test_malformed_hidden_labels_are_an_error_naming_the_file(run, tiny_world: P
     assert (record.read_bytes() if record.exists() else None) == before  # nothing scored, nothing written
 
 
+@pytest.mark.slow
 def test_per_graph_view_lists_every_test_graph_with_its_program_size_and_scores(run, tiny_world: Path, capsys) -> None:
     from pipelines.flows.evaluate import per_graph_table
     from pipelines.synth.world import program_families

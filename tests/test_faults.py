@@ -261,6 +261,7 @@ def test_a_read_only_work_dir_is_a_clear_error_and_nothing_is_written(tiny_world
     assert not work.exists()
 
 
+@pytest.mark.slow
 def test_a_full_submissions_disk_is_a_clear_error_and_leaves_no_run_folder(tiny_world, tmp_path, monkeypatch,
                                                                             capsys):
     import pipelines.data.submission as submission
@@ -420,6 +421,7 @@ def uninterrupted(tiny_world: Path, tmp_path_factory: pytest.TempPathFactory) ->
     return submission_csv(base / "submissions")
 
 
+@pytest.mark.slow
 def test_a_run_killed_in_each_stage_and_restarted_gives_the_same_submission(tiny_world, tmp_path, uninterrupted):
     work, submissions = tmp_path / "work", tmp_path / "submissions"
     args = run_args(tiny_world, work, submissions)
@@ -442,6 +444,7 @@ def test_a_run_killed_in_each_stage_and_restarted_gives_the_same_submission(tiny
     assert all(r["state"] == "complete" for r in list_stages(work))
 
 
+@pytest.mark.slow
 def test_sigterm_stops_a_run_as_ctrl_c_does_and_discards_the_running_stage(tiny_world, tmp_path):
     work, submissions = tmp_path / "work", tmp_path / "submissions"
     process, folder = _paused_in("train-gbdt", "start", run_args(tiny_world, work, submissions), tmp_path / "marker")
@@ -475,7 +478,7 @@ if __name__ == "__main__":
 _SLOW_STAGES = """
 import os, sys, time
 from pipelines.core.parallel import terminate_as_interrupt
-from pipelines.flows.run import _train_sharing_workers
+from pipelines.flows.schedule import _train_sharing_workers
 
 def job(folder):
     open(os.path.join(folder, str(os.getpid())), "w").close()
@@ -553,6 +556,7 @@ def test_a_fold_job_finishing_while_a_concurrent_run_removes_the_partial_folder_
     assert load_fold_result(being_removed).model_files == {"model.txt": b"weights"}
 
 
+@pytest.mark.slow
 def test_two_concurrent_runs_on_one_work_dir_both_finish_with_identical_outputs(tiny_world, tmp_path, uninterrupted):
     work = tmp_path / "work"
     processes = [subprocess.Popen([sys.executable, "-m", "pipelines",
@@ -571,6 +575,7 @@ def test_two_concurrent_runs_on_one_work_dir_both_finish_with_identical_outputs(
     assert (work / "prune").is_dir() and all((p / GRAPHS_TABLE).is_file() for p in (work / "prune").iterdir())
 
 
+@pytest.mark.slow
 def test_two_runs_started_together_on_one_work_dir_succeed_with_the_same_bytes_every_time(tiny_world, tmp_path):
     """Issue 71, class 6: of 6 trials of two runs on one work dir started 1 s apart, one failed (a
     checkpoint's temporary file moved by the other). Three trials, a fresh work dir each, the second
@@ -590,6 +595,49 @@ def test_two_runs_started_together_on_one_work_dir_succeed_with_the_same_bytes_e
         seen |= {submission_csv(tmp_path / f"subs-{trial}-{i}") for i in range(2)}
         assert leftovers(work) == [] and all(r["state"] == "complete" for r in list_stages(work))
     assert len(seen) == 1
+
+
+def _folder_removed_during_mkdir(monkeypatch, folder: Path) -> list[Path]:
+    """Replay the interleaving of two runs on one work dir: ``folder`` exists when this process's
+    ``mkdir`` of it runs, and the other run's cleanup removes it before ``mkdir`` checks what is
+    there (pathlib's ``exist_ok`` check then finds nothing). Returns the calls it raced."""
+    raced: list[Path] = []
+    real_mkdir = os.mkdir
+
+    def mkdir(path, mode=0o777, **kwargs):
+        if Path(path) == folder and not raced:
+            raced.append(Path(path))
+            raise FileExistsError(errno.EEXIST, "File exists", str(path))  # ... and it is gone at the check
+        return real_mkdir(path, mode, **kwargs)
+
+    monkeypatch.setattr(os, "mkdir", mkdir)
+    return raced
+
+
+def test_a_fold_folder_removed_by_a_concurrent_run_while_being_made_is_made_again(tmp_path, monkeypatch):
+    """Issue 79: two runs on one work dir; one finished the training stage and removed its folder of
+    fold jobs (.folds-<key>) while the other was creating it to save a fold: "file system error: File
+    exists". The fold is saved (the folder made again), as when the folder was gone before the call."""
+    from pipelines.training.fit import FoldResult, fold_job_name, load_fold_result, save_fold_result
+
+    result = FoldResult(0, 0, pl.DataFrame({"graph": ["g"], "score": [0.5]}), pl.DataFrame({"graph": ["g"]}),
+                        None, {}, 1.0, {"model.txt": b"weights"})
+    partial = tmp_path / "train-random" / ".folds-key"
+    raced = _folder_removed_during_mkdir(monkeypatch, partial)
+    assert save_fold_result(result, partial)
+    assert raced == [partial]
+    assert load_fold_result(partial / fold_job_name(0, 0)).predictions["score"].to_list() == [0.5]
+
+
+def test_a_checkpoint_folder_removed_by_a_concurrent_run_while_being_made_is_made_again(tmp_path, monkeypatch):
+    """The same race on a GNN fold's epoch checkpoint folder (inside .folds-<key>)."""
+    pytest.importorskip("torch")
+    from pipelines.models.gnn.trainer import atomic_torch_save
+
+    path = tmp_path / ".folds-key" / "f0-s0.ckpt" / "gnn_seed0.pt"
+    raced = _folder_removed_during_mkdir(monkeypatch, path.parent)
+    atomic_torch_save({"epoch": 1}, path)
+    assert raced == [path.parent] and path.is_file()
 
 
 def test_a_resumed_fold_result_whose_files_were_altered_is_trained_again(tmp_path, caplog):

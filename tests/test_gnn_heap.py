@@ -78,6 +78,7 @@ print(json.dumps(dict(fresh=fresh, recycled=recycled)))
 """
 
 
+@pytest.mark.slow
 def test_a_fit_gives_the_same_bytes_on_fresh_and_on_recycled_memory():
     got = run_python(SAME_RESULTS)
     assert got["fresh"] == got["recycled"]

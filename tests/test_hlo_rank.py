@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 jax = pytest.importorskip("jax")
@@ -28,6 +30,7 @@ def run(tiny_world: Path, tmp_path_factory: pytest.TempPathFactory):
     return {"run_id": result.run_id, "subs": base / "subs", "base": base}
 
 
+@pytest.mark.slow
 def test_a_data_root_of_real_programs_runs_through_prepare_and_predict(run, tmp_path):
     root = tmp_path / "programs"
     for name in PROGRAMS:
@@ -46,7 +49,7 @@ def test_a_data_root_of_real_programs_runs_through_prepare_and_predict(run, tmp_
     assert rows == 4 * (2 * len(PROGRAMS) + 1) + len(fused.tiles)
 
 
-def test_rank_prints_every_configurable_node_and_the_top_configs(run, tmp_path, capsys):
+def test_rank_prints_every_configurable_node_and_an_answer_a_user_can_act_on(run, tmp_path, capsys):
     fn, args = _program("encoder", True)
     program = tmp_path / "encoder.txt"
     program.write_text(module_from_jax(fn, *args).to_string())
@@ -58,14 +61,63 @@ def test_rank_prints_every_configurable_node_and_the_top_configs(run, tmp_path, 
     printed = capsys.readouterr().out
     report = json.loads((out / "rank.json").read_text())
     assert set(report["layout"]) == {"layout:xla:random", "layout:xla:default"}
+    candidates = report["layout_candidates"]  # one set: the module's own, 40 default-search, 40 random-search
+    assert candidates["own"] == 1 and candidates["distinct"] <= 81
+    assert candidates["distinct"] == 1 + candidates["default search"] + candidates["random search"]
     for part in report["layout"].values():
         assert [n["name"] for n in part["nodes"]] == [i.name for i in featurized.config_nodes]
         assert len(part["top"]) == 3 and part["top"][0]["score"] <= part["top"][-1]["score"]
-        assert part["configs"] == 40
-    assert report["layout"]["layout:xla:default"]["default_layout_rank"] is not None  # row 0 is the default
-    for node in featurized.config_nodes:
-        assert node.name in printed
-    assert "top configs" in printed and (out / "rank.txt").read_text() in printed
+        assert part["configs"] == candidates["distinct"] and part["own_layouts_rank"] >= 1
+        gain = part["gain_over_own"]  # the best over the module's own layouts, per fold model (smoke: k=2)
+        assert gain["fold_models"] == 2 and gain["blended"] >= 0 and 0 <= gain["fold_models_in_favour"] <= 2
+        for node in part["nodes"]:  # as HLO writes a layout: the shape and {minor,...,major}
+            assert re.fullmatch(r"[a-z0-9]+\[[0-9,]*\]\{[0-9,]*\}", node["output"]), node
+    rec = report["recommendation"]  # one answer per node, whatever the two collections prefer
+    assert set(rec["collections"]) == set(report["layout"]) and rec["rule"] == "best mean score"
+    assert rec["collections_disagree"] == (len({p["best_config"] for p in report["layout"].values()}) > 1)
+    assert all(n["changed"] for n in rec["nodes"]) and len(rec["nodes"]) == rec["nodes_changed"]
+    for node in rec["nodes"]:  # what to change is printed; every node's layouts are in rank.json
+        assert f"{node['name']}  " in printed and node["output"] in printed
+    assert "recommended layouts: config" in printed and "Acting on a ranking" in printed
+    assert (out / "rank.txt").read_text() in printed
+
+
+def test_ties_are_ranked_as_ties():
+    from pipelines.flows.rank import competition_order
+
+    order, ranks = competition_order(np.array([0.2, 0.0, 0.0, 0.5, 0.2]))
+    assert order.tolist() == [1, 2, 0, 4, 3] and ranks.tolist() == [1, 1, 3, 3, 5]
+
+
+def test_one_recommendation_when_the_collections_disagree():
+    """Two collections' models prefer different candidates: one config is recommended (the best mean), and
+    the report says which each preferred and where it ranks the recommendation."""
+    from types import SimpleNamespace
+
+    from pipelines.flows.rank import recommend
+    from pipelines.hlo.configs import LayoutSpace
+    from pipelines.hlo.parse import Instruction, Shape
+
+    shape = Shape("f32", (4, 8), (1, 0))
+    nodes = [Instruction(f"dot.{k}", "dot", shape, ("a", "b"), {}, ()) for k in range(2)]
+    operands = [Instruction(n, "parameter", shape, (), {}, ()) for n in ("a", "b")]
+    defaults = np.full((2, 18), -1, np.int8)
+    defaults[:, [0, 1, 6, 7, 12, 13]] = [1, 0, 1, 0, 1, 0]
+    space = LayoutSpace(np.array([[2, 2, 2], [2, 2, 2]]), defaults)
+    featurized = SimpleNamespace(config_ids=np.array([2, 3]), config_nodes=nodes, layout_space=lambda: space,
+                                 layout=SimpleNamespace(instructions=operands + nodes))
+    blocks = np.stack([defaults] * 3)
+    blocks[1, 0, :2] = [0, 1]  # config 1: dot.0's output transposed
+    blocks[2, 1, 6:8] = [0, 1]  # config 2: dot.1's input transposed
+    folds = np.zeros((2, 3))
+    scores = {"layout:xla:random": (np.array([1.0, 0.0, 0.3]), folds),
+              "layout:xla:default": (np.array([1.0, 0.6, 0.0]), folds)}
+    rec = recommend(featurized, blocks, np.array([0, 1, 2]), scores)
+    assert rec["config"] == 2 and rec["collections_disagree"]
+    assert rec["collections"]["layout:xla:random"] == {**rec["collections"]["layout:xla:random"], "best_config": 1,
+                                                       "rank_of_recommended": 2}
+    assert rec["nodes_changed"] == 1 and rec["nodes"][0]["name"] == "dot.1"
+    assert rec["nodes"][0]["input"] == "f32[4,8]{0,1}" and rec["nodes"][0]["module_input"] == "{1,0}"
 
 
 def test_rank_ranks_the_tiles_of_an_optimized_module(run, tmp_path):

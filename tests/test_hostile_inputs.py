@@ -76,6 +76,7 @@ def csv_without(submission: Path, sid: str, out: Path) -> Path:
 # ----------------------------------------------------------------------------- 1. report --out
 
 
+@pytest.mark.slow
 def test_01_report_out_never_overwrites_a_submission_or_a_foreign_file(published, tmp_path, capsys):
     run_id, subs = published["result"].run_id, tmp_path / "subs"
     shutil.copytree(published["subs"] / run_id, subs / run_id)  # the shared run stays intact whatever happens

@@ -149,7 +149,7 @@ def test_missing_credentials_for_both_commands(no_credentials, tmp_path, capsys)
 
     submission = tmp_path / "submission.csv"
     submission.write_text("ID,TopConfigs\n")
-    assert main(["submit", str(submission), "-m", "first try"]) == 1
+    assert main(["submit", str(submission), "-m", "first try", "--no-validate"]) == 1
     assert "no Kaggle credentials found" in capsys.readouterr().err
     if not kaggle_was_loaded:
         assert "kaggle" not in sys.modules  # the package is only imported once credentials exist
@@ -356,7 +356,9 @@ def test_archive_without_the_expected_structure(fake, tmp_path, capsys):
 def test_submit_uploads_and_reports(fake, tmp_path, capsys):
     submission = tmp_path / "submission.csv"
     submission.write_text("ID,TopConfigs\n")
-    assert main(["submit", str(submission), "-m", "ensemble v3"]) == 0
+    assert main(["submit", str(submission), "-m", "ensemble v3"]) == 2  # unvalidated: only when asked for
+    assert "--data-root" in capsys.readouterr().err and not [c for c in fake.calls if c[0] == "submit"]
+    assert main(["submit", str(submission), "-m", "ensemble v3", "--no-validate"]) == 0
     assert "Successfully submitted" in capsys.readouterr().out
     assert fake.calls[-1] == ("submit", str(submission), "ensemble v3", COMPETITION)
 
@@ -364,15 +366,15 @@ def test_submit_uploads_and_reports(fake, tmp_path, capsys):
         raise requests.exceptions.ConnectionError("Failed to resolve 'api.kaggle.com'")
 
     fake.on_submit = offline
-    assert main(["submit", str(submission), "-m", "again"]) == 1
+    assert main(["submit", str(submission), "-m", "again", "--no-validate"]) == 1
     err = capsys.readouterr().err
     assert f"could not reach Kaggle while submitting {submission}" in err and "resumed" not in err
 
     fake.on_submit = lambda: types.SimpleNamespace(message="Could not submit to competition")
-    assert main(["submit", str(submission), "-m", "again"]) == 1
+    assert main(["submit", str(submission), "-m", "again", "--no-validate"]) == 1
     assert "did not accept the upload" in capsys.readouterr().err
 
-    assert main(["submit", str(tmp_path / "missing.csv"), "-m", "x"]) == 2
+    assert main(["submit", str(tmp_path / "missing.csv"), "-m", "x", "--no-validate"]) == 2
     assert "no such submission file" in capsys.readouterr().err
 
 

@@ -110,6 +110,7 @@ def test_cli_choices_and_search_space_come_from_the_registry(toy, capsys):
     assert "invalid choice: 'random'" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_the_toy_keeps_the_contract_and_runs(toy, tiny_world, tmp_path):
     from pipelines.flows.prepare import prepare
     from pipelines.flows.run import run_pipeline
@@ -137,7 +138,7 @@ def test_device_and_companion_rules_follow_the_registry_not_a_model_name(tmp_pat
 
     from pipelines.config.registry import device_models
     from pipelines.flows.prepare import companion_collections
-    from pipelines.flows.run import check_devices
+    from pipelines.flows.schedule import check_devices
 
     spec = ModelSpec(f"{__name__}:ToyAdapter", DeviceToyConfig, configurable=True, uses_device=True)
     with registered("toy", spec):

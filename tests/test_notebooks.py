@@ -15,6 +15,8 @@ import pytest
 from pipelines.reports import analysis
 from pipelines.core.predictions import prediction_frame
 
+pytestmark = pytest.mark.slow  # end-to-end: left out of make test-quick
+
 REPO = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((REPO / "notebooks").glob("[0-9][0-9]-*.py"))
 

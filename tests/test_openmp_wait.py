@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow  # end-to-end: left out of make test-quick
+
 ROOT = Path(__file__).resolve().parent.parent
 # torch through the GNN model module (as a fold job imports it), then lightgbm
 IMPORTS = "import pipelines.models.gnn.model, lightgbm, torch; torch.ones(4).sum()"

@@ -31,6 +31,7 @@ def _grow(megabytes: int) -> int:
     return os.getpid()
 
 
+@pytest.mark.slow
 def test_a_worker_replaced_for_its_grown_memory_runs_on_without_the_leak_warning() -> None:
     import warnings
 
@@ -166,7 +167,7 @@ def _fake_stage(task: tuple[str, str, float, int], pool: JobPool) -> list[str]:
 
 
 def test_stages_start_while_the_one_before_runs_its_last_job_and_keep_their_order(tmp_path: Path) -> None:
-    from pipelines.flows.run import _train_sharing_workers
+    from pipelines.flows.schedule import _train_sharing_workers
 
     log = str(tmp_path / "spans.log")
     tasks = [(log, "a", 2.0, 1), (log, "b", 0.2, 3), (log, "c", 0.2, 1)]
@@ -179,7 +180,7 @@ def test_stages_start_while_the_one_before_runs_its_last_job_and_keep_their_orde
 
 
 def test_a_failed_stage_stops_the_others_and_its_error_is_raised(tmp_path: Path) -> None:
-    from pipelines.flows.run import _train_sharing_workers
+    from pipelines.flows.schedule import _train_sharing_workers
 
     log = str(tmp_path / "spans.log")
     started = time.perf_counter()
@@ -187,3 +188,18 @@ def test_a_failed_stage_stops_the_others_and_its_error_is_raised(tmp_path: Path)
         _train_sharing_workers(_fake_stage, [(log, "slow", 60.0, 1), (log, "boom", 0.0, 0)], 2)
     assert time.perf_counter() - started < 30  # the slow stage's job was killed, not waited for
     assert "slow0" not in Path(log).read_text()
+
+
+@pytest.mark.parametrize("given", ["abc", "0", "-3", ""])
+def test_a_bad_loky_max_cpu_count_is_warned_about_not_a_traceback(monkeypatch, caplog, given) -> None:
+    """loky reads LOKY_MAX_CPU_COUNT with int() when it starts workers: the data stages' fan-out and the
+    shared pool replace a bad value by the cores available, with a warning, as training does."""
+    monkeypatch.setenv("LOKY_MAX_CPU_COUNT", given)
+    assert list(map_in_order(abs, [(-1,), (-2,), (-3,)], n_jobs=2)) == [1, 2, 3]
+    assert "LOKY_MAX_CPU_COUNT" in caplog.text and "not a positive integer" in caplog.text
+    monkeypatch.setenv("LOKY_MAX_CPU_COUNT", given)
+    pool = JobPool(2, threads_per_job=1)
+    try:
+        assert sorted(pool.map_unordered(abs, [(-1,), (-2,)])) == [1, 2]
+    finally:
+        pool.close()

@@ -23,6 +23,8 @@ from pipelines.reports.report import write_run_report
 from pipelines.flows.run import run_pipeline
 from pipelines.data.submission import validate_submission
 
+pytestmark = pytest.mark.slow  # end-to-end: left out of make test-quick
+
 # On top of the smoke config: a GNN small enough for seconds per fold on one core, trained a few epochs.
 TINY_GNN = ["gnn.epochs=3", "gnn.patience=0", "gnn.hidden=8", "gnn.free_layers=1", "gnn.configs_per_graph=4",
             "gnn.eval_max_configs=16"]
@@ -274,6 +276,11 @@ def test_a_killed_gnn_fold_resumes_from_its_last_epoch_with_the_same_predictions
     theirs = pl.read_parquet(reference.path / train.PREDICTIONS_FILE)
     assert ours.equals(theirs)
     assert np.array_equal(ours["score"].to_numpy(), theirs["score"].to_numpy())
+    # the saved fold models too, byte for byte (weights, config, per-epoch losses and scores; no wall times),
+    # and so every output file the stage manifest lists with its SHA-256
+    models = sorted((reference.path / train.MODELS_DIR).iterdir())
+    assert models and all((resumed.path / train.MODELS_DIR / m.name).read_bytes() == m.read_bytes() for m in models)
+    assert resumed.manifest["outputs"] == reference.manifest["outputs"]
 
 
 def test_predict_valid_split_needs_held_out_valid_graphs_and_then_score_scores_it(run, tiny_world, tmp_path, capsys):

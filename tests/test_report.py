@@ -57,6 +57,7 @@ def demo_run(tiny_world, tmp_path_factory):
     return root, result
 
 
+@pytest.mark.slow
 def test_report_command_writes_a_self_contained_html(demo_run, capsys):
     root, result = demo_run
     assert main(["report", result.run_id, "--submissions-dir", str(root / "submissions")]) == 0
@@ -76,6 +77,7 @@ def test_report_command_writes_a_self_contained_html(demo_run, capsys):
     assert f"<td>tile:xla</td><td>gbdt</td><td>{gbdt:.4f}</td>" in text
 
 
+@pytest.mark.slow
 def test_report_names_a_missing_run_and_a_deleted_cache(demo_run, tmp_path):
     root, result = demo_run
     assert main(["report", "no-such-run", "--submissions-dir", str(root / "submissions")]) == 1  # a data error
@@ -86,6 +88,7 @@ def test_report_names_a_missing_run_and_a_deleted_cache(demo_run, tmp_path):
     assert not (tmp_path / "r.html").exists()
 
 
+@pytest.mark.slow
 def test_a_run_report_puts_the_summary_first(demo_run):
     root, result = demo_run
     path = result.run_dir / REPORT_FILE
@@ -116,6 +119,7 @@ def test_summary_table_has_spread_over_seeds_and_folds():
     assert ensemble["model"] == "ensemble" and ensemble["combined"] == pytest.approx(0.715)
 
 
+@pytest.mark.slow
 def test_a_reblended_run_reports_its_source_runs(demo_run):
     from pipelines.flows.run import ensemble_runs
 

@@ -19,7 +19,8 @@ from pipelines.config.settings import load_config
 from pipelines.core.errors import ConfigError, FormatError, PipelineError, SubmissionError
 from pipelines.core.predictions import prediction_frame, read_predictions
 from pipelines.flows.run import (ensemble_runs, indexed_stage_count, resolve_models, run_pipeline, stage_index,
-                           stages_wall_time, submission_rows, train_and_blend)
+                                 stages_wall_time, train_and_blend)
+from pipelines.flows.scores import submission_rows
 from pipelines.outputs.run_folders import SUBMISSION_FILE, new_run_id, publish_submission
 from pipelines.data.submission import read_submission, validate_submission
 from tests.conftest import logged_messages
@@ -82,6 +83,7 @@ def runs(tiny_world: Path, tmp_path_factory: pytest.TempPathFactory) -> dict:
     return out
 
 
+@pytest.mark.slow
 def test_same_config_from_scratch_gives_byte_identical_valid_submissions(runs):
     a, b = runs["a"], runs["b"]
     assert a.run_id != b.run_id and a.submission != b.submission
@@ -91,6 +93,7 @@ def test_same_config_from_scratch_gives_byte_identical_valid_submissions(runs):
     assert a.computed and b.computed  # both really computed everything from scratch
 
 
+@pytest.mark.slow
 def test_second_run_in_the_same_work_dir_reuses_every_stage(runs):
     again = runs["again"]
     assert again.computed == ()
@@ -102,6 +105,7 @@ def test_second_run_in_the_same_work_dir_reuses_every_stage(runs):
     assert again.run_dir != runs["a"].run_dir  # a new folder, the old one untouched
 
 
+@pytest.mark.slow
 def test_a_cached_run_still_tells_the_compute_time_of_its_stages(runs):
     a, again, work = runs["a"], runs["again"], runs["work"]
     # Run a computed every stage of its own (a fresh work dir), each written once with its wall time.
@@ -113,6 +117,7 @@ def test_a_cached_run_still_tells_the_compute_time_of_its_stages(runs):
     assert stages_wall_time(again.manifest["stages"], work) == pytest.approx(by_hand)
 
 
+@pytest.mark.slow
 def test_a_cached_run_and_its_report_read_each_output_through_once(runs, monkeypatch):
     """Issue 71, class 2 (the check's cost): a cached run read every output of the work dir through twice
     (the ETA's listing of earlier stages hashed them all, then the reuse), and its report a third time
@@ -165,6 +170,7 @@ def test_the_stage_index_counts_the_data_stages_of_collections_a_model_also_trai
     assert stages_wall_time(index, tmp_path) == pytest.approx(by_hand)
 
 
+@pytest.mark.slow
 def test_manifest_records_stages_scores_and_weights(runs):
     a = runs["a"]
     manifest = json.loads((a.run_dir / "manifest.json").read_text())
@@ -188,6 +194,7 @@ def test_manifest_records_stages_scores_and_weights(runs):
     assert table.filter(pl.col("model") == "ensemble").height == 5 and table.height == 15
 
 
+@pytest.mark.slow
 def test_one_model_is_submitted_as_its_fold_averaged_normalised_test_scores(runs, tmp_path):
     root = runs["root"]
     result = run_pipeline(fast_config(), root, work_dir=runs["work"], models=["gbdt"],
@@ -209,6 +216,7 @@ def test_one_model_is_submitted_as_its_fold_averaged_normalised_test_scores(runs
     assert read_submission(result.submission) == expected
 
 
+@pytest.mark.slow
 def test_invalid_rows_are_refused_and_leave_no_run_folder(runs, tmp_path):
     rows = read_submission(runs["a"].submission)
     rows.pop(sorted(rows)[0])
@@ -218,6 +226,7 @@ def test_invalid_rows_are_refused_and_leave_no_run_folder(runs, tmp_path):
     assert list((tmp_path / "subs").iterdir()) == []
 
 
+@pytest.mark.slow
 def test_a_taken_run_id_gets_a_new_folder_never_the_old_one(runs, tmp_path, monkeypatch):
     import pipelines.outputs.run_folders as run_folders
 
@@ -235,6 +244,7 @@ def test_a_taken_run_id_gets_a_new_folder_never_the_old_one(runs, tmp_path, monk
 # ----------------------------------------------------------------------------- re-ensembling
 
 
+@pytest.mark.slow
 def test_ensemble_command_reblends_saved_runs_without_training(runs, monkeypatch, capsys):
     root, subs = runs["root"], runs["subs"]
     other = run_pipeline(fast_config(), root, work_dir=runs["work"], models=["feature"], submissions_dir=subs)
@@ -272,6 +282,7 @@ def test_ensemble_command_reblends_saved_runs_without_training(runs, monkeypatch
         ensemble_runs([first], submissions_dir=subs, gain_at="test")
 
 
+@pytest.mark.slow
 def test_ensemble_names_the_missing_stage_folder_when_the_cache_is_gone(runs, tmp_path):
     work = tmp_path / "work"
     shutil.copytree(runs["work"], work)
@@ -297,10 +308,11 @@ def test_lightgbm_predictions_do_not_depend_on_the_thread_count(tiny_world, tmp_
     assert frames[0].equals(frames[1])
 
 
+@pytest.mark.slow
 def test_training_stages_sharing_workers_give_the_results_of_stages_run_alone(tiny_world, tmp_path):
     from pipelines.core.collection import parse_collection
     from pipelines.flows.prepare import prepare
-    from pipelines.flows.run import train_models
+    from pipelines.flows.schedule import train_models
 
     config = fast_config("run.n_jobs=2", "gbdt.num_threads=0", "gnn.num_threads=0")  # smoke fixes 1 thread
     prepared = prepare(config, tiny_world, tmp_path / "work", [parse_collection("layout:xla:default")])  # fast fits
@@ -320,6 +332,7 @@ def test_training_stages_sharing_workers_give_the_results_of_stages_run_alone(ti
                 read_predictions(alone.file(train.PREDICTIONS_FILE)))
 
 
+@pytest.mark.slow
 def test_run_command_prints_the_table_and_the_submission_path_last(runs, tmp_path, capsys):
     code = main(["run", "--data-root", str(runs["root"]), "--work-dir", str(runs["work"]), "--config", "smoke",
                  "--models", "gbdt,random",
@@ -331,6 +344,7 @@ def test_run_command_prints_the_table_and_the_submission_path_last(runs, tmp_pat
                  "--models", "nosuch", "--submissions-dir", str(tmp_path / "subs")]) == 2
 
 
+@pytest.mark.slow
 def test_demo_runs_the_pipeline_on_a_generated_world(runs, tmp_path, capsys):
     subs = tmp_path / "subs"
     code = main(["demo", "--data-root", str(runs["root"]), "--scale", "tiny", "--seed", "0", "--submissions-dir",
@@ -362,10 +376,18 @@ def test_demo_data_root_follows_the_scale(monkeypatch, tmp_path):
     monkeypatch.setattr(demo, "run_demo", lambda **kwargs: seen.update(kwargs) or Published())
     monkeypatch.setattr(demo, "demo_summary", lambda *args: "")
     monkeypatch.setattr(report, "write_run_report", lambda *args: None)
-    assert main(["demo", "--scale", "tiny"]) == 0
+    with logged_messages() as lines:
+        assert main(["demo", "--scale", "tiny"]) == 0
     assert seen["data_root"] == Path("data/synthetic-tiny") and seen["scale"] == "tiny"
+    # the demo config's 5 folds do not fit the tiny world's 3 program families: smoke, and the line says why
+    assert seen["config"] == "smoke" and lines[0].startswith("config: smoke (no --config given; the tiny world")
     assert main(["demo", "--scale", "tiny", "--data-root", str(tmp_path / "w")]) == 0
     assert seen["data_root"] == tmp_path / "w"
+    with logged_messages() as lines:
+        assert main(["demo"]) == 0 and main(["demo", "--scale", "tiny", "--config", "quick"]) == 0
+    assert lines == ["config: demo (no --config given; the demo's config: base with a lighter GNN schedule and one "
+                     "seed)", "config: quick (--config)"]
+    assert seen["config"] == "quick"
 
 
 def test_help_lists_every_model_carries_an_example_and_the_exit_codes(monkeypatch, capsys):
@@ -399,13 +421,19 @@ def test_exit_codes_tell_usage_errors_from_pipeline_errors(tmp_path, capsys):
 def test_stage_counter_adds_a_whole_run_eta_refined_as_stages_finish():
     import logging
 
-    from pipelines.flows.run import StageCounter
+    from pipelines.flows.schedule import StageCounter
 
     fresh = StageCounter(3, {"prune": 2, "ensemble": 1})
     record = logging.LogRecord("pipelines.core.engine", logging.INFO, "", 0, "a [prune] done 0123456789abcdef in 10.0s",
                                (), None)
     fresh.filter(record)
-    assert record.getMessage().endswith("(run ETA ~10s + 1 stage not timed yet)")  # no ensemble timed anywhere
+    # no ensemble timed anywhere: the ETA is a lower bound that says what it leaves out
+    assert record.getMessage().endswith("(run ETA at least 10s, 1 stage not timed yet: ensemble)")
+    first = StageCounter(3, {"prune": 1, "train-gnn": 2})
+    record = logging.LogRecord("pipelines.core.engine", logging.INFO, "", 0, "a [prune] done 0123456789abcdef in 0.1s",
+                               (), None)
+    first.filter(record)  # nothing left is timed: no "~0s" that grows tenfold as the stages run
+    assert record.getMessage().endswith("(run ETA not known yet, 2 stages not timed yet: train-gnn)")
 
     counter = StageCounter(4, {"prune": 2, "train-gbdt": 2}, history={"train-gbdt": [100.0]})
 

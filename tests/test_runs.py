@@ -47,6 +47,34 @@ def set_score(value: float, created: str, wall: float = 10.0, seeds=(0,)):
     return edit
 
 
+def test_runs_list_fits_100_columns_unless_wide(one_run, tmp_path, capsys):
+    """Issue 79: the table was ~230 characters wide, the data-root column cut by the terminal."""
+    result, _ = one_run
+
+    def label(name: str, created: str, score: float):
+        def edit(manifest: dict) -> None:
+            set_score(score, created)(manifest)
+            manifest["name"] = name
+        return edit
+
+    subs = tmp_path / "subs"
+    copy_run(result.run_dir, subs, "20260101T000000Z-aaaaaaaa", label("a short name", "2026-01-01T00:00:00+00:00", 0.61))
+    copy_run(result.run_dir, subs, "20260102T000000Z-bbbbbbbb",
+             label("a name far longer than the room left for it", "2026-01-02T00:00:00+00:00", 0.62))
+    assert main(["runs", "list", "--submissions-dir", str(subs)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert max(map(len, lines)) <= 100
+    # the name has priority over the models, which are left out when no room is left for them
+    assert lines[0].split() == ["RUN", "tile", "xla:def", "xla:rnd", "nlp:def", "nlp:rnd", "COMBINED", "NAME"]
+    assert lines[1].startswith("20260101T000000Z-aaaaaaaa") and lines[1].endswith("0.6100  a short name")
+    assert lines[2].endswith("  a name far longer ~") and len(lines[2]) == 100
+    assert lines[-1] == "--wide adds MODELS, DATA ROOT, SEEDS, FOLDS, WALL, SUBMITTED, DIFFERS FROM BASE, NOTE"
+    assert main(["runs", "list", "--wide", "--submissions-dir", str(subs)]) == 0
+    wide = capsys.readouterr().out.splitlines()
+    assert max(map(len, wide)) > 100 and "a name far longer than the room left for it" in wide[2]
+    assert "DATA ROOT" in wide[0] and "DIFFERS FROM BASE" in wide[0]
+
+
 def test_runs_list_shows_each_run_with_its_scores_and_sorts(one_run, tmp_path, capsys):
     result, _ = one_run
     subs = tmp_path / "subs"
@@ -56,7 +84,7 @@ def test_runs_list_shows_each_run_with_its_scores_and_sorts(one_run, tmp_path, c
     copy_run(result.run_dir, subs, "20260103T000000Z-cccccccc", set_score(0.55, "2026-01-03T00:00:00+00:00", 20))
     (subs / "not-a-run").mkdir()  # folders without a manifest are not runs
 
-    assert main(["runs", "list", "--submissions-dir", str(subs), "--sort", "score"]) == 0
+    assert main(["runs", "list", "--wide", "--submissions-dir", str(subs), "--sort", "score"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].split()[:5] == ["RUN", "CREATED", "KIND", "DATA", "ROOT"]
     assert [line.split()[0] for line in lines[1:4]] == ["20260102T000000Z-bbbbbbbb", "20260101T000000Z-aaaaaaaa",
@@ -80,12 +108,90 @@ def test_runs_compare_shows_scores_side_by_side_and_the_config_difference(one_ru
 
     copy_run(result.run_dir, subs, "a", lambda m: None)
     copy_run(result.run_dir, subs, "b", changed)
-    assert main(["runs", "compare", "a", "b", "--submissions-dir", str(subs)]) == 0
+    assert main(["runs", "compare", "a", "b", "--submissions-dir", str(subs), "--no-test"]) == 0
     out = capsys.readouterr().out
     tile = next(line for line in out.splitlines() if line.startswith("tile:xla") and " random " in line)
     assert tile.split()[-1] == "+0.1000"
     assert "config differences (1):" in out and "folds.k  A 2  B 5" in out
     assert main(["runs", "compare", "a", "nope", "--submissions-dir", str(subs)]) == 1
+
+
+def test_runs_compare_lists_only_the_settings_both_runs_used():
+    """Issue 79: 14 gnn.* settings listed as differences when one run trained no GNN."""
+    a = {"models": ["gbdt", "gnn"], "config": {"gnn": {"epochs": 8, "hidden": 64}, "gbdt": {"num_leaves": 31},
+                                               "folds": {"k": 5}}}
+    b = {"models": ["gbdt"], "config": {"gnn": {"epochs": 20, "hidden": 128}, "gbdt": {"num_leaves": 63},
+                                        "folds": {"k": 5}}}
+    diff, notes = runs.used_settings_difference(a, b)
+    assert [key for key, _, _ in diff] == ["models", "gbdt.num_leaves"]
+    assert notes == ["2 gnn.* setting(s) differ but are not listed: only A trains gnn"]
+    both = {**b, "models": ["gbdt", "gnn"]}
+    assert [key for key, _, _ in runs.used_settings_difference(a, both)[0]] == [
+        "gbdt.num_leaves", "gnn.epochs", "gnn.hidden"]
+
+
+def test_runs_compare_tests_once_states_its_rule_and_does_not_test_identical_stages():
+    """Issue 79: identical cached models shown as a tested +0.0000, two combined figures for one
+    difference, 18 tests with no word on multiple comparisons."""
+    import polars as pl
+
+    from pipelines.outputs import graph_scores as gs
+
+    def table(model: str, collection: str, values) -> pl.DataFrame:
+        return pl.DataFrame({"collection": collection, "model": model, "graph": [f"g{i}" for i in range(len(values))],
+                             "score": [float(v) for v in values]})
+
+    base = [0.1 * i for i in range(10)]
+    a = pl.concat([table("ensemble", "tile:xla", base), table("gbdt", "tile:xla", base),
+                   table("ensemble", "layout:xla:default", base), table("gbdt", "layout:xla:default", base)])
+    b = pl.concat([table("ensemble", "tile:xla", [v + 0.05 for v in base]), table("gbdt", "tile:xla", base),
+                   table("ensemble", "layout:xla:default", [v + 0.02 for v in base]),
+                   table("gbdt", "layout:xla:default", [v + 0.01 for v in base])])
+    manifest_a = {"stages": {"tile:xla": {"ensemble": "e1", "train": {"gbdt": {"stage": "train-gbdt", "key": "k1"}}},
+                             "layout:xla:default": {"ensemble": "e2",
+                                                    "train": {"gbdt": {"stage": "train-gbdt", "key": "k2"}}}}}
+    manifest_b = {"stages": {"tile:xla": {"ensemble": "e3", "train": {"gbdt": {"stage": "train-gbdt", "key": "k1"}}},
+                             "layout:xla:default": {"ensemble": "e4",
+                                                    "train": {"gbdt": {"stage": "train-gbdt", "key": "k9"}}}}}
+    identical = gs.identical_stages(manifest_a, manifest_b)
+    assert identical == {("tile:xla", "gbdt"): "the same train-gbdt/k1 output"}
+    tests = gs.compare_scores(a, b, identical=identical)
+    assert ("tile:xla", "gbdt") not in tests["graphs"] and tests["identical"] == identical
+    # tested: 2 ensemble rows, 1 gbdt row, the gbdt combined row (the combined ensemble is the primary)
+    assert tests["levels"] == {"primary": 0.05, "secondary": 0.05 / 4, "tests": 4}
+    assert tests["combined"]["ensemble"].mean == pytest.approx((0.05 + 0.02) / 2)  # the CV tables' figure
+    text = gs.format_tests(tests)
+    assert "rule: the combined ensemble row answers" in text and "5% / 4" in text and "98.8% intervals" in text
+    same = next(line for line in text.splitlines() if line.startswith("tile:xla") and " gbdt " in line)
+    assert same.split()[2] == "=" and same.endswith("identical: the same train-gbdt/k1 output, not tested")
+    # other stage outputs with the same score on every graph: identical too, not tested
+    again = gs.compare_scores(a, a)
+    assert not again["graphs"] and not again["combined"] and again["levels"]["tests"] == 0
+    assert again["identical_models"] == ["ensemble", "gbdt"]
+
+
+def test_a_predict_run_is_compared_by_its_source_run(one_run, tmp_path, capsys):
+    """Issue 79: comparing a predict run with its source said "no graph ... in the prepared data"."""
+    result, _ = one_run
+    subs = tmp_path / "subs"
+    copy_run(result.run_dir, subs, "a", lambda m: None)
+
+    def as_predict(manifest: dict) -> None:
+        manifest.update(kind="predict", source_run="a", data_root="/data/new-graphs")
+        for entry in manifest["stages"].values():
+            entry["ensemble"] = "0" * 16  # the predict run's own ensemble stage: test predictions only
+    copy_run(result.run_dir, subs, "p", as_predict)
+    assert main(["runs", "compare", "a", "p", "--submissions-dir", str(subs)]) == 0
+    out = capsys.readouterr().out
+    assert "B: p is a predict run (it ranked /data/new-graphs with the fold models of a): compared by a's scores" in out
+    assert "not tested" in out and "in the prepared data" not in out
+    tested = out[out.index("is B - A real?"):].splitlines()
+    assert all(line.split()[2] == "=" for line in tested if line.startswith(("tile", "layout", "combined")))
+    cv_table = out[:out.index("is B - A real?")].splitlines()
+    assert "B - A" not in next(line for line in cv_table if line.startswith("collection"))  # one figure: below
+    copy_run(result.run_dir, subs, "orphan", lambda m: m.update(kind="predict", source_run="gone"))
+    assert main(["runs", "compare", "a", "orphan", "--submissions-dir", str(subs)]) == 1
+    assert "run orphan is a predict run of gone, whose scores it would be compared by" in capsys.readouterr().err
 
 
 def test_submit_a_run_validates_uploads_with_a_default_message_and_records_it(one_run, fake, capsys):  # noqa: F811
@@ -102,7 +208,7 @@ def test_submit_a_run_validates_uploads_with_a_default_message_and_records_it(on
     assert entry["message"] == upload[2] and entry["validated_against"] == result.manifest["data_root"]
     assert entry["sha256"] == result.manifest["submission"]["sha256"] and "Successfully" in entry["kaggle_response"]
     capsys.readouterr()
-    assert main(["runs", "list", "--submissions-dir", str(subs), "--submitted"]) == 0
+    assert main(["runs", "list", "--wide", "--submissions-dir", str(subs), "--submitted"]) == 0
     listed = capsys.readouterr().out.splitlines()
     assert listed[1].startswith(result.run_id) and entry["submitted_at"][:10] in listed[1]
 
@@ -162,6 +268,7 @@ def test_a_hand_edited_run_manifest_is_named_and_left_out_of_runs_list(one_run, 
     assert f"warning: {bad / 'manifest.json'}: not a valid run manifest" in caplog.text
 
 
+@pytest.mark.slow
 def test_a_hand_edited_run_manifest_is_refused_by_name_and_breaks_no_other_run(one_run, tiny_world, tmp_path, capsys):
     result, base = one_run
     subs = tmp_path / "subs"

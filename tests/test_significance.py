@@ -51,6 +51,35 @@ def test_the_interval_holds_zero_exactly_when_the_test_does_not_reject():
         assert (d.low <= 0 <= d.high) == (d.p_value >= 0.05)
 
 
+def test_ties_keep_zero_in_the_interval_when_the_test_does_not_reject_it():
+    """Issue 79: an interval [-0.0006, -0.0000] beside p 1.000. Graphs both runs scored alike (d = 0)
+    carry no sign at shift 0 but do at any other: 0 is not rejected, so the interval holds it."""
+    a = scores(25, 3)
+    b = a.copy()
+    b[0] -= 0.002  # one graph moved, 24 alike
+    d = paired_difference(a, b)
+    assert d.p_value == 1.0 and d.verdict == NO_DIFFERENCE
+    assert d.low < 0 and d.high == 0.0  # was just below 0 (-4e-10)
+    for seed in range(40):  # agreement over many tie patterns
+        rng = np.random.default_rng(seed)
+        a = scores(int(rng.integers(8, 30)), seed)
+        b = a.copy()
+        moved = rng.choice(a.shape[0], int(rng.integers(1, 8)), replace=False)
+        b[moved] += rng.normal(-0.002, 0.003, moved.shape[0])
+        d = paired_difference(a, b)
+        assert math.isnan(d.low) or (d.low <= 0 <= d.high) == (d.p_value >= 0.05)
+
+
+def test_a_lower_level_widens_the_interval_and_needs_more_graphs():
+    rng = np.random.default_rng(5)
+    a = scores(20, 5)
+    b = a + 0.03 + rng.normal(0, 0.02, 20)
+    usual, strict = paired_difference(a, b), paired_difference(a, b, alpha=0.005)
+    assert strict.low < usual.low and strict.high > usual.high and strict.p_value == usual.p_value
+    few = paired_difference(a[:8], b[:8], alpha=0.005)  # 2/2^8 = 0.0078: no sign vector rare enough
+    assert "too few pairs to detect any at 0.50%" in few.verdict
+
+
 def test_too_few_graphs_say_so_and_nan_pairs_are_left_out():
     a = np.array([0.1, 0.2, 0.3, 0.4, 0.5])
     d = paired_difference(a, a + 1)

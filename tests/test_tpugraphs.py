@@ -260,6 +260,13 @@ def test_a_data_root_says_where_writers_put_files_and_is_a_path(tmp_path):
         DataRoot(tmp_path / "nowhere").collections()
     with pytest.raises(ValueError, match="unknown split"):
         kaggle.new_split_dir(layout, "dev")
+    assert kaggle.defaults() == {}  # the Kaggle data marks no default
+    (tmp_path / "k/labels").mkdir()
+    (tmp_path / "k/labels/defaults.json").write_text('{"layout:nlp:random": {"g": 3}}')
+    assert kaggle.defaults() == {"layout:nlp:random": {"g": 3}}
+    (tmp_path / "k/defaults.json").write_text('{"layout:nlp:random": {"g": -1}}')  # the root's own file first
+    with pytest.raises(FormatError, match="defaults.json: expected"):
+        kaggle.defaults()
 
 
 @pytest.mark.parametrize("case,break_it,expected", [

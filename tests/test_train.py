@@ -230,6 +230,7 @@ def test_stage_is_cached_and_keyed_by_model_settings(tmp_path: Path, caplog):
     assert train_model(changed, prepared, model="gbdt", work_dir=tmp_path).key != first.key
 
 
+@pytest.mark.slow
 def test_models_beat_random_and_parallel_jobs_match_serial(tmp_path: Path):
     prepared = memory_prepared(TILE_XLA, holdout=0)
     silent = dict(work_dir=tmp_path)
@@ -350,3 +351,31 @@ def test_a_malformed_loky_cpu_count_is_replaced_with_a_warning(monkeypatch, capl
     monkeypatch.setenv("LOKY_MAX_CPU_COUNT", "3")
     fit_module._quiet_loky()
     assert os.environ["LOKY_MAX_CPU_COUNT"] == "3"
+
+
+def test_epoch_cap_notes_say_once_per_model_what_the_cap_means_under_the_config(caplog):
+    """Issue 79: the first `make demo` printed five "may not have converged" warnings, one per stage,
+    although the demo config caps the GNN at 8 epochs on purpose."""
+    from pipelines.flows.run import log_epoch_caps
+    from pipelines.training.fit import epoch_cap_notes
+
+    def stage(collection: str, epochs: int, at_cap: int, model: str = "gnn") -> SimpleNamespace:
+        return SimpleNamespace(metrics={"collection": collection, "model": model,
+                                        "epoch_cap": {"epochs": epochs, "fold_models": 5, "at_cap": at_cap}})
+
+    base = {"tile:xla": 20, "layout:xla:default": 20}
+    short = epoch_cap_notes([stage("tile:xla", 8, 5), stage("layout:xla:default", 8, 4)],
+                            lambda model, collection: base[collection])
+    assert short == [(logging.INFO, "gnn: 9 of 10 fold models in 2 collections (tile:xla, layout:xla:default) trained "
+                                    "every epoch this config allows (gnn.epochs = 8; base: 20): expected of a "
+                                    "shortened schedule; their scores are a short fit's")]
+    full = epoch_cap_notes([stage("tile:xla", 20, 2), stage("layout:xla:default", 8, 0)],
+                           lambda model, collection: base[collection])
+    assert [level for level, _ in full] == [logging.WARNING]
+    assert "2 of 5 fold models in 1 collection (tile:xla) stopped at the epoch cap (gnn.epochs = 20) before early " \
+           "stopping ended them: they may not have converged" in full[0][1]
+    assert epoch_cap_notes([stage("tile:xla", 20, 0)], lambda model, collection: 20) == []
+
+    with caplog.at_level(logging.INFO, logger="pipelines"):  # against the shipped base config
+        log_epoch_caps([stage("tile:xla", 8, 5), stage("layout:nlp:random", 8, 5)])
+    assert [r.levelno for r in caplog.records] == [logging.INFO] and "base: 20" in caplog.records[0].getMessage()

@@ -32,6 +32,7 @@ def test_search_spaces_are_declared_for_both_models_and_fit_their_configs() -> N
         search_space("random")
 
 
+@pytest.mark.slow
 def test_two_trials_write_a_config_that_run_accepts(tiny_world: Path, tmp_path: Path, capsys) -> None:
     work = tmp_path / "work"
     args = ["tune", "--model", "gbdt", "--collection", COLLECTION, "--trials", "2", "--data-root", str(tiny_world),

@@ -42,6 +42,7 @@ def _read_all(reader: MemberReader, size: int) -> bytes:
     return b"".join(parts)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("compression", [zipfile.ZIP_DEFLATED, zipfile.ZIP_STORED])
 @pytest.mark.parametrize("read_size", [1, 7, 4096, 1 << 30])
 @pytest.mark.parametrize("input_bytes", [1, 13, 1 << 20])

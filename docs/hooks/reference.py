@@ -9,7 +9,9 @@
 * ``<!-- generated: shipped-configs -->`` becomes the table of shipped configs alone, and
   ``<!-- generated: results-index -->`` a list of the results files;
 * every file of ``benchmarks/results/`` is added to the site under ``results/`` (nothing is copied into
-  ``docs/``), so a link such as ``results/<file>.md`` from a page is checked by ``mkdocs build --strict``.
+  ``docs/``), so a link such as ``results/<file>.md`` from a page is checked by ``mkdocs build --strict``;
+  a results file links the pages as the repository holds them (``../../docs/<page>.md``, which a reader of
+  the file on disk follows), and those links are mapped onto the site's pages (``../<page>.md``).
 
 Modules are imported by name through the one table below (new package path first, then the old one).
 Build with ``python -m mkdocs build --strict`` from the repository root, so that the checkout being
@@ -26,6 +28,7 @@ import io
 import logging
 import re
 import sys
+import textwrap
 import tokenize
 import tomllib
 import typing
@@ -92,7 +95,33 @@ def on_files(files: Any, config: Any) -> Any:
 
 def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:
     root = Path(config["config_file_path"]).resolve().parent
+    if page.file.src_uri.startswith(f"{RESULTS_URI}/"):
+        markdown = site_links(markdown, RESULTS_DIR, Path(config["docs_dir"]).resolve().relative_to(root).as_posix(),
+                              RESULTS_URI)
     return MARKER.sub(lambda match: generate(match.group(1), root), markdown)
+
+
+LINK = re.compile(r"(\]\()([^)\s]+)(\))")  # a Markdown link's target: ](target)
+
+
+def site_links(markdown: str, folder: str, docs: str, site_folder: str) -> str:
+    """``markdown`` of a file in the repository's ``folder`` shown on the site as ``site_folder``: each
+    relative link into the repository's ``docs`` folder points at that page of the site instead (both
+    folders relative to the repository root); other links are left as they are."""
+    import posixpath
+
+    def mapped(match: re.Match) -> str:
+        target = match.group(2)
+        if "://" in target or target.startswith(("#", "/", "mailto:")):
+            return match.group(0)
+        path, hash_, anchor = target.partition("#")
+        in_repo = posixpath.normpath(posixpath.join(folder, path))
+        if not in_repo.startswith(docs.rstrip("/") + "/"):
+            return match.group(0)
+        page = in_repo[len(docs.rstrip("/")) + 1:]
+        return match.group(1) + posixpath.relpath(page, site_folder) + hash_ + anchor + match.group(3)
+
+    return LINK.sub(mapped, markdown)
 
 
 def generate(what: str, root: Path) -> str:
@@ -125,8 +154,22 @@ def results_index_markdown(root: Path) -> str:
 # ----------------------------------------------------------------------------- commands
 
 
+CODE_WIDTH = 72  # usage and example blocks are wrapped to fit the page's text column at 1280 pixels
+_BREAK_AFTER = re.compile(r"([._,/])(?=[^\s])")
+
+
 def _cell(text: Any) -> str:
     return str(text).replace("|", "\\|").replace("\n", " ")
+
+
+def _escape(text: Any) -> str:
+    return str(text).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
+def breakable_code(text: Any) -> str:
+    """``text`` as inline code for a table cell that a browser may break only after a dot, underscore,
+    comma or slash (``<wbr>``; the site's CSS forbids breaks inside words): ``prune.compress_configs``."""
+    return "<code>" + _BREAK_AFTER.sub(r"\1<wbr>", _escape(text)).replace("|", "&#124;") + "</code>"
 
 
 def _prose(text: Any) -> str:
@@ -155,7 +198,7 @@ def _subcommands(parser: argparse.ArgumentParser) -> list[tuple[str, str, argpar
 
 
 def _usage(parser: argparse.ArgumentParser) -> str:
-    formatter = argparse.HelpFormatter(parser.prog, width=96)
+    formatter = argparse.HelpFormatter(parser.prog, width=CODE_WIDTH)
     formatter.add_usage(parser.usage, parser._actions, parser._mutually_exclusive_groups, prefix="")
     return formatter.format_help().strip()
 
@@ -167,15 +210,16 @@ def _options_table(parser: argparse.ArgumentParser) -> list[str]:
         if isinstance(action, (argparse._HelpAction, argparse._SubParsersAction)) or action.dest in COMMON_DESTS:
             continue
         name = formatter._format_action_invocation(action)
-        meaning = action.help or ""
+        meaning = formatter._expand_help(action) if action.help else ""
+        if re.fullmatch(r"\(default: [^)]*\)", meaning):
+            meaning = ""  # the default column says it
         default = action.default
         if action.required or default is None or default is False or default is argparse.SUPPRESS \
                 or action.nargs == 0:
             shown = "required" if action.required else ""
         else:
             shown = f"`{default}`"
-        code = name.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;").replace("|", "&#124;")
-        rows.append(f"| <code>{code}</code> | {shown} | {_prose(meaning)} |")
+        rows.append(f"| {breakable_code(name)} | {shown} | {_prose(meaning)} |")
     return rows
 
 
@@ -185,6 +229,21 @@ def _example(parser: argparse.ArgumentParser) -> str:
     return match.group(1).strip() if match else ""
 
 
+def wrapped_command(line: str, width: int = CODE_WIDTH) -> str:
+    """A shell command line as a code block shows it within ``width`` columns: a trailing ``# comment``
+    on its own line above, the command broken at spaces with ``\\`` continuations (still runnable)."""
+    command, _, comment = line.partition("  #")
+    out = [f"#{comment.rstrip()}"] if comment.strip() else []
+    words, current = command.split(), ""
+    for word in words:
+        if current and len(current) + 1 + len(word) > width - 2:
+            out.append(current + " \\")
+            current = "    " + word
+        else:
+            current = f"{current} {word}" if current else word
+    return "\n".join(out + [current])
+
+
 def commands_markdown() -> str:
     parser = _parser()
     lines = [f"Every command is `{parser.prog} COMMAND` (or the `tpugraphs` console script).", "",
@@ -192,8 +251,10 @@ def commands_markdown() -> str:
     subcommands = _subcommands(parser)
     for name, help_text, _ in subcommands:
         lines.append(f"| [`{name}`](#{name}) | {_prose(help_text)} |")
+    epilog = "\n".join(textwrap.fill(line, CODE_WIDTH, subsequent_indent="  ") if line.strip() else line
+                       for line in (parser.epilog or "").strip().splitlines())
     lines += ["", "Options every command takes: `-v/--verbose` (debug messages too) and `-q/--quiet` (warnings, "
-              "errors and the result only).", "", "```text", (parser.epilog or "").strip(), "```", ""]
+              "errors and the result only).", "", "```text", epilog, "```", ""]
     for name, _, sub in subcommands:
         lines += _command_section(name, sub, level=2)
     return "\n".join(lines) + "\n"
@@ -205,7 +266,7 @@ def _command_section(name: str, sub: argparse.ArgumentParser, level: int) -> lis
     lines += _options_table(sub) + [""]
     example = _example(sub)
     if example:
-        lines += ["Example:", "", "```bash", example, "```", ""]
+        lines += ["Example:", "", "```bash", *(wrapped_command(line) for line in example.splitlines()), "```", ""]
     for child, help_text, child_parser in _subcommands(sub):
         child_parser.description = child_parser.description or (help_text[:1].upper() + help_text[1:] + ".")
         lines += _command_section(f"{name} {child}", child_parser, level + 1)
@@ -386,7 +447,7 @@ def configuration_markdown(root: Path) -> str:
             current = section
             summary = section_summary(cls)
             lines += ["", f"## `[{section}]`", "", summary, "",
-                      "| setting | type | default | allowed | meaning | why this default |", "|---|---|---|---|---|---|"]
+                      "| setting (type) | default | allowed | meaning, and why this default |", "|---|---|---|---|"]
         hints = typing.get_type_hints(cls)
         default = _default(f)
         shown = "required" if default is dataclasses.MISSING else f"`{_cell(toml_literal(default))}`"
@@ -395,12 +456,13 @@ def configuration_markdown(root: Path) -> str:
             shown += f" (base.toml: `{_cell(toml_literal(in_base))}`)"
         meaning = (f"*{doc.group}.* " if doc.group else "") + doc.comment
         why = _why(notes.get(f"{section}.{key}", []))
-        lines.append(f"| <span id=\"{section}.{key}\">`{section}.{key}`</span> | `{_cell(_type_name(hints[key]))}` "
-                     f"| {shown} | {allowed(f.metadata)} | {_prose(meaning)} | {_prose(why)} |")
+        explained = _prose(meaning) + (f"<br>*Why this default:* {_prose(why)}" if why else "")
+        lines.append(f"| <span id=\"{section}.{key}\">{breakable_code(f'{section}.{key}')}</span><br>"
+                     f"{breakable_code(_type_name(hints[key]))} | {shown} | {allowed(f.metadata)} | {explained} |")
     lines += ["", "## Per-collection overrides in `base.toml`", "",
               f"A section's `{PER_COLLECTION}` table overrides some of its settings for one collection. "
               "These are base's; a later file or `--set` that sets the section's key replaces them.", "",
-              "| collection | setting | value | section default | why |", "|---|---|---|---|---|"]
+              "| collection | setting | value (section default) | why |", "|---|---|---|---|"]
     for section, cls in sections():
         per = base_values.get(section, {}).get(PER_COLLECTION, {})
         defaults = {f.name: _default(f) for f in dataclasses.fields(cls)}
@@ -409,9 +471,10 @@ def configuration_markdown(root: Path) -> str:
             for key, value in table.items():
                 key_notes = notes.get(f'{section}.{PER_COLLECTION}."{collection}".{key}', [])
                 why = _why(key_notes) or _why(header)
-                lines.append(f"| `{collection}` | [`{section}.{key}`](#{section}.{key}) | `{_cell(toml_literal(value))}` "
-                             f"| `{_cell(toml_literal(base_values[section].get(key, defaults.get(key))))}` "
-                             f"| {_prose(why)} |")
+                default = toml_literal(base_values[section].get(key, defaults.get(key)))
+                lines.append(f"| {breakable_code(collection)} | <a href=\"#{section}.{key}\">"
+                             f"{breakable_code(f'{section}.{key}')}</a> | {breakable_code(toml_literal(value))} "
+                             f"({breakable_code(default)}) | {_prose(why)} |")
     lines += ["", "## Shipped configs", "", shipped_configs_markdown(root)]
     return "\n".join(lines) + "\n"
 
@@ -427,17 +490,32 @@ def _flatten(table: Any, prefix: str = "") -> dict[str, Any]:
     return out
 
 
+def first_sentence(toml_text: str) -> str:
+    """The first sentence of a TOML file's opening comment (its lines joined; a "." ends a sentence
+    where a space or the end follows)."""
+    block = []
+    for line in toml_text.splitlines():
+        if not line.startswith("#"):
+            if block:
+                break
+            continue
+        block.append(line.lstrip("#").strip())
+    text = " ".join(block)
+    match = re.search(r"\.(\s|$)", text)
+    return text[:match.start() + 1] if match else text
+
+
 def shipped_configs_markdown(root: Path) -> str:
     """One row per shipped config: what it extends, its first comment line, and what it sets."""
     lines = ["| config | extends | purpose | sets |", "|---|---|---|---|"]
     for path in sorted((root / CONFIGS_DIR).glob("*.toml")):
         text = path.read_text(encoding="utf-8")
         data = tomllib.loads(text)
-        first = next((line.lstrip("#").strip() for line in text.splitlines() if line.startswith("#")), "")
+        first = first_sentence(text)
         if path.stem == "base":
             sets = "every setting (the defaults)"
         else:
-            sets = ", ".join(f"`{_cell(k)} = {_cell(toml_literal(v))}`" for k, v in _flatten(data).items()
+            sets = ", ".join(breakable_code(f"{k} = {toml_literal(v)}") for k, v in _flatten(data).items()
                              if k != "extends")
         lines.append(f"| `{path.stem}` | {data.get('extends', '')} | {_prose(first)} | {sets} |")
     return "\n".join(lines) + "\n"

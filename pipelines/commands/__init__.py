@@ -7,11 +7,11 @@ from __future__ import annotations
 from types import ModuleType
 
 from pipelines.commands import (config, demo, download, ensemble, evaluate, featurize, gc, predict, prepare, rank,
-                                report, run, runs, score, status, submissions, submit, synth, train, tune,
+                                records, report, run, runs, score, status, submissions, submit, synth, train, tune,
                                 validate_submission)
 
 # The order of `--help`'s command list.
 COMMANDS: tuple[ModuleType, ...] = (
     synth, validate_submission, score, demo, prepare, train, status, gc, config, download, submit, submissions,
-    run, ensemble, report, runs, predict, featurize, rank, evaluate, tune,
+    run, ensemble, report, runs, predict, featurize, rank, records, evaluate, tune,
 )

@@ -79,6 +79,18 @@ def config_options(parser: argparse.ArgumentParser, *, config_help: str | None =
                         help=f"{prefix}override one config value (repeatable; default: none)")
 
 
+def announce_config(given: str | None, default: str, why: str = "") -> str:
+    """Log the ``config:`` line a command that trains starts with (which config, and why that one), and
+    return the config's name or path: ``given`` (``--config``) if set, else ``default``."""
+    import logging
+
+    if given is not None:
+        logging.getLogger("pipelines.commands").info(f"config: {given} (--config)")
+        return given
+    logging.getLogger("pipelines.commands").info(f"config: {default} (no --config given{'; ' + why if why else ''})")
+    return default
+
+
 def report_new_run(run_id: str, submissions_dir: Path) -> None:
     """Every command that publishes a run draws its report.html (the flows only write run outputs)."""
     from pipelines.reports.report import write_run_report

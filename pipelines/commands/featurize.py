@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from pipelines.commands.common import command_parser, seed
+from pipelines.commands.common import command_parser
 
 
 def add(sub: argparse._SubParsersAction) -> None:

@@ -6,7 +6,6 @@ import argparse
 from pathlib import Path
 
 from pipelines.core import paths
-from pipelines.core.errors import PipelineError
 from pipelines.commands.common import command_parser
 
 
@@ -18,7 +17,10 @@ def add(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--work-dir", type=Path, default=paths.WORK_DIR)
     p.add_argument("--submissions-dir", type=Path, action="append", default=None,
                    help="run folders whose manifests keep their stages (repeatable; default: submissions)")
-    p.add_argument("--delete", action="store_true", help="remove them (default: only list them)")
+    p.add_argument("--delete", action="store_true",
+                   help="remove them (default: only list them); refused, saying why, where the work dir holds or links "
+                        "to raw data or run folders, a manifest cannot be read, or runs published elsewhere use its "
+                        "stages")
     p.set_defaults(handler=run)
 
 
@@ -27,11 +29,8 @@ def run(args: argparse.Namespace) -> int:
 
     dirs = args.submissions_dir or [paths.SUBMISSIONS_DIR]
     missing = [d for d in dirs if not Path(d).is_dir()]
-    if missing and not args.delete:
+    if missing and not args.delete:  # (with --delete, collect refuses a missing folder)
         print(f"note: no run folders at {', '.join(map(str, missing))}: no run keeps a stage there")
-    elif missing:  # deleting everything because a path was mistyped would be a loss
-        raise PipelineError(f"{', '.join(map(str, missing))}: no such submissions folder; gc --delete keeps the "
-                            "stages of the runs there, so it must exist")
     print(format_garbage(collect(args.work_dir, dirs, delete=args.delete), deleted=args.delete))
     return 0
 

@@ -11,7 +11,7 @@ from pipelines.commands.common import config_options, command_parser
 
 def add(sub: argparse._SubParsersAction) -> None:
     p = command_parser(sub, "prepare", "prune graphs, build feature tables, GNN arrays and folds (cached stages)",
-                              "prepare --data-root data/kaggle --collections layout:xla:default")
+                              "prepare --data-root data/kaggle --collections tile:xla")
     p.add_argument("--data-root", type=Path, required=True)
     p.add_argument("--work-dir", type=Path, default=paths.WORK_DIR)
     config_options(p)

@@ -7,20 +7,22 @@ from pathlib import Path
 
 from pipelines.core import paths
 from pipelines.core.errors import ConfigError
-from pipelines.commands.common import command_parser, seed
+from pipelines.commands.common import command_parser
 
 
 def add(sub: argparse._SubParsersAction) -> None:
     p = command_parser(sub, "rank",
                        "rank candidate layout (and fusion tile) configurations of your own HLO program with a run's "
-                       "saved models: per configurable node its predicted best minor_to_major order, and the top "
-                       "configs with their predicted relative cost; needs the hlo extra",
+                       "saved models: one recommended layout per configurable node (as HLO writes it), its "
+                       "predicted gain over the module's own layouts with the spread over fold models, and the "
+                       "top configs per collection, ties as ties; needs the hlo extra",
                        "rank --run 20261122T120000Z-1a2b3c4d dumps/module_0001.jit_step.before_optimizations.txt --configs 500")
     p.add_argument("program", type=Path, metavar="PROGRAM", help="a .pb (HloModuleProto or HloProto) or HLO text file")
     p.add_argument("--run", required=True, metavar="RUN_ID", help="a run-id under --submissions-dir")
     p.add_argument("--out", type=Path, default=None,
                    help="folder for rank.json, rank.txt and the data root built (default: ranks/<stem>-<run>)")
-    p.add_argument("--configs", type=int, default=1000, help="candidate layout configs per search (default 1000)")
+    p.add_argument("--configs", type=int, default=1000,
+                   help="candidate layout configs per search, default and random (default 1000)")
     p.add_argument("--tile-configs", type=int, default=100, help="candidate tile configs per fusion (default 100)")
     p.add_argument("--top", type=int, default=5, help="configs shown per graph (default 5)")
     p.add_argument("--source", choices=("xla", "nlp"), default="xla",

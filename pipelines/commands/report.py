@@ -12,7 +12,7 @@ from pipelines.commands.common import command_parser
 def add(sub: argparse._SubParsersAction) -> None:
     p = command_parser(sub, "report", "write a self-contained HTML report of a run (scores, worst graphs, "
                                       "importances, ensemble weights)",
-                       "report 20261122T120000Z-1a2b3c4d --out /tmp/report.html")
+                       "report 20261122T120000Z-1a2b3c4d --out report.html")
     p.add_argument("run_id", metavar="RUN_ID", help="a run-id under --submissions-dir")
     p.add_argument("--submissions-dir", type=Path, default=paths.SUBMISSIONS_DIR)
     p.add_argument("--work-dir", type=Path, default=None, help="where the run's stage outputs are "

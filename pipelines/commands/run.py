@@ -6,13 +6,13 @@ import argparse
 from pathlib import Path
 
 from pipelines.core import paths
-from pipelines.commands.common import config_options, command_parser, report_new_run
+from pipelines.commands.common import announce_config, config_options, command_parser, report_new_run
 
 
 def add(sub: argparse._SubParsersAction) -> None:
     p = command_parser(sub, "run", "every stage, every model, the ensemble, a validated submission and report.html "
                                    "(cached stages are reused); prints the submission path last",
-                       "run --data-root data/kaggle --config quick --models gbdt,gnn")
+                       "run --data-root data/kaggle --config quick --models gbdt")
     p.add_argument("--data-root", type=Path, required=True, help="any data root in the Kaggle layout")
     p.add_argument("--work-dir", type=Path, default=paths.WORK_DIR)
     config_options(p, config_help="config name (e.g. quick) or TOML file (default: the machine's: gpu, base's "
@@ -44,20 +44,19 @@ def run(args: argparse.Namespace) -> int:
 
     from pipelines.config.registry import device_models
     from pipelines.config.settings import load_config
-    from pipelines.flows.run import checked_models, gpu_sized_on_cpu, machine_config, parse_models, run_pipeline
+    from pipelines.flows.run import checked_models, parse_models, run_pipeline
+    from pipelines.flows.schedule import gpu_sized_on_cpu, machine_config
     from pipelines.models.gnn.device import cuda_summary
 
     log = logging.getLogger(__name__)
-    gpu: str | None = None
-    if args.config is None:  # the schedule for this machine; an explicit --config always wins
-        gpu = cuda_summary()
-        name, why = machine_config(gpu)
-        log.info(f"config: {name} (no --config given; {why})")
-    else:
-        name = args.config
-        log.info(f"config: {name} (--config)")
+    gpu = cuda_summary() if args.config is None else None  # the schedule for this machine; --config always wins
+    name = announce_config(args.config, *machine_config(gpu))
     config = load_config(name, args.overrides)
     labels = {k: v for k, v in (("name", args.name), ("note", args.note)) if v}
+    if args.name is not None:
+        from pipelines.outputs.run_folders import check_run_name
+
+        check_run_name(args.name)  # a name shaped like a run-id would also name other runs
     models = checked_models(config, parse_models(args.models))
     if args.config is not None and device_models(models):
         gpu = cuda_summary()  # torch only where a model trains on a device
@@ -66,7 +65,8 @@ def run(args: argparse.Namespace) -> int:
                     "trains on the CPU (hours at real scale); --config cpu is the CPU's schedule")
     if args.collections is not None:  # some collections: their stages and scores, no submission
         from pipelines.core.collection import parse_collections
-        from pipelines.flows.run import check_training_root, format_scores, scores_table, train_and_blend
+        from pipelines.flows.run import check_training_root, train_and_blend
+        from pipelines.flows.scores import format_scores, scores_table
 
         check_training_root(args.data_root)
         runs, _ = train_and_blend(config, args.data_root, work_dir=args.work_dir, models=parse_models(args.models),
@@ -75,6 +75,10 @@ def run(args: argparse.Namespace) -> int:
         print(format_scores(scores_table(runs)))
         log.info("no submission: it needs all five collections (run without --collections publishes one)")
         return 0
+    if args.track == "mlflow":  # the store is opened before the first stage, not after the run is published
+        from pipelines.outputs.tracking import check_store, default_uri
+
+        check_store(args.track_uri or default_uri(args.submissions_dir))
     result = run_pipeline(config, args.data_root, work_dir=args.work_dir, models=parse_models(args.models),
                           submissions_dir=args.submissions_dir, scheduler=args.scheduler, force=args.force,
                           extra=labels)

@@ -33,6 +33,9 @@ def add(sub: argparse._SubParsersAction) -> None:
     listing.add_argument("--all", action="store_true",
                          help="a row per run folder (default: one per distinct result; a cached rerun is counted "
                               "in SAME)")
+    listing.add_argument("--wide", action="store_true",
+                         help="every column (data root, seeds, folds, wall time, submitted, config difference from "
+                              "base, note); default: the columns that fit in 100 characters")
     listing.add_argument("--work-dir", type=Path, default=None,
                          help="also list the train stages no run used and the tune studies of this work dir")
     listing.set_defaults(handler=list_runs)
@@ -72,7 +75,7 @@ def list_runs(args: argparse.Namespace) -> int:
     rows = runs.collapse_reruns(rows, keep_all=args.all)
     rows = runs.filter_runs(rows, submitted_only=args.submitted, data_root=args.data_root)
     rows = runs.sort_runs(rows, args.sort, args.reverse)
-    print(runs.format_runs(rows[:args.limit] if args.limit else rows))
+    print(runs.format_runs(rows[:args.limit] if args.limit else rows, wide=args.wide))
     return 0
 
 
@@ -82,13 +85,15 @@ def compare_runs(args: argparse.Namespace) -> int:
     from pipelines.outputs.run_folders import read_run_manifest, resolve_run_id
 
     a_id, b_id = resolve_run_id(args.submissions_dir, args.run_a), resolve_run_id(args.submissions_dir, args.run_b)
-    a = read_run_manifest(args.submissions_dir, a_id)
-    b = read_run_manifest(args.submissions_dir, b_id)
-    print(runs.compare_runs(a_id, a, b_id, b))
+    a_id, a, note_a = runs.compared_run(args.submissions_dir, a_id, read_run_manifest(args.submissions_dir, a_id))
+    b_id, b, note_b = runs.compared_run(args.submissions_dir, b_id, read_run_manifest(args.submissions_dir, b_id))
+    notes = [f"{side}: {note}" for side, note in (("A", note_a), ("B", note_b)) if note]
+    print(runs.compare_runs(a_id, a, b_id, b, differences=args.no_test, notes=notes))
     if not args.no_test:
         scores_a, missing_a = gs.graph_scores_of_run(a)
         scores_b, missing_b = gs.graph_scores_of_run(b)
-        tests = gs.compare_scores(scores_a, scores_b, gs.seed_scores(a), gs.seed_scores(b))
+        tests = gs.compare_scores(scores_a, scores_b, gs.seed_scores(a), gs.seed_scores(b),
+                                  identical=gs.identical_stages(a, b))
         print()
         print(gs.format_tests(tests, [f"A {m}" for m in missing_a] + [f"B {m}" for m in missing_b]))
     return 0

@@ -13,7 +13,7 @@ def add(sub: argparse._SubParsersAction) -> None:
     p = command_parser(sub, "score",
                        "score a submission written for a labelled split (e.g. valid; `predict --split valid` writes "
                        "one)",
-                       "score --data-root data/synthetic-small --split valid submissions/RUN_ID/submission.csv")
+                       "score --data-root data/synthetic-small --split valid submissions/PREDICT_RUN_ID/submission.csv")
     p.add_argument("--data-root", type=Path, required=True)
     p.add_argument("--split", default="valid", choices=("train", "valid"))
     p.add_argument("file", type=Path, nargs="?", metavar="FILE", help="the submission CSV")

@@ -24,6 +24,9 @@ def add(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--submissions-dir", type=Path, default=paths.SUBMISSIONS_DIR)
     p.add_argument("--allow-synthetic", action="store_true",
                    help="upload even a run made on a synthetic world (refused otherwise: Kaggle would score noise)")
+    p.add_argument("--no-validate", action="store_true",
+                   help="upload a FILE without --data-root, unchecked (refused otherwise: an invalid file costs one "
+                        "of the day's uploads)")
     p.set_defaults(handler=run)
 
 
@@ -34,7 +37,8 @@ def run(args: argparse.Namespace) -> int:
     if target.is_file() or target.suffix == ".csv":
         if args.message is None:
             raise ConfigError("submitting a file needs a message: -m MESSAGE (a run-id gets a default one)")
-        print(submit_file(target, args.message, data_root=args.data_root, allow_synthetic=args.allow_synthetic))
+        print(submit_file(target, args.message, data_root=args.data_root, allow_synthetic=args.allow_synthetic,
+                          unvalidated=args.no_validate))
         return 0
     run_id, submissions_dir = args.target, args.submissions_dir
     if target.is_dir() and (target / "manifest.json").is_file():  # a run folder's path works too

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from pipelines.core import paths
 from pipelines.config.registry import MODELS
-from pipelines.commands.common import config_options, command_parser
+from pipelines.commands.common import announce_config, config_options, command_parser
 
 
 def add(sub: argparse._SubParsersAction) -> None:
@@ -33,12 +33,12 @@ def run(args: argparse.Namespace) -> int:
     from pipelines.config.registry import get_adapter
     from pipelines.training.fit import format_summary, train_model
 
-    config = load_config(args.config, args.overrides)
+    config = load_config(announce_config(args.config, "base"), args.overrides)
     get_adapter(args.model)  # an unknown model fails before any data is prepared
     names = [n for text in args.collections for n in text.split(",") if n.strip()]
     collections = list(parse_collections(names)) if names else None
     from pipelines.flows.prepare import collections_to_prepare
-    from pipelines.flows.run import check_devices
+    from pipelines.flows.schedule import check_devices
 
     # a GPU asked for and absent fails before the data stages, as in `run`
     chosen = collections_to_prepare(config, args.data_root, collections)[0]
@@ -46,9 +46,13 @@ def run(args: argparse.Namespace) -> int:
     from pipelines.training.fit import check_models
 
     check_models([args.model], chosen)
+    from pipelines.flows.run import log_epoch_caps
+
     prepared = prepare(config, args.data_root, args.work_dir, collections)
+    outputs = []
     for name, item in prepared.items():
-        output = train_model(config, item, model=args.model, work_dir=args.work_dir, force=args.force)
-        print(format_summary(output))
+        outputs.append(train_model(config, item, model=args.model, work_dir=args.work_dir, force=args.force))
+        print(format_summary(outputs[-1]))
+    log_epoch_caps(outputs)
     return 0
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from pipelines.core import paths
 from pipelines.config.registry import tunable_models
-from pipelines.commands.common import config_options, command_parser, seed
+from pipelines.commands.common import announce_config, config_options, command_parser, seed
 
 
 def add(sub: argparse._SubParsersAction) -> None:
@@ -33,7 +33,7 @@ def add(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from pipelines.flows.tune import tune
 
-    result = tune(args.config, args.overrides, model=args.model, collection=args.collection, trials=args.trials,
+    result = tune(announce_config(args.config, "base"), args.overrides, model=args.model, collection=args.collection, trials=args.trials,
                   data_root=args.data_root, work_dir=args.work_dir, storage=args.storage, study_name=args.study,
                   out=args.out, seed=args.seed)
     print(result.describe())

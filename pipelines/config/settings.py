@@ -114,6 +114,10 @@ class EnsembleConfig:
     # oof: test the blend's gain as measured on the OOF rows (one fold model per seed); test-runs: the
     # gain expected at the test's average over every fold model and seed (``ensemble.gain_at_runs``).
     gain_at: str = field(default="test-runs", metadata={"choices": ("oof", "test-runs")})
+    # Where the data root names a tile graph's compiler default (defaults.json: tuning records, some
+    # worlds), keep it among the submission's five picks: "always", "unless-confident" (unless every fold
+    # model ranks it outside its own five), or "off" (pipelines.training.anchor).
+    default_anchor: str = field(default="off", metadata={"choices": ("off", "unless-confident", "always")})
     # The models a run trains and blends, each one of run.models (`run --models` overrides it).
     models: list[str] = field(
         default_factory=registry.default_models,
@@ -247,10 +251,7 @@ def _load_chain(ref: str | Path, relative_to: Path | None = None, seen: tuple[st
         raise ConfigError(f"{source}: 'extends' cycle: {' -> '.join(seen + (identity,))}")
     if len(seen) >= MAX_EXTENDS:
         raise ConfigError(f"{source}: 'extends' chain longer than {MAX_EXTENDS} files")
-    try:
-        data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{source}: invalid TOML: {exc}") from None
+    data = parse_toml(text, source)
     parent = data.pop("extends", None)
     if parent is None:
         return [(source, data)]
@@ -308,10 +309,28 @@ def parse_override(text: str, where: str = "override") -> tuple[list[str], Any]:
         raise ConfigError(f"{where}: expected section.key=value")
     value_text = value_text.strip()
     try:
-        value = tomllib.loads(f"v = {value_text}")["v"]
-    except tomllib.TOMLDecodeError:
+        value = parse_toml(f"v = {value_text}", where)["v"]
+    except _NotToml:
         value = value_text  # a bare word such as khop or tcp://host:8786
     return keys, value
+
+
+class _NotToml(ConfigError):
+    """Text that is not TOML at all (a bare word of an override is taken as a string)."""
+
+
+def parse_toml(text: str, where: str) -> dict[str, Any]:
+    """``tomllib.loads`` whose every failure is a ConfigError naming ``where``: invalid TOML, arrays or
+    tables nested past the interpreter's recursion limit, an integer of more digits than Python
+    converts (4300)."""
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise _NotToml(f"{where}: invalid TOML: {exc}") from None
+    except RecursionError:
+        raise ConfigError(f"{where}: arrays or tables nested too deep") from None
+    except ValueError as exc:  # int('1' * 5000): "Exceeds the limit (4300 digits) for integer string conversion"
+        raise ConfigError(f"{where}: a number of too many digits ({exc})") from None
 
 
 _KEY_PART = re.compile(r"\s*(?:\"([^\"]*)\"|'([^']*)'|([^.\"'\s]+))\s*(?:\.|$)")

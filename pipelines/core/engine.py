@@ -441,7 +441,7 @@ def load_stage(work_dir: Path, stage: str, key: str) -> StageOutput:
     return StageOutput(stage, key, path, manifest)
 
 
-def list_stages(work_dir: Path, verify_content: bool = True) -> list[dict]:
+def list_stages(work_dir: Path, verify_content: bool = True, follow_links: bool = True) -> list[dict]:
     """One dict per stage output folder (complete or not) and per work folder, for ``status``.
 
     Keys: stage, key, state ("complete", "incomplete", "running" or "interrupted"), complete, path,
@@ -449,15 +449,18 @@ def list_stages(work_dir: Path, verify_content: bool = True) -> list[dict]:
     ``verify_content=False`` checks the outputs' sizes but does not read them through for their SHA-256
     (for a listing that only needs the manifests, like a run's ETA from earlier wall times: reading every
     output of the work dir again cost as much as the cache check of the run itself).
+    ``follow_links=False`` lists no stage folder or output folder that is a symbolic link (``gc``: what
+    it lists it may delete, and a link's target is never its to delete).
     """
     work_dir = Path(work_dir)
     rows: list[dict] = []
     if not work_dir.is_dir():
         return rows
-    for stage_dir in sorted(p for p in work_dir.iterdir() if p.is_dir() and not p.name.startswith(".")):
+    for stage_dir in sorted(p for p in work_dir.iterdir() if p.is_dir() and not p.name.startswith(".")
+                            and (follow_links or not p.is_symlink())):
         stage = stage_dir.name
         for entry in sorted(stage_dir.iterdir()):
-            if not entry.is_dir() or entry.name.startswith(TRASH_PREFIX):
+            if not entry.is_dir() or entry.name.startswith(TRASH_PREFIX) or (entry.is_symlink() and not follow_links):
                 continue
             if entry.name.startswith(TMP_PREFIX):
                 key = entry.name[len(TMP_PREFIX):].split("-", 1)[0]

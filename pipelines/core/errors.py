@@ -5,17 +5,25 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-# user:password@ in an address, with or without its scheme (libraries echo the address without it)
-_URL_CREDENTIALS = re.compile(r"(?P<user>(?:[A-Za-z][A-Za-z0-9+.-]*://)?[^\s/@:'\"]*):(?P<secret>[^\s/@'\"]+)@")
+# The ``user:password`` before an ``@`` in an address, with or without its scheme (libraries echo the
+# address without it): a whole run of characters that cannot surround an address part, just before an
+# ``@``. The look-behind lets only the start of such a run begin a match, so a long run is scanned once
+# (a pattern free to start anywhere in it rescanned it from each position: quadratic in its length).
+_BEFORE_AT = re.compile(r"(?<![^\s/@'\"])[^\s/@'\"]+(?=@)")
+
+
+def _hide_secret(match: re.Match) -> str:
+    user, colon, secret = match.group().partition(":")
+    return f"{user}:***" if colon and secret else match.group()
 
 
 def redact_credentials(text: str, *secrets: str | None) -> str:
     """``tcp://user:secret@host`` -> ``tcp://user:***@host`` in any text shown to a user or logged;
-    each of ``secrets`` is also replaced wherever it appears."""
+    each of ``secrets`` is also replaced wherever it appears. Linear in the length of ``text``."""
     for secret in secrets:
         if secret:
             text = text.replace(secret, "***")
-    return _URL_CREDENTIALS.sub(lambda m: f"{m['user']}:***@", text)
+    return _BEFORE_AT.sub(_hide_secret, text)
 
 
 class PipelineError(Exception):

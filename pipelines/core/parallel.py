@@ -40,8 +40,18 @@ _WORKER_REPLACED = "A worker stopped while some jobs were given to the executor"
 
 
 def quiet_worker_replacement() -> None:
-    """Silence loky's warning about a replaced worker (see ``_WORKER_REPLACED``) in this process."""
+    """Before local workers start: silence loky's warning about a replaced worker (see
+    ``_WORKER_REPLACED``) in this process, and make ``LOKY_MAX_CPU_COUNT`` a count loky can read:
+    it takes the variable with ``int()`` and ends in a ValueError traceback on anything else, so a
+    value that is not a positive integer is replaced by the cores available, with a warning."""
     warnings.filterwarnings("ignore", message=_WORKER_REPLACED, category=UserWarning)
+    given = os.environ.get("LOKY_MAX_CPU_COUNT")
+    if given is not None and not (given.strip().isdigit() and int(given) > 0):
+        from pipelines.core.machine import available_cores
+
+        logger.warning(f"warning: LOKY_MAX_CPU_COUNT={given!r} is not a positive integer; using "
+                       f"{available_cores()} (the cores available)")
+        os.environ["LOKY_MAX_CPU_COUNT"] = str(available_cores())
 
 
 @contextmanager

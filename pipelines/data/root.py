@@ -10,6 +10,7 @@ A ``DataRoot`` is a path (``os.fspath`` gives it), so it goes wherever a path is
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +22,10 @@ from pipelines.data.tpugraphs import GraphRef
 KAGGLE_NPZ = ("npz_all", "npz")  # the download's layout
 PLAIN_NPZ = ("npz",)  # a root built from one's own programs or records
 SAMPLE_SUBMISSION = "sample_submission.csv"
+# Each graph's compiler-default config, where known: {collection: {stem: config index}}. Written by
+# `records` (the run marked is_default); a world's generator may keep it beside its hidden labels.
+DEFAULTS_FILE = "defaults.json"
+DEFAULTS_PLACES = (DEFAULTS_FILE, f"labels/{DEFAULTS_FILE}")
 
 
 @dataclass(frozen=True)
@@ -86,3 +91,22 @@ class DataRoot:
     @property
     def sample_submission(self) -> Path:
         return self.path / SAMPLE_SUBMISSION
+
+    def defaults(self) -> dict[str, dict[str, int]]:
+        """Each graph's compiler-default config index, ``{collection name: {stem: index}}``, from the root's
+        ``defaults.json`` (or ``labels/defaults.json``); empty where the root says nothing (the Kaggle data).
+        A FormatError names a file that is not such a mapping."""
+        path = next((self.path / p for p in DEFAULTS_PLACES if (self.path / p).is_file()), None)
+        if path is None:
+            return {}
+        try:
+            found = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            raise FormatError(path, f"unreadable ({type(exc).__name__}: {exc})") from None
+        names = {c.name for c in ALL_COLLECTIONS}
+        if not isinstance(found, dict) or not all(
+                name in names and isinstance(graphs, dict) and all(
+                    isinstance(stem, str) and isinstance(i, int) and not isinstance(i, bool) and i >= 0
+                    for stem, i in graphs.items()) for name, graphs in found.items()):
+            raise FormatError(path, "expected {collection name: {graph stem: config index >= 0}}")
+        return found

@@ -49,7 +49,7 @@ from pipelines.data.tpugraphs import Graph, load_ref
 
 if TYPE_CHECKING:
     from pipelines.core.engine import StageOutput
-    from pipelines.flows.run import CollectionRun
+    from pipelines.flows.scores import CollectionRun
     from pipelines.synth.programs import Family
     from pipelines.synth.world import ProgramLabel
 
@@ -309,13 +309,13 @@ def model_rows(manifest: Mapping[str, Any], work_dir: Path | None, *,
                per_seed: bool = False) -> dict[str, dict[str, list[int]]]:
     """Submission rows of each model of a run alone (with ``per_seed``: of each of its run seeds alone), from
     its saved training stages (see module doc)."""
-    from pipelines.outputs.run_folders import load_named_stage
+    from pipelines.outputs.run_folders import load_named_stage, training_stage_dir
 
     method = (manifest.get("config") or {}).get("ensemble", {}).get("method", "minmax")
     outputs: list[tuple[str, StageOutput]] = []
     for collection, stages in manifest["stages"].items():
         for model, where in stages.get("train", {}).items():
-            folder = work_dir if work_dir is not None else Path(where["work_dir"])
+            folder = training_stage_dir(where, manifest, work_dir)  # a clean error when neither records it
             outputs.append((model, load_named_stage(folder, where["stage"], where["key"],
                                                     f"the saved {model} training output of {collection}")))
     return trained_rows(outputs, method, per_seed=per_seed)
@@ -326,7 +326,7 @@ def trained_rows(outputs: Sequence[tuple[str, StageOutput]], method: str, *,
     """Submission rows of each (model name, training output) alone, its test scores normalised as a blend would;
     with ``per_seed``, of each of its run seeds alone instead (entries :func:`seed_entry`)."""
     from pipelines.training.ensemble import prepare_model_scores
-    from pipelines.flows.run import submission_rows
+    from pipelines.flows.scores import submission_rows
     from pipelines.training.fit import load_predictions
 
     out: dict[str, dict[str, list[int]]] = {}
@@ -353,7 +353,7 @@ def evaluate_collection_runs(runs: Sequence[CollectionRun], data_root: Path | st
     world's hidden labels: each model alone and the blend (as ``submission``), floor and ceiling. The
     combined figures are then over these collections only."""
     from pipelines.training.ensemble import load_blended_test
-    from pipelines.flows.run import submission_rows
+    from pipelines.flows.scores import submission_rows
 
     rows: dict[str, Mapping[str, Sequence[int]]] = dict(
         trained_rows([(model, output) for run in runs for model, output in run.trained.items()], method))

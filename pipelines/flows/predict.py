@@ -28,8 +28,8 @@ from pipelines.core.errors import ConfigError, PipelineError
 from pipelines.core.paths import SUBMISSIONS_DIR
 from pipelines.flows import dag
 from pipelines.core.seeds import fit_seed as derived_fit_seed
-from pipelines.flows.run import RunResult, scores_from_manifest
-from pipelines.outputs.run_folders import read_run_manifest, resolve_run_id, training_stage_dirs
+from pipelines.flows.scores import RunResult, scores_from_manifest
+from pipelines.outputs.run_folders import read_run_manifest, recorded_folder, resolve_run_id, training_stage_dirs
 
 logger = logging.getLogger(__name__)
 
@@ -162,7 +162,8 @@ def predict_run(run_id: str, data_root: Path | str, *, submissions_dir: Path | s
     can score."""
     from pipelines.config.settings import PipelineConfig, config_from_dict
     from pipelines.training.ensemble import blend, prepare_model_scores
-    from pipelines.flows.run import default_command, submission_rows
+    from pipelines.flows.run import default_command
+    from pipelines.flows.scores import anchored_rows, default_anchor
     from pipelines.outputs.run_folders import publish_submission
 
     started = time.perf_counter()
@@ -176,11 +177,12 @@ def predict_run(run_id: str, data_root: Path | str, *, submissions_dir: Path | s
         from pipelines.data.submission import check_test_files
 
         check_test_files(data_root)
-    source_work = Path(work_dir if work_dir is not None else source["work_dir"])
+    source_work = recorded_folder(source, "work_dir", work_dir)
     method = ((source.get("config") or {}).get("ensemble") or {}).get("method", "minmax")
     collections = list(source.get("collections") or source["stages"])
     rows: dict[str, list[int]] = {}
     stages: dict[str, Any] = {}
+    defaults = DataRoot(data_root).defaults()  # each graph's compiler default, where the root names it
     prepared_by_config: dict[tuple[str, str], Any] = {}
     for step, cname in enumerate(collections, start=1):
         collection = parse_collection(cname)
@@ -213,8 +215,9 @@ def predict_run(run_id: str, data_root: Path | str, *, submissions_dir: Path | s
             prepare_keys = prepared.stage_keys
             frames.append(predict_test(output, prepared, num_threads=num_threads)
                           .with_columns(pl.lit(model).alias("model")))
-        test = prepare_model_scores(pl.concat(frames), method)
-        rows.update(submission_rows(blend(test, weights)))
+        per_fold = pl.concat(frames)
+        rows.update(anchored_rows(collection, blend(prepare_model_scores(per_fold, method), weights), lambda: per_fold,
+                                  weights, defaults.get(cname, {}), default_anchor(source.get("config"))))
         # the ensemble stage whose weights were applied (the report reads its weight curve)
         stages[cname] = {"prepare": prepare_keys, "train": refs, "ensemble": source["stages"][cname].get("ensemble")}
     manifest = {

@@ -107,6 +107,9 @@ def check_output_dir(folder: Path | str, data_root: Path | str, what: str = "--w
     if resolved == root or root in resolved.parents:
         raise ConfigError(f"{what} {folder} is inside the data root {data_root}: raw data is never written; "
                           "choose a folder outside it")
+    if resolved in root.parents:  # the converse: gc deletes folders of a work dir, never raw data
+        raise ConfigError(f"{what} {folder} contains the data root {data_root}: keep raw data outside the folders "
+                          "the pipeline writes (gc removes folders there)")
     existing = next((p for p in (folder, *folder.parents) if p.exists() or p.is_symlink()), None)
     if existing is not None and not existing.is_dir():
         raise ConfigError(f"{what} {folder}: {existing} is not a directory")
@@ -114,6 +117,17 @@ def check_output_dir(folder: Path | str, data_root: Path | str, what: str = "--w
         read_only = bool(os.statvfs(existing).f_flag & os.ST_RDONLY)
         reason = os.strerror(errno.EROFS) if read_only else os.strerror(errno.EACCES)
         raise ConfigError(f"{what} {folder}: cannot write in {existing}: {reason}")
+
+
+def check_apart(work_dir: Path | str, submissions_dir: Path | str) -> None:
+    """A ConfigError when the submissions folder is inside the work dir, or the work dir inside it: gc
+    removes folders of the work dir (never a published run), ``runs`` reads every folder of the other."""
+    work, subs = Path(work_dir).resolve(), Path(submissions_dir).resolve()
+    if work == subs or work in subs.parents or subs in work.parents:
+        inside = "is the work dir" if work == subs else "is inside the work dir" if work in subs.parents \
+            else "contains the work dir"
+        raise ConfigError(f"--submissions-dir {submissions_dir} {inside} {work_dir}: keep published runs and "
+                          "cached stages in separate folders (gc removes folders of the work dir)")
 
 
 def check_data_root(data_root: Path | str, collections: Sequence[Collection], on_bad_file: str) -> None:

@@ -8,8 +8,11 @@ tile configs), plus ``OUT/<stem>.json`` naming what every configurable node and 
 :func:`featurize_jax` does the same for ``jax.jit(fn)`` on example arguments. Runtimes are unknown:
 every file is a test graph (``config_runtime`` all 0; tile normalizers 1).
 
-``parse`` reads the module through XLA's own objects (jaxlib, the optional ``hlo`` extra);
-``featurize`` and ``configs`` are pure functions over its records. See docs/hlo.md.
+Nodes are numbered as the dataset's own encoder numbers them (position in the serialized module).
+``parse`` reads the module through XLA's own objects (jaxlib, the optional ``hlo`` extra) and our own
+proto decoder (``schema``); ``featurize`` and ``configs`` are pure functions over its records;
+``records`` reads the dataset's tuning records (``tuning.proto``) into graphs with measured runtimes.
+See docs/hlo.md.
 """
 
 from __future__ import annotations
@@ -17,14 +20,15 @@ from __future__ import annotations
 import json
 import logging
 import re
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
 
 from pipelines.core.atomic import write_text_atomic
-from pipelines.core.errors import FormatError
+from pipelines.core.errors import ConfigError, FormatError, PipelineError
 from pipelines.hlo.configs import SEARCHES, describe_block, layout_configs, layout_space, tile_configs, tile_space
 from pipelines.hlo.featurize import GraphArrays, computation_graph, module_graph
 from pipelines.hlo.parse import Module, load_module, module_from_jax, read_module
@@ -88,7 +92,9 @@ class Featurized:
 
 def featurize_module(hlo_module: Any, source: str = "<module>", *, tile_configs_per_fusion: int = DEFAULT_TILE_CONFIGS,
                      seed: int = 0) -> Featurized:
-    """The layout graph of an XLA ``HloModule`` and a tile graph per fused computation."""
+    """The layout graph of an XLA ``HloModule`` (or a loaded :class:`~pipelines.hlo.parse.HloSource`) and a
+    tile graph per fused computation."""
+    checked_options(tile_configs=tile_configs_per_fusion, seed=seed)
     module = read_module(hlo_module, source, max_instructions=MAX_NODES)
     n = module.num_instructions
     graph = module_graph(module)
@@ -104,7 +110,7 @@ def featurize_module(hlo_module: Any, source: str = "<module>", *, tile_configs_
     tiles = []
     fusion_of = {callee: ins.name for _, ins in module.instructions() if ins.opcode == "fusion" for callee in ins.called}
     for k, computation in enumerate(c for c in module.computations if c.is_fusion):
-        part_graph = computation_graph(computation)
+        part_graph = computation_graph(computation, source)
         space = tile_space(computation, shapes)
         tiles.append(TilePart(fusion_of.get(computation.name, computation.name), computation.name, part_graph,
                               tile_configs(space, tile_configs_per_fusion, seed + k)))
@@ -119,24 +125,70 @@ class FeaturizeResult:
     summary: dict[str, Any]
 
 
+@contextmanager
+def out_folder_lock(folder: Path | str, command: str, *, data_root_ok: bool = False) -> Iterator[Path]:
+    """Hold ``folder/.<command>.lock`` (created with the folder) while a command writes into ``folder``: a
+    second process asking for it meanwhile gets a PipelineError naming the folder, instead of replacing
+    files the first one is writing or reading (``rank`` scores the data root it built there). The lock is
+    the kernel's (``flock``), so a killed holder releases it; the empty lock file stays. A data root
+    (``npz/`` or ``npz_all/`` inside) is refused before anything is created, unless ``data_root_ok``
+    (``records``, which checks that the root is its own)."""
+    import fcntl
+
+    folder = Path(folder)
+    if not data_root_ok and any((folder / name).is_dir() for name in ("npz", "npz_all")):
+        raise PipelineError(f"{folder}: a data root (it holds TpuGraphs npz folders); `{command}` writes nothing into "
+                            "one: pass an --out folder of its own")
+    folder.mkdir(parents=True, exist_ok=True)
+    lock = folder / f".{command}.lock"
+    handle = open(lock, "a+")
+    try:
+        try:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise PipelineError(f"{folder}: another `{command}` is writing into this folder (it holds {lock.name}); "
+                                "wait for it to finish or pass another --out") from None
+        yield folder
+    finally:
+        handle.close()
+
+
 def safe_stem(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.+-]", "_", name)
 
 
+def checked_options(*, configs: int = 1, tile_configs: int = 1, seed: int = 0, search: str = "random") -> None:
+    """The numeric options of ``featurize`` and ``rank``, checked before any work: a ConfigError (a usage
+    error) naming the option otherwise."""
+    for option, value, high in (("--configs", configs, MAX_CONFIGS), ("--tile-configs", tile_configs, MAX_CONFIGS),
+                                ("--seed", seed, 2**32 - 1)):
+        low = 0 if option == "--seed" else 1
+        if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+            raise ConfigError(f"{option} must be an integer in [{low}, {high}], got {value!r}")
+    if search not in SEARCHES:
+        raise ConfigError(f"--search: unknown search {search!r}; expected one of {', '.join(SEARCHES)}")
+
+
 def checked_config_count(count: int, nc: int, what: str) -> int:
-    if count < 1 or count > MAX_CONFIGS:
-        raise FormatError(what, f"--configs must lie in [1, {MAX_CONFIGS}], got {count}")
+    checked_options(configs=count)
     if count * nc * LAYOUT_CONFIG_DIM > MAX_LAYOUT_CONFIG_ITEMS:
-        raise FormatError(what, f"{count} configs x {nc} configurable nodes exceed what a layout file may hold; "
-                                "ask for fewer configs")
+        raise ConfigError(f"{what}: --configs {count} x {nc} configurable nodes exceed what a layout file may hold "
+                          f"({MAX_LAYOUT_CONFIG_ITEMS} values); ask for at most "
+                          f"{MAX_LAYOUT_CONFIG_ITEMS // (nc * LAYOUT_CONFIG_DIM)} configs")
     return count
 
 
 def write_featurized(featurized: Featurized, stem: str, out_dir: Path | str, *, configs: int = DEFAULT_CONFIGS,
                      search: str = "random", seed: int = 0, tiles: bool = True) -> FeaturizeResult:
-    """Write the layout graph (``configs`` candidates of ``search``), the tile graphs and the sidecar."""
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    """Write the layout graph (``configs`` candidates of ``search``), the tile graphs and the sidecar (one
+    process at a time per ``out_dir``)."""
+    with out_folder_lock(out_dir, "featurize"):
+        return _write_featurized(featurized, stem, Path(out_dir), configs=configs, search=search, seed=seed,
+                                 tiles=tiles)
+
+
+def _write_featurized(featurized: Featurized, stem: str, out_dir: Path, *, configs: int, search: str, seed: int,
+                      tiles: bool) -> FeaturizeResult:
     source = featurized.module.source
     layout_path = None
     nc = int(featurized.config_ids.shape[0])
@@ -180,8 +232,7 @@ def featurize_program(path: Path | str, out_dir: Path | str, *, configs: int = D
                       ) -> FeaturizeResult:
     """Featurize the HLO program file ``path`` into ``out_dir`` (see the module docstring)."""
     path = Path(path)
-    if search not in SEARCHES:
-        raise FormatError(path, f"unknown search {search!r}; expected one of {', '.join(SEARCHES)}")
+    checked_options(configs=configs, tile_configs=tile_configs_per_fusion, seed=seed, search=search)
     featurized = featurize_module(load_module(path), str(path), tile_configs_per_fusion=tile_configs_per_fusion,
                                   seed=seed)
     stem = path.name
@@ -196,6 +247,7 @@ def featurize_jax(fn: Any, *example_args: Any, out_dir: Path | str, name: str | 
                   tile_configs_per_fusion: int = DEFAULT_TILE_CONFIGS) -> FeaturizeResult:
     """Featurize ``jax.jit(fn)`` lowered on ``example_args`` (``optimized``: as XLA compiled it, with
     fusions) into ``out_dir`` as ``<name>.npz`` (default: the function's name)."""
+    checked_options(configs=configs, tile_configs=tile_configs_per_fusion, seed=seed, search=search)
     stem = safe_stem(name or getattr(fn, "__name__", "program"))
     featurized = featurize_module(module_from_jax(fn, *example_args, optimized=optimized), f"<jax:{stem}>",
                                   tile_configs_per_fusion=tile_configs_per_fusion, seed=seed)

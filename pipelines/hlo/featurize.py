@@ -4,8 +4,10 @@ Column meanings, opcode ids and the graph rules follow the dataset's own featuri
 (``tpu_graphs/process_data/xla/featurizers.h``, ``hlo_opcode.h`` and ``hlo_encoder.cc`` in
 google-research-datasets/tpu_graphs), as summarised in shared/TPUGRAPHS_FORMAT.md:
 
-* a module graph holds every instruction of every computation, computations callees first, each
-  computation's instructions in topological order; ``is_root`` marks each computation's root;
+* a module graph holds every instruction of every computation, node ``i`` the ``i``-th instruction of
+  the serialized module (computations in the proto's order, then their instructions in its order, as
+  ``HloEncoder`` numbers them; XLA writes callees and operands first); ``is_root`` marks each
+  computation's root;
 * edges: row ``[u, v]`` for each distinct operand ``v`` of ``u``, plus ``[u, root of c]`` for each
   computation ``c`` that ``u`` calls (so a while, call or fusion sees its body);
 * ``node_splits``: a split after each computation whose name contains ``cluster``, ``while`` or
@@ -24,6 +26,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from pipelines.core.errors import FormatError
 from pipelines.hlo.parse import Computation, Instruction, Module, Shape
 from pipelines.data.tpugraphs import NODE_FEAT_DIM, NodeFeat
 
@@ -198,17 +201,21 @@ class GraphArrays:
 
 def module_graph(module: Module) -> GraphArrays:
     """The whole module as one layout graph (see the module docstring for the rules)."""
-    return _graph(module.computations, cross_computation=True)
+    return _graph(module.computations, cross_computation=True, source=module.source)
 
 
-def computation_graph(computation: Computation) -> GraphArrays:
+def computation_graph(computation: Computation, source: str = "<module>") -> GraphArrays:
     """One computation alone (a fused computation as a tile graph)."""
-    return _graph([computation], cross_computation=False)
+    return _graph([computation], cross_computation=False, source=source)
 
 
-def _graph(computations: list[Computation], cross_computation: bool) -> GraphArrays:
+def _graph(computations: list[Computation], cross_computation: bool, source: str) -> GraphArrays:
     index: dict[str, int] = {}
     roots: dict[str, int] = {}
+    for computation in computations:
+        for instruction in computation.instructions:
+            index[instruction.name] = len(index)
+        roots[computation.name] = index[computation.root]
     feats, opcodes, names, instructions = [], [], [], []
     edges: set[tuple[int, int]] = set()
     splits = [0]
@@ -216,7 +223,6 @@ def _graph(computations: list[Computation], cross_computation: bool) -> GraphArr
     for computation in computations:
         for instruction in computation.instructions:
             u = len(names)
-            index[instruction.name] = u
             feats.append(node_features(instruction, instruction.name == computation.root))
             code = opcode_id(instruction.opcode)
             if code == 0:
@@ -224,14 +230,14 @@ def _graph(computations: list[Computation], cross_computation: bool) -> GraphArr
             opcodes.append(code)
             names.append(instruction.name)
             instructions.append(instruction)
-            for operand in instruction.operands:
-                if operand in index:
-                    edges.add((u, index[operand]))
+            targets = [index[o] for o in instruction.operands if o in index]
             if cross_computation:
-                for callee in instruction.called:
-                    if callee in roots:
-                        edges.add((u, roots[callee]))
-        roots[computation.name] = index[computation.root]
+                targets += [roots[c] for c in instruction.called if c in roots]
+            for v in targets:
+                if v >= u:  # XLA writes producers and callees first; the format relies on it
+                    raise FormatError(source, f"instruction {instruction.name} is listed before what it uses "
+                                              f"(node {v}) in the module's proto: not a module XLA serialized")
+                edges.add((u, v))
         if any(part in computation.name for part in SPLIT_NAME_PARTS):
             splits.append(len(names))
     if splits[-1] < len(names):

@@ -2,21 +2,36 @@
 
 XLA parses the file: :func:`load_module` hands a serialized ``HloModuleProto`` (``.pb``, also the
 ``HloProto`` wrapper that ``--xla_dump_hlo_as_proto`` writes) or HLO text to jaxlib's
-``HloModule``, which validates it. The module's computations, instructions and operands come from
-XLA's objects; what those objects do not expose in Python (the result shape, the attributes) is read
-from the instruction's own text (``HloInstruction.to_string()``) by the small parser below.
+``HloModule``, which validates it. Nodes are numbered as the dataset's own encoder
+(``HloEncoder::EncodeHloModule``) numbers them: by position in the serialized module, computations
+in the proto's order, then their instructions in its order; ids, opcodes, operands, called
+computations and roots are read from that proto by our own decoder (:mod:`pipelines.hlo.schema`).
+What the proto subset does not hold (the result shape, the attributes) is read from the text XLA
+prints for each instruction (``HloInstruction.to_string()``) by the small parser below.
+
+Before XLA reads a byte, our decoder decides what the file is and bounds its nesting and dims (XLA's
+parser recurses, and accepts dims its own proto checks refuse); anything XLA refuses comes back as a
+FormatError naming the file, and what XLA's C++ writes to stderr meanwhile is kept off the terminal.
 
 Nothing here writes files. jaxlib is imported lazily, so the package imports without it.
 """
 
 from __future__ import annotations
 
+import logging
+import math
+import os
 import re
+import sys
+import tempfile
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
 from pipelines.core.errors import FormatError
+
+logger = logging.getLogger(__name__)
 
 TEXT_SUFFIXES = (".txt", ".hlo")
 PROTO_SUFFIXES = (".pb",)
@@ -88,7 +103,7 @@ class Instruction:
 @dataclass
 class Computation:
     name: str
-    instructions: list[Instruction]  # topological: every operand before its users
+    instructions: list[Instruction]  # in the proto's order (XLA requires every operand before its users)
     root: str
     is_entry: bool = False
     is_fusion: bool = False  # the body of a fusion instruction
@@ -97,7 +112,7 @@ class Computation:
 @dataclass
 class Module:
     name: str
-    computations: list[Computation]  # callees before callers (post order), entry last
+    computations: list[Computation]  # in the serialized proto's order (XLA writes callees first, the entry last)
     source: str  # file path or "<jax>"
     by_name: dict[str, Instruction] = field(default_factory=dict)
 
@@ -118,11 +133,19 @@ class Module:
 # ----------------------------------------------------------------------------- loading
 
 
-def load_module(path: Path | str) -> Any:
-    """An XLA ``HloModule`` from a serialized proto or HLO text file; anything else is a FormatError
-    naming the file."""
-    path = Path(path)
-    lib = hlo_lib()
+@dataclass(frozen=True)
+class HloSource:
+    """An XLA ``HloModule`` and the serialized ``HloModuleProto`` whose order numbers its nodes: the
+    file's own bytes for a ``.pb``, XLA's serialization for text (what ``--xla_dump_hlo_as_proto``
+    would have written for it)."""
+
+    xla: Any  # jaxlib HloModule
+    proto: bytes
+
+
+def read_bounded(path: Path, limit: int, what: str) -> bytes:
+    """The bytes of a regular, non-empty file of at most ``limit`` bytes (``what`` names the limit in the
+    error); anything else is a FormatError naming the file, before a byte is read."""
     try:
         size = path.stat().st_size
     except FileNotFoundError:
@@ -131,40 +154,114 @@ def load_module(path: Path | str) -> Any:
         raise FormatError(path, "not a regular file")
     if size == 0:
         raise FormatError(path, "empty file")
-    if size > MAX_PROGRAM_BYTES:
-        raise FormatError(path, f"{size} bytes: larger than any program this reader accepts ({MAX_PROGRAM_BYTES})")
-    data = path.read_bytes()
+    if size > limit:
+        raise FormatError(path, f"{size} bytes: larger than {what} ({limit})")
+    return path.read_bytes()
+
+
+def load_module(path: Path | str) -> HloSource:
+    """An XLA module from a serialized proto or HLO text file; anything else is a FormatError naming
+    the file. Nesting and dims are checked before XLA reads a byte (its parser recurses)."""
+    path = Path(path)
+    hlo_lib()
+    data = read_bounded(path, MAX_PROGRAM_BYTES, "any program this reader accepts")
     as_text = path.suffix.lower() in TEXT_SUFFIXES or (path.suffix.lower() not in PROTO_SUFFIXES and _looks_textual(data))
     if as_text:
         try:
             text = data.decode("utf-8")
         except UnicodeDecodeError:
             raise FormatError(path, "not HLO text (not UTF-8); a serialized HloModuleProto should end in .pb") from None
-        try:
-            return lib.hlo_module_from_text(text)
-        except Exception as exc:  # jaxlib raises JaxRuntimeError (its own class) on a parse error
-            raise FormatError(path, f"not HLO text: {_first_line(exc)}") from None
+        return module_from_text(text, path)
     return module_from_proto_bytes(data, path)
 
 
-def module_from_proto_bytes(data: bytes, path: Path | str = "<bytes>") -> Any:
-    """Deserialize an ``HloModuleProto``, or the ``HloProto`` wrapper XLA's dumps write (field 1)."""
+def module_from_text(text: str, path: Path | str = "<text>") -> HloSource:
+    """Parse HLO text with XLA. Text older XLA printed (PyTorch/XLA dumps) is read as today's XLA reads it
+    (:data:`LEGACY_ATTRIBUTES`), with a warning naming what was changed."""
+    check_text_bounds(text, path)
     lib = hlo_lib()
-    errors = []
-    for candidate in (data, _hlo_proto_module_field(data)):
-        if candidate is None:
-            continue
+    try:
+        with quiet_native_stderr():
+            xla = lib.hlo_module_from_text(text)
+    except Exception as exc:  # jaxlib raises JaxRuntimeError (its own class) on a parse error
+        first = _first_line(exc)
+        legacy = _legacy_text(text)
+        if legacy is None:
+            raise FormatError(path, f"not HLO text: {first}") from None
+        modern, changes = legacy
         try:
-            return lib.HloModule.from_serialized_hlo_module_proto(candidate)
-        except Exception as exc:
-            errors.append(_first_line(exc))
-    raise FormatError(path, "not a serialized HloModuleProto or HloProto (truncated, or a different message): "
-                            f"{errors[0] if errors else 'unreadable'}")
+            with quiet_native_stderr():
+                xla = lib.hlo_module_from_text(modern)
+        except Exception as again:
+            raise FormatError(path, f"not HLO text: {_first_line(again)} (read as today's XLA reads it: "
+                                    f"{'; '.join(changes)}; as written: {first})") from None
+        logger.warning(f"{path}: written by an older XLA; read as today's XLA reads it: {'; '.join(changes)}")
+    proto = _serialized(xla, path)
+    _validated(proto, path)  # XLA's proto checks (layouts, shape sizes) that its text parser leaves out
+    return HloSource(xla, proto)
+
+
+def module_from_proto_bytes(data: bytes, path: Path | str = "<bytes>") -> HloSource:
+    """Deserialize an ``HloModuleProto``, or the ``HloProto`` wrapper XLA's dumps write (field 1). Which of
+    the two it is, and its bounds, are decided by our own decoder before XLA reads it."""
+    module_bytes = proto_module_bytes(data, path)
+    return HloSource(_validated(module_bytes, path), module_bytes)
+
+
+def proto_module_bytes(data: bytes, path: Path | str = "<bytes>") -> bytes:
+    """The ``HloModuleProto`` bytes of ``data`` (itself, or the module inside an ``HloProto``), checked
+    against the bounds of :func:`check_proto_bounds`; a FormatError naming ``path`` otherwise."""
+    module = _decoded_module(data)
+    if module is not None:
+        check_proto_bounds(module, path)
+        return data
+    inner = _hlo_proto_module_field(data)
+    if inner is not None and _decoded_module(inner) is not None:
+        check_proto_bounds(_decoded_module(inner), path)
+        return inner
+    raise FormatError(path, "not a serialized HloModuleProto or HloProto (truncated, nested too deep, or a "
+                            "different message)")
+
+
+def _decoded_module(data: bytes) -> Any | None:
+    """The partial ``HloModuleProto`` of ``data`` when it reads as one (a printable name, computations
+    holding instructions), else None."""
+    from pipelines.hlo.schema import decode_error, hlo_message
+
+    try:
+        module = hlo_message("HloModuleProto").FromString(data)
+    except decode_error():  # also a message nested deeper than the decoder's recursion limit
+        return None
+    try:
+        name = module.name.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+    if not module.computations or not name.isprintable() or not all(c.instructions for c in module.computations):
+        return None
+    return module
+
+
+def _serialized(xla: Any, path: Path | str) -> bytes:
+    try:
+        with quiet_native_stderr():
+            return xla.as_serialized_hlo_module_proto()
+    except Exception as exc:
+        raise FormatError(path, f"XLA cannot serialize the module: {_first_line(exc)}") from None
+
+
+def _validated(proto: bytes, path: Path | str) -> Any:
+    """XLA's module from ``proto`` (which runs XLA's checks), or a FormatError with XLA's message."""
+    lib = hlo_lib()
+    try:
+        with quiet_native_stderr():
+            return lib.HloModule.from_serialized_hlo_module_proto(proto)
+    except Exception as exc:
+        raise FormatError(path, f"XLA refuses the module: {_first_line(exc)}") from None
 
 
 def _hlo_proto_module_field(data: bytes) -> bytes | None:
     """The bytes of field 1 (``hlo_module``) when ``data`` starts like an ``HloProto``, else None. Only the
-    wrapper's first tag and length are read; XLA parses (and checks) the module itself."""
+    wrapper's first tag and length are read; the module's own bytes are kept exactly."""
     if not data or data[0] != 0x0A:  # field 1, wire type 2 (length-delimited)
         return None
     length, shift, pos = 0, 0, 1
@@ -193,6 +290,114 @@ def _first_line(exc: BaseException) -> str:
     return " ".join(lines[:3])[:400]
 
 
+@contextmanager
+def quiet_native_stderr() -> Iterator[None]:
+    """Keep what XLA's C++ writes to file descriptor 2 while it parses (protobuf and RET_CHECK log lines,
+    stack traces) off the user's terminal: every failure comes back as an exception whose message the
+    caller reports."""
+    try:
+        sys.stderr.flush()
+        saved = os.dup(2)
+    except (OSError, ValueError):  # no file descriptor 2 to silence
+        yield
+        return
+    try:
+        with tempfile.TemporaryFile() as sink:
+            os.dup2(sink.fileno(), 2)
+            try:
+                yield
+            finally:
+                os.dup2(saved, 2)
+    finally:
+        os.close(saved)
+
+
+# ----------------------------------------------------------------------------- bounds checked before XLA
+
+MAX_NESTING = 64  # brackets (tuples, attribute lists) nested deeper: no XLA program does, and XLA's parser recurses
+MAX_DIM = 1 << 40  # one dimension of an array
+MAX_ELEMENTS = 1 << 53  # elements of one array (the product stays exact in float64)
+_QUOTED = re.compile(r'"(?:[^"\\]|\\.)*"')
+_BRACKETS = re.compile(r"[()\[\]{}]")
+_TEXT_SHAPE = re.compile(r"(?<![\w.%-])(?:pred|token|opaque|[a-z]+[0-9][a-z0-9]*)\[([^\]]*)\]")
+
+
+def check_text_bounds(text: str, path: Path | str = "<text>") -> None:
+    """Refuse HLO text nested deeper than :data:`MAX_NESTING` or with an array above :data:`MAX_DIM` /
+    :data:`MAX_ELEMENTS`, naming the line (quoted strings, such as metadata, are not looked into)."""
+    bare = _QUOTED.sub('""', text)
+    depth = 0
+    for match in _BRACKETS.finditer(bare):
+        depth += 1 if match.group() in "([{" else -1
+        if depth > MAX_NESTING:
+            line = bare.count("\n", 0, match.start()) + 1
+            raise FormatError(path, f"line {line}: brackets nested more than {MAX_NESTING} deep (a tuple or "
+                                    "attribute nested like that is no program XLA writes)")
+    for match in _TEXT_SHAPE.finditer(bare):
+        dims = [int(d) for d in re.findall(r"\d+", match.group(1))]
+        problem = _dims_problem(dims)
+        if problem:
+            line = bare.count("\n", 0, match.start()) + 1
+            raise FormatError(path, f"line {line}: {match.group(0)[:80]}: {problem}")
+
+
+def check_proto_bounds(module: Any, path: Path | str = "<bytes>") -> None:
+    """:func:`check_text_bounds` for a decoded (partial) ``HloModuleProto``: every instruction's shape."""
+    for computation in module.computations:
+        for instruction in computation.instructions:
+            stack = [(instruction.shape, 1)]
+            while stack:
+                shape, depth = stack.pop()
+                where = f"instruction {instruction.name.decode('utf-8', 'replace')[:80]}"
+                if depth > MAX_NESTING:
+                    raise FormatError(path, f"{where}: shape nested more than {MAX_NESTING} deep")
+                problem = _dims_problem(list(shape.dimensions))
+                if problem:
+                    raise FormatError(path, f"{where}: {problem}")
+                stack.extend((inner, depth + 1) for inner in shape.tuple_shapes)
+
+
+def _dims_problem(dims: list[int]) -> str | None:
+    big = [d for d in dims if d > MAX_DIM]
+    if big:
+        return f"dimension {big[0]} is above {MAX_DIM} (2^40), beyond any real tensor"
+    if math.prod(d for d in dims if d > 0) > MAX_ELEMENTS:
+        return f"{math.prod(dims)} elements in one array: above 2^53, beyond any real tensor"
+    return None
+
+
+# ----------------------------------------------------------------------------- text older XLA printed
+
+# (pattern, replacement, what it means); applied only when today's XLA refuses the text as written.
+LEGACY_ATTRIBUTES = (
+    (re.compile(r",\s*api_version=API_VERSION_UNSPECIFIED\b"), "",
+     "api_version=API_VERSION_UNSPECIFIED dropped (a missing api_version is API_VERSION_ORIGINAL, what older XLA "
+     "meant by it)"),
+    (re.compile(r"\bcustom_call_schedule="), "schedule=", "custom_call_schedule= read as schedule= (its new name)"),
+)
+
+
+def _legacy_text(text: str) -> tuple[str, list[str]] | None:
+    """``text`` rewritten by :data:`LEGACY_ATTRIBUTES` with a note per rule applied, or None when none
+    applies. Quoted strings are left as they are."""
+    pieces = _QUOTED.split(text)
+    quotes = _QUOTED.findall(text)
+    changes = []
+    for pattern, replacement, note in LEGACY_ATTRIBUTES:
+        count = 0
+        for k, piece in enumerate(pieces):
+            pieces[k], n = pattern.subn(replacement, piece)
+            count += n
+        if count:
+            changes.append(f"{note} (x{count})")
+    if not changes:
+        return None
+    out = [pieces[0]]
+    for quote, piece in zip(quotes, pieces[1:]):
+        out += [quote, piece]
+    return "".join(out), changes
+
+
 def module_from_jax(fn: Any, *example_args: Any, optimized: bool = False) -> Any:
     """The XLA ``HloModule`` of ``jax.jit(fn)`` on ``example_args``: as lowered (before XLA's passes,
     no fusions) or, ``optimized=True``, as XLA compiled it for this machine (fusions, CPU layouts)."""
@@ -210,129 +415,65 @@ def module_from_jax(fn: Any, *example_args: Any, optimized: bool = False) -> Any
 
 
 def read_module(hlo_module: Any, source: str = "<module>", *, max_instructions: int | None = None) -> Module:
-    """Plain records of every computation and instruction of an XLA ``HloModule``, in the order the
-    dataset's featurizer walks a module proto: computations callees first, instructions in
-    topological order within each. A module of more than ``max_instructions`` is refused before any
-    record is built (memory stays that of XLA's own module)."""
-    lib = hlo_lib()
-    if max_instructions is not None:
-        count = sum(len(c.instructions()) for c in hlo_module.computations())
-        if count > max_instructions:
-            raise FormatError(source, f"{count} instructions: more than a TpuGraphs graph may hold "
-                                      f"({max_instructions} nodes)")
-    # Through XLA's proto, the form the dataset's featurizer reads: computations and instructions then
-    # come in the order XLA serializes them (post order), whatever the module was built or parsed from.
-    hlo_module = lib.HloModule.from_serialized_hlo_module_proto(hlo_module.as_serialized_hlo_module_proto())
-    options = lib.HloPrintOptions()
-    options.print_metadata = False
-    options.print_backend_config = False
-    roots, entry = _roots_and_entry(hlo_module.to_string(options))
+    """Plain records of every computation and instruction of a module (an :class:`HloSource`, or an XLA
+    ``HloModule``, read through its serialization), numbered as the dataset's ``HloEncoder`` numbers
+    them: computations in the serialized proto's order, then their instructions in its order. Ids,
+    opcodes, operands, called computations and roots come from the proto; shapes and attributes from
+    the text XLA prints for each instruction. A module of more than ``max_instructions`` is refused
+    before any record is built."""
+    if isinstance(hlo_module, HloSource):
+        xla, proto_bytes = hlo_module.xla, hlo_module.proto
+    else:
+        xla, proto_bytes = hlo_module, _serialized(hlo_module, source)
+    proto = _decoded_module(proto_bytes)
+    if proto is None:
+        raise FormatError(source, "XLA's serialization of the module does not read as an HloModuleProto")
+    count = sum(len(c.instructions) for c in proto.computations)
+    if max_instructions is not None and count > max_instructions:
+        raise FormatError(source, f"{count} instructions: more than a TpuGraphs graph may hold "
+                                  f"({max_instructions} nodes)")
+    texts = {ins.name: ins for c in xla.computations() for ins in c.instructions()}
+    names_by_id = {c.id: c.name.decode("utf-8", "replace") for c in proto.computations}
+    entry_id = proto.entry_computation_id if proto.entry_computation_id in names_by_id else next(
+        (c.id for c in proto.computations if c.name == proto.entry_computation_name), None)
     computations: list[Computation] = []
     by_name: dict[str, Instruction] = {}
     fusion_bodies: set[str] = set()
-    for xla_computation in hlo_module.computations():
-        name = xla_computation.name
+    for computation in proto.computations:
+        name = names_by_id[computation.id]
+        local = {ins.id: ins.name.decode("utf-8", "replace") for ins in computation.instructions}
         records = []
-        for xla_instruction in xla_computation.instructions():
-            record = parse_instruction(xla_instruction.to_string(), source)
-            operands = tuple(o.name for o in xla_instruction.operands())
-            if record.name != xla_instruction.name or len(operands) != len(record.operands):
-                raise FormatError(source, f"instruction {xla_instruction.name}: its text does not match XLA's object "
-                                          f"(text: {record.name} with {len(record.operands)} operands)")
-            record.operands = operands  # XLA's own operand list is the authority
-            if record.opcode == "fusion":
+        for ins in computation.instructions:
+            ins_name, opcode = local[ins.id], ins.opcode.decode("utf-8", "replace")
+            if ins_name not in texts:
+                raise FormatError(source, f"instruction {ins_name}: in the proto but not in XLA's module")
+            if ins_name in by_name:
+                raise FormatError(source, f"instruction {ins_name}: the name is used twice")
+            record = parse_instruction(texts[ins_name].to_string(), source)
+            if record.opcode != opcode:  # XLA prints an async wrapper as the op it wraps (dot-start ...)
+                record.attrs = {}  # whose attributes are not the wrapper's own
+                record.opcode = opcode
+            try:
+                record.operands = tuple(local[i] for i in ins.operand_ids)
+                record.control_predecessors = tuple(local[i] for i in ins.control_predecessor_ids)
+                record.called = tuple(names_by_id[i] for i in ins.called_computation_ids)
+            except KeyError as missing:
+                raise FormatError(source, f"instruction {ins_name}: refers to id {missing}, which is not in "
+                                          "its computation or module") from None
+            if opcode == "fusion":
                 fusion_bodies.update(record.called)
             records.append(record)
-            by_name[record.name] = record
-        if name not in roots:
-            raise FormatError(source, f"computation {name}: no ROOT instruction in the module's text")
-        computations.append(Computation(name, _topological(records, source), roots[name], is_entry=name == entry))
-    if entry is None or not any(c.is_entry for c in computations):
+            by_name[ins_name] = record
+        if computation.root_id not in local:
+            raise FormatError(source, f"computation {name}: its root id {computation.root_id} is none of its "
+                                      "instructions")
+        computations.append(Computation(name, records, local[computation.root_id],
+                                        is_entry=computation.id == entry_id))
+    if not any(c.is_entry for c in computations):
         raise FormatError(source, "the module has no ENTRY computation")
     for computation in computations:
         computation.is_fusion = computation.name in fusion_bodies
-    return Module(hlo_module.name, _post_order(computations, source), source, by_name)
-
-
-_HEADER = re.compile(r"^(ENTRY )?%?(?P<name>[^\s(]+) \(.*\{\s*$")
-_ROOT = re.compile(r"^\s+ROOT %?(?P<name>[^\s=]+) = ")
-
-
-def _roots_and_entry(text: str) -> tuple[dict[str, str], str | None]:
-    roots: dict[str, str] = {}
-    current, entry = None, None
-    for line in text.splitlines():
-        header = _HEADER.match(line)
-        if header:
-            current = header["name"]
-            if header.group(1):
-                entry = current
-            continue
-        root = _ROOT.match(line)
-        if root and current is not None:
-            roots[current] = root["name"]
-    return roots, entry
-
-
-def _topological(records: list[Instruction], source: str) -> list[Instruction]:
-    """``records`` in a topological order (operands and control predecessors first), kept as given
-    wherever it already is one (XLA lists a computation's instructions in post order)."""
-    index = {r.name: i for i, r in enumerate(records)}
-    if all(index.get(o, -1) < i for i, r in enumerate(records) for o in (*r.operands, *r.control_predecessors)):
-        return records
-    order: list[Instruction] = []
-    state = [0] * len(records)  # 0 new, 1 on the stack, 2 done
-    for start in range(len(records)):
-        if state[start]:
-            continue
-        stack = [(start, 0)]
-        state[start] = 1
-        while stack:
-            i, k = stack.pop()
-            deps = [index[d] for d in (*records[i].operands, *records[i].control_predecessors) if d in index]
-            if k < len(deps):
-                stack.append((i, k + 1))
-                j = deps[k]
-                if state[j] == 1:
-                    raise FormatError(source, f"instruction {records[j].name}: cycle through its operands")
-                if state[j] == 0:
-                    state[j] = 1
-                    stack.append((j, 0))
-            else:
-                state[i] = 2
-                order.append(records[i])
-    return order
-
-
-def _post_order(computations: list[Computation], source: str) -> list[Computation]:
-    """Callees before callers (stable), the entry computation last."""
-    by_name = {c.name: c for c in computations}
-    calls = {c.name: [n for r in c.instructions for n in r.called if n in by_name] for c in computations}
-    done: set[str] = set()
-    order: list[Computation] = []
-
-    def visit(name: str) -> None:
-        stack, on_stack = [(name, 0)], {name}
-        while stack:
-            current, k = stack.pop()
-            if k < len(calls[current]):
-                stack.append((current, k + 1))
-                callee = calls[current][k]
-                if callee in on_stack:
-                    raise FormatError(source, f"computation {callee} calls itself")
-                if callee not in done:
-                    on_stack.add(callee)
-                    stack.append((callee, 0))
-            else:
-                on_stack.discard(current)
-                if current not in done:
-                    done.add(current)
-                    order.append(by_name[current])
-
-    for computation in sorted(computations, key=lambda c: c.is_entry):
-        if computation.name not in done:
-            visit(computation.name)
-    return order
+    return Module(proto.name.decode("utf-8", "replace"), computations, source, by_name)
 
 
 # ----------------------------------------------------------------------------- instruction text

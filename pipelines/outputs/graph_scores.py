@@ -22,7 +22,7 @@ import polars as pl
 
 from pipelines.core.errors import PipelineError
 from pipelines.core.stage_files import read_parquet
-from pipelines.outputs.significance import Difference, paired_difference, seed_difference
+from pipelines.outputs.significance import ALPHA, Difference, paired_difference, seed_difference
 
 logger = logging.getLogger(__name__)
 
@@ -104,58 +104,123 @@ def seed_scores(manifest: Mapping[str, Any]) -> dict[tuple[str, str], list[float
     return out
 
 
+def identical_stages(a: Mapping[str, Any], b: Mapping[str, Any]) -> dict[tuple[str, str], str]:
+    """(collection, model) -> why its scores are identical in both runs: both manifests name its stage with
+    the same key, the same output (stage keys fingerprint config, inputs and code), so nothing is tested.
+    ``model="ensemble"``: the ensemble stage."""
+    out = {}
+    stages_a, stages_b = a.get("stages") or {}, b.get("stages") or {}
+    for cname in sorted(set(stages_a) & set(stages_b)):
+        ea, eb = stages_a[cname] or {}, stages_b[cname] or {}
+        if ea.get(ENSEMBLE) and ea.get(ENSEMBLE) == eb.get(ENSEMBLE):
+            out[(cname, ENSEMBLE)] = f"the same {ENSEMBLE}/{ea[ENSEMBLE]} output"
+        train_a, train_b = ea.get("train") or {}, eb.get("train") or {}
+        for model in sorted(set(train_a) & set(train_b)):
+            ra, rb = train_a[model] or {}, train_b[model] or {}
+            if ra.get("key") and (ra.get("stage"), ra.get("key")) == (rb.get("stage"), rb.get("key")):
+                out[(cname, model)] = f"the same {ra.get('stage')}/{ra['key']} output"
+    return out
+
+
 def compare_scores(a: pl.DataFrame, b: pl.DataFrame, seeds_a: Mapping[tuple[str, str], list[float]] | None = None,
-                   seeds_b: Mapping[tuple[str, str], list[float]] | None = None) -> dict[str, Any]:
+                   seeds_b: Mapping[tuple[str, str], list[float]] | None = None,
+                   identical: Mapping[tuple[str, str], str] | None = None, alpha: float = ALPHA) -> dict[str, Any]:
     """The tests of B against A: ``graphs[(collection, model)]`` (paired over the graphs both
     scored), ``combined[model]`` (the mean of the collection means, stratified: every collection
     the two share, each weighted equally) and ``seeds[(collection, model)]`` (over seeds, where both
-    runs have 2 or more)."""
+    runs have 2 or more); ``identical``: the (collection, model) pairs whose stage both runs share
+    (:func:`identical_stages`), reported as such and not tested, and a model's combined row when
+    all its collections are.
+
+    The rule for many tests at once: the combined ensemble row is the primary test, at level
+    ``alpha``; the ``secondary`` other rows are each tested at ``alpha / secondary`` (Bonferroni), so
+    that the chance of any false verdict among them stays below ``alpha``. ``levels`` holds both."""
+    identical = dict(identical or {})
     keys = ["collection", "model", "graph"]
     joined = a.select(*keys, pl.col("score").alias("a")).join(b.select(*keys, pl.col("score").alias("b")),
                                                               on=keys, how="inner")
     joined = joined.filter(pl.col("a").is_not_nan() & pl.col("b").is_not_nan()).sort(keys)
+    per_graph = {key: part for key, part in joined.partition_by("collection", "model", as_dict=True,
+                                                                maintain_order=True).items()}
+    for key, part in per_graph.items():  # other stage outputs (a code edit, say) that score every graph alike
+        if key not in identical and (part["a"] == part["b"]).all():
+            identical[key] = f"the same score on each of the {part.height} graphs"
+    per_model = {model: part for (model,), part in joined.partition_by("model", as_dict=True,
+                                                                        maintain_order=True).items()}
+    same_models = {model for model, part in per_model.items()
+                   if all((c, model) in identical for c in part["collection"].unique())}
+    seed_keys = [key for key in sorted(set(seeds_a or {}) & set(seeds_b or {}))
+                 if len(seeds_a[key]) >= 2 and len(seeds_b[key]) >= 2 and key not in identical]
+    primary = ENSEMBLE in per_model and ENSEMBLE not in same_models
+    secondary = (sum(1 for key in per_graph if key not in identical)
+                 + sum(1 for model in per_model if model not in same_models) - int(primary) + len(seed_keys))
+    low_alpha = alpha / max(1, secondary)
     graphs: dict[tuple[str, str], Difference] = {}
-    for (cname, model), part in joined.partition_by("collection", "model", as_dict=True,
-                                                    maintain_order=True).items():
-        graphs[(cname, model)] = paired_difference(part["a"].to_numpy(), part["b"].to_numpy())
+    for (cname, model), part in per_graph.items():
+        if (cname, model) not in identical:
+            graphs[(cname, model)] = paired_difference(part["a"].to_numpy(), part["b"].to_numpy(), alpha=low_alpha)
     combined: dict[str, Difference] = {}
-    for (model,), part in joined.partition_by("model", as_dict=True, maintain_order=True).items():
+    for model, part in per_model.items():
+        if model in same_models:
+            continue
         counts = part.group_by("collection").agg(pl.len().alias("_n"))
         part = part.join(counts, on="collection").with_columns(
             (1.0 / (pl.col("_n") * counts.height)).alias("_w"))
-        combined[model] = paired_difference(part["a"].to_numpy(), part["b"].to_numpy(), part["_w"].to_numpy())
-    seeds: dict[tuple[str, str], Difference] = {}
-    for key in sorted(set(seeds_a or {}) & set(seeds_b or {})):
-        if len(seeds_a[key]) >= 2 and len(seeds_b[key]) >= 2:
-            seeds[key] = seed_difference(seeds_a[key], seeds_b[key])
-    return {"graphs": graphs, "combined": combined, "seeds": seeds}
+        combined[model] = paired_difference(part["a"].to_numpy(), part["b"].to_numpy(), part["_w"].to_numpy(),
+                                            alpha=alpha if model == ENSEMBLE else low_alpha)
+    seeds = {key: seed_difference(seeds_a[key], seeds_b[key], alpha=low_alpha) for key in seed_keys}
+    return {"graphs": graphs, "combined": combined, "seeds": seeds,
+            "identical": {key: stage for key, stage in identical.items() if key in per_graph},
+            "identical_models": sorted(same_models),
+            "levels": {"primary": alpha if primary else None, "secondary": low_alpha, "tests": secondary}}
+
+
+def _interval_name(alpha: float) -> str:
+    return f"{100 * (1 - alpha):.3g}%"
 
 
 def format_tests(tests: Mapping[str, Any], missing: list[str] | None = None) -> str:
-    """The verdict table of :func:`compare_scores`, ensemble rows first."""
+    """The verdict table of :func:`compare_scores`, ensemble rows first, with the rule it applies to
+    many tests and the rows that compare one stage output with itself."""
     def order(item):
         (cname, model), _ = item
         return (model != ENSEMBLE, cname, model)
 
-    lines = ["is B - A real? paired sign-flip test over the graphs both runs scored (per-graph OOF scores; "
-             "95% interval by inverting the test)",
-             f"{'collection':<20} {'model':<24} {'B - A':>8} {'95% interval':>20} {'p':>6} {'graphs':>6}  verdict"]
+    levels = tests["levels"]
+    lines = ["is B - A real? paired sign-flip test over the graphs both runs scored (per-graph OOF scores), "
+             "the interval by inverting the test"]
+    if levels["primary"] is not None:
+        lines.append(f"rule: the combined ensemble row answers \"is B better than A?\" at {levels['primary']:.0%}; "
+                     f"the other {levels['tests']} tested row(s) are each tested at {levels['secondary']:.2%} "
+                     f"(Bonferroni: {levels['primary']:.0%} / {levels['tests']}), with "
+                     f"{_interval_name(levels['secondary'])} intervals, so that together they raise a false "
+                     f"verdict less than {levels['primary']:.0%} of the time")
+    elif levels["tests"]:
+        lines.append(f"rule: the {levels['tests']} tested row(s) are each tested at {levels['secondary']:.2%} "
+                     f"(Bonferroni), with {_interval_name(levels['secondary'])} intervals")
+    lines.append(f"{'collection':<20} {'model':<24} {'B - A':>8} {'interval':>20} {'p':>6} {'graphs':>6}  verdict")
 
-    def row(cname: str, model: str, d: Difference, n_label: str = "") -> str:
+    def row(cname: str, model: str, d: Difference) -> str:
         interval = "-" if math.isnan(d.low) else f"[{d.low:+.4f}, {d.high:+.4f}]"
         mean = "-" if math.isnan(d.mean) else f"{d.mean:+.4f}"
         p = "-" if math.isnan(d.p_value) else f"{d.p_value:.3f}"
         return f"{cname:<20} {model:<24} {mean:>8} {interval:>20} {p:>6} {d.n:>6}  {d.verdict}"
 
-    for (cname, model), d in sorted(tests["graphs"].items(), key=lambda kv: order(kv)):
-        lines.append(row(cname, model, d))
+    def same(cname: str, model: str, what: str) -> str:
+        return f"{cname:<20} {model:<24} {'=':>8} {'-':>20} {'-':>6} {'-':>6}  identical: {what}"
+
+    rows = [(key, row(*key, d)) for key, d in tests["graphs"].items()]
+    rows += [(key, same(*key, f"{what}, not tested")) for key, what in tests["identical"].items()]
+    lines += [text for _, text in sorted(rows, key=order)]
     for model, d in sorted(tests["combined"].items(), key=lambda kv: (kv[0] != ENSEMBLE, kv[0])):
         lines.append(row("combined", model, d))
-    if not tests["graphs"]:
+    for model in tests["identical_models"]:
+        lines.append(same("combined", model, "every collection alike, not tested"))
+    if not tests["graphs"] and not tests["identical"]:
         lines.append("(no graph scored by both runs)")
     if tests["seeds"]:
         lines += ["", "over seeds (Welch, per-seed OOF scores of each model; seeds are independent samples)",
-                  f"{'collection':<20} {'model':<24} {'B - A':>8} {'95% interval':>20} {'p':>6} {'seeds':>6}  verdict"]
+                  f"{'collection':<20} {'model':<24} {'B - A':>8} {'interval':>20} {'p':>6} {'seeds':>6}  verdict"]
         for (cname, model), d in sorted(tests["seeds"].items()):
             lines.append(row(cname, model, d))
     for line in missing or []:
@@ -166,4 +231,6 @@ def format_tests(tests: Mapping[str, Any], missing: list[str] | None = None) -> 
 def tests_to_dict(tests: Mapping[str, Any]) -> dict[str, Any]:
     return {"graphs": {f"{c}/{m}": d.to_dict() for (c, m), d in tests["graphs"].items()},
             "combined": {m: d.to_dict() for m, d in tests["combined"].items()},
-            "seeds": {f"{c}/{m}": d.to_dict() for (c, m), d in tests["seeds"].items()}}
+            "seeds": {f"{c}/{m}": d.to_dict() for (c, m), d in tests["seeds"].items()},
+            "identical": {f"{c}/{m}": stage for (c, m), stage in tests["identical"].items()},
+            "levels": dict(tests["levels"])}

@@ -16,6 +16,7 @@ touched.
 from __future__ import annotations
 
 import contextlib
+import errno
 import io
 import json
 import logging
@@ -508,9 +509,12 @@ def submit_file(
     data_root: Path | str | None = None,
     api_factory: Callable[[], KaggleApiLike] | None = None,
     allow_synthetic: bool = False,
+    unvalidated: bool = False,
 ) -> str:
-    """Upload a submission CSV (validated against ``data_root``'s test files first, when given; a
-    ``data_root`` that is a synthetic world is refused unless ``allow_synthetic``)."""
+    """Upload a submission CSV, validated against ``data_root``'s test files first; without a
+    ``data_root`` only when ``unvalidated`` is asked for (a ConfigError otherwise: an unchecked file
+    costs one of the day's uploads). A ``data_root`` that is a synthetic world is refused unless
+    ``allow_synthetic``."""
     from pipelines.outputs.run_folders import world_origin
 
     file = Path(file)
@@ -518,6 +522,9 @@ def submit_file(
         raise ConfigError(f"{file}: no such submission file")
     if not message.strip():
         raise ConfigError("a submission needs a non-empty message (-m)")
+    if data_root is None and not unvalidated:
+        raise ConfigError(f"{file}: not validated: pass --data-root DIR to check it against the test files before "
+                          "the upload (or --no-validate to upload it unchecked)")
     if data_root is not None and world_origin(data_root)["synthetic"] and not allow_synthetic:
         raise synthetic_refusal(str(file), data_root)
     api = (api_factory or kaggle_api)()  # credentials first: validation reads every test graph
@@ -536,6 +543,32 @@ def submit_file(
     if text.strip() == UPLOAD_FAILED_MESSAGE:
         raise PipelineError(f"Kaggle did not accept the upload of {file} ({text}); see the messages above")
     return text
+
+
+def _checked_record(path: Path) -> list[dict]:
+    """The entries of a run's ``submitted.json`` (none when absent), checked before an upload: a record
+    that is not ``{"submissions": [{...}, ...]}``, or a run folder where it cannot be rewritten, is a
+    PipelineError naming it, so nothing is uploaded that could not be recorded."""
+    entries: list[dict] = []
+    if path.exists() or path.is_symlink():
+        try:
+            record = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            raise PipelineError(f"{path}: unreadable submission record ({exc}); nothing was uploaded: restore it "
+                                "or move it aside, then submit again") from None
+        entries = record.get("submissions") if isinstance(record, dict) else None
+        if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
+            raise PipelineError(f"{path}: not a submission record (expected {{\"submissions\": [...]}}); nothing was "
+                                "uploaded: restore it or move it aside, then submit again")
+    try:
+        with tempfile.NamedTemporaryFile(dir=path.parent, prefix=f".{path.name}.", suffix=".probe"):
+            pass
+        if path.is_dir():
+            raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR))
+    except OSError as exc:
+        raise PipelineError(f"{path}: the submission record cannot be written ({exc.strerror or exc}); nothing was "
+                            "uploaded") from None
+    return entries
 
 
 def submit_run(
@@ -560,7 +593,7 @@ def submit_run(
     """
     from pipelines.core.engine import file_sha256, write_json_atomic
     from pipelines.outputs.run_folders import SUBMISSION_FILE, read_run_manifest, resolve_run_id, world_origin
-    from pipelines.outputs.runs_table import SUBMITTED_RECORD, read_submitted, run_summary
+    from pipelines.outputs.runs_table import SUBMITTED_RECORD, run_summary
 
     run_id = resolve_run_id(submissions_dir, run_id)  # a unique prefix or a run's name works too
     run_dir = Path(submissions_dir) / run_id
@@ -581,12 +614,12 @@ def submit_run(
     if not str(root) or not root.is_dir():
         raise PipelineError(f"run {run_id}: its data root {str(root) or '(none recorded)'} is not there to validate "
                             "against; pass --data-root")
+    previous = _checked_record(run_dir / SUBMITTED_RECORD)  # before the upload: what is sent must be recorded
     if message is None:
         summary = run_summary(run_id, manifest)
         score = "-" if summary["combined"] is None else f"{summary['combined']:.4f}"
         message = f"{run_id} CV {score}" + ("" if summary["complete"] else " (incomplete)")
     answer = submit_file(file, message, data_root=root, api_factory=api_factory, allow_synthetic=allow_synthetic)
-    previous = read_submitted(run_dir)
     entry = {"submitted_at": datetime.now(timezone.utc).isoformat(timespec="seconds"), "message": message,
              "competition": COMPETITION, "file": file.name, "sha256": digest,
              "validated_against": str(root.resolve()), "kaggle_response": answer}

@@ -15,14 +15,16 @@ through :func:`pipelines.outputs.kaggle_io.kaggle_api`, or a test's ``api_factor
 from __future__ import annotations
 
 import enum
+import json
 import logging
+import math
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from pipelines.core import paths
-from pipelines.core.engine import write_json_atomic
+from pipelines.core.atomic import write_text_atomic
 from pipelines.core.errors import PipelineError
 from pipelines.outputs.kaggle_io import COMPETITION, explain_kaggle_error, kaggle_api
 from pipelines.outputs.runs_table import LEADERBOARD_RECORD, read_manifest, read_submitted
@@ -44,11 +46,19 @@ def _text(value: Any) -> str | None:
     return text or None
 
 
-def _score(value: Any) -> float | None:
-    try:
-        return float(value) if value not in (None, "") else None
-    except (TypeError, ValueError):
+def _score(value: Any, what: str) -> float | None:
+    """A score as a finite float, or None (absent, not a number, or NaN/infinite: warned about, since
+    JSON has no such value and a run's public score must be a real one)."""
+    if value is None or isinstance(value, bool):
         return None
+    try:
+        score = float(value) if not isinstance(value, str) or value.strip() else None
+    except (TypeError, ValueError, OverflowError):
+        return None
+    if score is not None and not math.isfinite(score):
+        logger.warning(f"warning: {what}: Kaggle's score {value!r} is not a finite number; dropped")
+        return None
+    return score
 
 
 def submission_record(item: Any) -> dict[str, Any]:
@@ -57,10 +67,21 @@ def submission_record(item: Any) -> dict[str, Any]:
         return item.get(name) if isinstance(item, Mapping) else getattr(item, name, None)
 
     status = _text(get("status")) or ""
-    return {"ref": _text(get("ref")), "date": _text(get("date")), "description": _text(get("description")) or "",
+    description = _text(get("description")) or ""
+    what = f"submission {description!r}"
+    return {"ref": _text(get("ref")), "date": _text(get("date")), "description": description,
             "file_name": _text(get("file_name")), "status": status.removeprefix("SubmissionStatus.").lower(),
-            "public_score": _score(get("public_score")), "private_score": _score(get("private_score")),
+            "public_score": _score(get("public_score"), what), "private_score": _score(get("private_score"), what),
             "error": _text(get("error_description"))}
+
+
+def _is_submission(item: Any) -> bool:
+    """An ``ApiSubmission`` (or a mapping of its fields): what a page of Kaggle's answer must hold."""
+    if isinstance(item, Mapping):
+        return True
+    if isinstance(item, (str, bytes, int, float, bool, list, tuple)) or item is None:
+        return False
+    return any(hasattr(item, name) for name in ("description", "ref", "public_score"))
 
 
 def _seconds(text: str | None) -> float | None:
@@ -123,8 +144,20 @@ def fetch_submissions(api: Any) -> list[dict[str, Any]]:
             items = api.competition_submissions(COMPETITION, page_number=page, page_size=PAGE_SIZE)
         except Exception as exc:
             raise explain_kaggle_error(exc, f"listing the submissions to {COMPETITION}") from None
-        items = [i for i in (items or []) if i is not None]
-        out += [submission_record(i) for i in items]
+        if items is None:
+            items = []
+        if not isinstance(items, (list, tuple)):
+            shown = repr(items)
+            raise PipelineError(f"Kaggle's answer to listing the submissions to {COMPETITION} (page {page}) is not a "
+                                f"list of submissions: got {type(items).__name__} "
+                                f"{shown if len(shown) <= 60 else shown[:57] + '...'}; nothing was filed (is the "
+                                "kaggle package up to date?)")
+        for index, entry in enumerate(items):
+            if _is_submission(entry):
+                out.append(submission_record(entry))
+            elif entry is not None:
+                logger.warning(f"warning: entry {index} of page {page} of Kaggle's answer is not a submission (got "
+                               f"{type(entry).__name__} {repr(entry)[:40]}); skipped")
         if len(items) < PAGE_SIZE:
             break
     return out
@@ -145,6 +178,8 @@ def sync_leaderboard(submissions_dir: Path | str = paths.SUBMISSIONS_DIR, *,
     matched, unmatched = match_submissions(fetched, uploads)
     synced = datetime.now(timezone.utc).isoformat(timespec="seconds")
     for run_id, items in matched.items():
-        write_json_atomic(submissions_dir / run_id / LEADERBOARD_RECORD,
-                          {"run_id": run_id, "competition": COMPETITION, "synced_at": synced, "submissions": items})
+        record = {"run_id": run_id, "competition": COMPETITION, "synced_at": synced, "submissions": items}
+        # strict JSON (no NaN/Infinity): scores were checked finite above, so this only fails on a bug
+        write_text_atomic(submissions_dir / run_id / LEADERBOARD_RECORD,
+                          json.dumps(record, sort_keys=True, indent=2, allow_nan=False) + "\n")
     return SyncResult(len(fetched), matched, unmatched)

@@ -21,7 +21,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from pipelines.core.engine import fingerprint, write_json_atomic
+from pipelines.core.engine import TRASH_PREFIX, fingerprint, write_json_atomic
 from pipelines.core.errors import ConfigError, FormatError, PipelineError
 
 logger = logging.getLogger(__name__)
@@ -30,8 +30,16 @@ SUBMISSION_FILE = "submission.csv"
 RUN_MANIFEST = "manifest.json"
 RUN_ID_ATTEMPTS = 100  # suffixes tried when two runs of one config start in the same second
 _RUN_ID = re.compile(r"\d{8}T\d{6}Z-[0-9a-f]{8}(-\d+)?")
+# The file in a work dir listing the submissions folders its runs were published to, one absolute path a
+# line (appended before each run folder appears): gc reads it to find runs that use the work dir elsewhere.
+PUBLISHED_LEDGER = ".published-to"
 # Files an interrupted publish of an earlier version could leave in a run folder (never a submission).
 _PUBLISH_DEBRIS = re.compile(r"\.(submission\.csv\.draft|(submission\.csv|manifest\.json)\..*\.tmp|lock)")
+
+
+def is_run_id(name: str) -> bool:
+    """True for a run folder's name (``20261122T120000Z-1a2b3c4d``, ``...-2``)."""
+    return bool(_RUN_ID.fullmatch(name))
 
 
 def new_run_id(payload: Any, now: datetime) -> str:
@@ -58,6 +66,54 @@ def _publish_run_folder(staging: Path, submissions_dir: Path, base: str, manifes
             raise
         return run_id, target
     raise PipelineError(f"{submissions_dir}: could not create a new run folder for {base} (all suffixes taken)")
+
+
+def record_submissions_dir(work_dirs: Sequence[Path | str], submissions_dir: Path | str) -> None:
+    """Append ``submissions_dir`` to the :data:`PUBLISHED_LEDGER` of each work dir (once): a run about to be
+    published there uses stages of these work dirs. One short ``O_APPEND`` write per work dir, so runs
+    publishing at once never lose each other's line. A work dir that cannot be written is warned about:
+    gc then refuses to delete there without the runs it cannot find."""
+    line = str(Path(submissions_dir).resolve())
+    for work_dir in dict.fromkeys(Path(w) for w in work_dirs):
+        if not work_dir.is_dir():
+            continue  # a work dir that is gone holds no stage gc could remove
+        try:
+            if line in (recorded_submissions_dirs(work_dir) or []):
+                continue
+            fd = os.open(work_dir / PUBLISHED_LEDGER, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            try:
+                os.write(fd, (line + "\n").encode("utf-8", "surrogateescape"))
+            finally:
+                os.close(fd)
+        except (OSError, PipelineError) as exc:
+            logger.warning(f"warning: {work_dir / PUBLISHED_LEDGER}: cannot record that runs of this work dir are "
+                           f"published to {line} ({getattr(exc, 'strerror', None) or exc}); gc of this work dir "
+                           f"will need --submissions-dir {line}")
+
+
+def recorded_submissions_dirs(work_dir: Path | str) -> list[str] | None:
+    """The submissions folders :func:`record_submissions_dir` recorded for ``work_dir`` (absolute paths, in
+    order, each once), or None when it records none (a work dir no run was published from, or one made
+    by an earlier version, which kept no such record)."""
+    try:
+        text = (Path(work_dir) / PUBLISHED_LEDGER).read_bytes().decode("utf-8", "surrogateescape")
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise PipelineError(f"{Path(work_dir) / PUBLISHED_LEDGER}: unreadable ({exc.strerror or exc})") from None
+    return list(dict.fromkeys(line for line in text.splitlines() if line.startswith("/")))
+
+
+def manifest_work_dirs(manifest: Mapping[str, Any]) -> list[Path]:
+    """The work dirs whose stages a run manifest names: its own ``work_dir`` and those its training stage
+    references record (a re-blend reads stages of several work dirs)."""
+    places = [manifest.get("work_dir")]
+    stages = manifest.get("stages")
+    for entry in stages.values() if isinstance(stages, Mapping) else ():
+        train = entry.get("train") if isinstance(entry, Mapping) else None
+        for ref in train.values() if isinstance(train, Mapping) else ():
+            places.append(ref.get("work_dir") if isinstance(ref, Mapping) else None)
+    return list(dict.fromkeys(Path(p) for p in places if isinstance(p, str) and p))
 
 
 def tidy_submissions(submissions_dir: Path | str) -> list[dict[str, Any]]:
@@ -114,6 +170,7 @@ def publish_submission(rows: Mapping[str, Sequence[int]], manifest: dict[str, An
         manifest = {**manifest, "run_id": base, "data_world": world_origin(data_root),
                     "submission": {"file": SUBMISSION_FILE, "rows": count, "validated_against": str(data_root),
                                    "sha256": hashlib.sha256(text.encode("ascii")).hexdigest()}}
+        record_submissions_dir(manifest_work_dirs(manifest), submissions_dir)  # before the run can be seen
         try:
             run_id, run_dir = _publish_run_folder(staging.path, submissions_dir, base, manifest)
         except OSError as exc:
@@ -132,26 +189,44 @@ def publish_submission(rows: Mapping[str, Sequence[int]], manifest: dict[str, An
 def resolve_run_id(submissions_dir: Path | str, text: str) -> str:
     """The run folder ``text`` names under ``submissions_dir``: its full run-id, or a unique prefix of
     the run-id or of its 8-hex part (``e155685e`` for ``20261122T120000Z-e155685e``), or the ``name``
-    a run was given (``run --name``). Anything else (unknown, ambiguous) is returned unchanged, so
-    the caller's own message about a missing run applies; an ambiguous prefix is a PipelineError
-    listing the candidates."""
+    a run was given (``run --name``). Anything else (unknown) is returned unchanged, so the caller's
+    own message about a missing run applies. Text that names more than one run, in any of these ways
+    (a name that is also a prefix of another run's id, two runs of one name...), is a PipelineError
+    listing the candidates: a command that removes or uploads a run must never pick one of them."""
     submissions_dir = Path(submissions_dir)
-    if not text or (submissions_dir / text).is_dir() or not submissions_dir.is_dir() or Path(text).name != text:
+    if not text or not submissions_dir.is_dir() or Path(text).name != text or text in (".", ".."):
         return text
+    exact = (submissions_dir / text).is_dir()
     names = sorted(e.name for e in submissions_dir.iterdir() if e.is_dir() and not e.name.startswith("."))
-    found = [n for n in names if n.startswith(text) or n.partition("-")[2].startswith(text)]
-    if not found:
-        for name in names:
-            try:
-                manifest = json.loads((submissions_dir / name / RUN_MANIFEST).read_text(encoding="utf-8"))
-            except (OSError, ValueError):
-                continue
-            if isinstance(manifest, dict) and manifest.get("name") == text:
-                found.append(name)
+    found = [text] if exact else [n for n in names if n.startswith(text) or n.partition("-")[2].startswith(text)]
+    for name in names:
+        if name in found:
+            continue
+        try:
+            manifest = json.loads((submissions_dir / name / RUN_MANIFEST).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        if isinstance(manifest, dict) and manifest.get("name") == text:
+            found.append(name)
     if len(found) > 1:
         raise PipelineError(f"{text!r} names {len(found)} runs under {submissions_dir}: {', '.join(found[:8])}"
-                            + (" ..." if len(found) > 8 else "") + "; give more of the run-id")
+                            + (" ..." if len(found) > 8 else "") + " (by run-id, prefix or name); give more of "
+                            "the run-id")
     return found[0] if found else text
+
+
+# What ``run --name`` refuses: a name that could be read as a run-id or a prefix of one (digits first, in
+# the shape of ``20261122T120000Z-1a2b3c4d-2``) or as the 8-hex part of one.
+_ID_LIKE_NAME = re.compile(r"\d{1,8}|\d{8}T\d{0,6}|\d{8}T\d{6}Z(-([0-9a-f]{0,8}(-\d*)?)?)?|[0-9a-f]{8}(-\d+)?")
+
+
+def check_run_name(name: str) -> None:
+    """A ConfigError for a ``run --name`` that looks like a run-id (a prefix of one, or its hex part):
+    every command that takes a run-id takes a name too, and such a name would also match runs by id."""
+    if _ID_LIKE_NAME.fullmatch(name):
+        raise ConfigError(f"--name {name!r} looks like a run-id (or the start of one): commands that take a run "
+                          "take its name too, so it would name other runs as well; choose a name with a letter "
+                          "that is not a hex digit (e.g. 'baseline', 'gnn-v2')")
 
 
 def world_origin(data_root: Path | str) -> dict[str, Any]:
@@ -252,6 +327,29 @@ def _json_type(value: Any) -> str:
     return f"{kind} {shown if len(shown) <= 40 else shown[:37] + '...'}"
 
 
+def similar_runs(submissions_dir: Path | str, text: str, limit: int = 3) -> list[str]:
+    """Runs under ``submissions_dir`` that ``text`` (naming none) was probably meant to name: their
+    run-id, 8-hex part or name (``run --name``) close to it, as ``run-id`` or ``run-id (name 'x')``."""
+    import difflib
+
+    by_word: dict[str, str] = {}  # what a user may type -> how the run is shown
+    try:
+        folders = sorted(e.name for e in Path(submissions_dir).iterdir() if e.is_dir() and _RUN_ID.fullmatch(e.name))
+    except OSError:
+        return []
+    for run_id in folders:
+        by_word.setdefault(run_id, run_id)
+        by_word.setdefault(run_id.partition("-")[2], run_id)
+        try:
+            name = json.loads((Path(submissions_dir) / run_id / RUN_MANIFEST).read_text(encoding="utf-8")).get("name")
+        except (OSError, ValueError, AttributeError):
+            continue
+        if isinstance(name, str) and name:
+            by_word.setdefault(name, f"{run_id} (name {name!r})")
+    close = difflib.get_close_matches(text, list(by_word), n=limit, cutoff=0.6)
+    return list(dict.fromkeys(by_word[word] for word in close))
+
+
 def read_run_manifest(submissions_dir: Path | str, run_id: str) -> dict[str, Any]:
     """The manifest of a run (``run_id``: a run-id or what :func:`resolve_run_id` accepts)."""
     run_id = resolve_run_id(submissions_dir, run_id)
@@ -264,7 +362,9 @@ def read_run_manifest(submissions_dir: Path | str, run_id: str) -> dict[str, Any
         if _RUN_ID.fullmatch(run_id) and path.parent.is_dir():
             raise PipelineError(f"{path.parent}: incomplete run folder (no {RUN_MANIFEST}: its publishing was "
                                 "interrupted); it is not a validated run, run the pipeline again") from None
-        raise PipelineError(f"{path}: no such run manifest (is {run_id!r} a run-id under {submissions_dir}?)") from None
+        close = similar_runs(submissions_dir, run_id)
+        raise PipelineError(f"{path}: no such run manifest (is {run_id!r} a run-id under {submissions_dir}?)"
+                            + (f"; did you mean {' or '.join(close)}?" if close else "")) from None
     except (OSError, ValueError) as exc:
         raise FormatError(path, f"unreadable run manifest ({exc})") from None
     problem = run_manifest_problem(manifest)
@@ -274,6 +374,20 @@ def read_run_manifest(submissions_dir: Path | str, run_id: str) -> dict[str, Any
     return manifest
 
 
+def recorded_folder(manifest: Mapping[str, Any], field: str, given: Path | str | None = None) -> Path:
+    """``given`` when not None (the folder moved), else the folder a run manifest records under ``field``
+    (``work_dir``, ``data_root``); a PipelineError naming the run and the option to pass when it records
+    none (a manifest edited by hand, or of an early version): never a KeyError."""
+    if given is not None:
+        return Path(given)
+    value = manifest.get(field)
+    if not isinstance(value, str) or not value:
+        what = "work dir (where its stages are)" if field == "work_dir" else field.replace("_", " ")
+        raise PipelineError(f"run {manifest.get('run_id') or '?'}: its manifest records no {what}; pass "
+                            f"--{field.replace('_', '-')}")
+    return Path(value)
+
+
 def training_stage_dir(ref: Mapping[str, Any], manifest: Mapping[str, Any], work_dir: Path | str | None = None) -> Path:
     """The work dir holding a training stage that a run manifest names (``ref``, one of its
     ``stages.<collection>.train`` entries): ``work_dir`` when given (the cache moved), else the folder
@@ -281,7 +395,7 @@ def training_stage_dir(ref: Mapping[str, Any], manifest: Mapping[str, Any], work
     else the run's own work dir."""
     if work_dir is not None:
         return Path(work_dir)
-    return Path(ref.get("work_dir") or manifest["work_dir"])
+    return Path(ref["work_dir"]) if ref.get("work_dir") else recorded_folder(manifest, "work_dir")
 
 
 def training_stage_dirs(ref: Mapping[str, Any], manifest: Mapping[str, Any],
@@ -347,7 +461,7 @@ def remove_run_folder(submissions_dir: Path | str, run_id: str, *, force: bool =
     if (run_dir / "submitted.json").exists() and not force:
         raise PipelineError(f"run {run_id} was submitted to Kaggle (see {run_dir / 'submitted.json'}); "
                             "refusing to remove it without --force")
-    trash = submissions_dir / f".rm-{run_id}-{os.getpid()}"
+    trash = submissions_dir / f"{TRASH_PREFIX}rm-{run_id}-{os.getpid()}"  # tidy_submissions reclaims it
     os.rename(run_dir, trash)
     shutil.rmtree(trash, ignore_errors=True)
     logger.info(f"removed run folder {run_dir} (its stages stay in the work dir)")

@@ -37,6 +37,7 @@ COLLECTION_LABELS = {
     "layout:nlp:random": "nlp:rnd",
 }
 SORT_KEYS = ("date", "score", "lb", "wall", "id")
+COMPACT_WIDTH = 100  # the default `runs list` fits a terminal this wide; --wide shows every column
 
 
 # ----------------------------------------------------------------------------- pure parts
@@ -218,10 +219,50 @@ def _submitted(row: dict[str, Any]) -> str:
         if len(row["submitted"]) > 1 else (last.get("submitted_at") or "yes")[:16].replace("T", " ")
 
 
-def format_runs(rows: list[dict[str, Any]]) -> str:
-    """The leaderboard as a text table: one line per run."""
+def _compact_columns(rows: list[dict[str, Any]], width: int) -> tuple[list[tuple[str, list[str], bool]], list[str]]:
+    """The columns of the compact table, ``(header, cells, numeric)`` in display order, and the headers of
+    optional columns left out because they did not fit in ``width``. The run-id and the scores always show;
+    then, while they fit and in this order of priority: KIND (when a row is not a plain run), PUBLIC LB
+    (when a run has one), NAME (when a run has one) and MODELS; a name or models cell longer than the room
+    left is cut (``~``), to no fewer than 4 characters."""
+    scores = [(label, [_cell(r["collections"].get(c)) for r in rows], True) for c, label in COLLECTION_LABELS.items()]
+    combined = [_cell(r["combined"]) + ("" if r["complete"] or r["combined"] is None else "*") for r in rows]
+    fixed = [("RUN", [r["run_id"] for r in rows], False), *scores, ("COMBINED", combined, True)]
+    optional = []  # (header, cells, numeric, may be cut)
+    if any(r["kind"] != "run" for r in rows):
+        optional.append(("KIND", [r["kind"] for r in rows], False, False))
+    if any(r.get("public_lb_cell", "-") != "-" for r in rows):
+        optional.append(("PUBLIC LB", [r.get("public_lb_cell", "-") for r in rows], True, False))
+    if any(r.get("name") for r in rows):
+        optional.append(("NAME", [r.get("name") or "-" for r in rows], False, True))
+    optional.append(("MODELS", [",".join(r["models"]) or "-" for r in rows], False, True))
+
+    def span(header: str, cells: list[str]) -> int:
+        return max(len(header), *(len(c) for c in cells))
+
+    used = sum(span(h, cells) for h, cells, _ in fixed) + 2 * (len(fixed) - 1)
+    shown, left_out = {h: (h, cells, numeric) for h, cells, numeric in fixed}, []
+    for header, cells, numeric, cut in optional:
+        room = width - used - 2  # two spaces before the column
+        if cut and max(4, len(header)) <= room < span(header, cells):
+            cells = [c if len(c) <= room else c[:room - 1] + "~" for c in cells]
+        if span(header, cells) > room:
+            left_out.append(header)
+            continue
+        shown[header] = (header, cells, numeric)
+        used += span(header, cells) + 2
+    order = ["RUN", "KIND", "MODELS", *COLLECTION_LABELS.values(), "COMBINED", "PUBLIC LB", "NAME"]
+    return [shown[h] for h in order if h in shown], left_out
+
+
+def format_runs(rows: list[dict[str, Any]], wide: bool = False, width: int = COMPACT_WIDTH) -> str:
+    """The leaderboard as a text table: one line per run. By default the columns that fit in ``width``
+    (:func:`_compact_columns`); ``wide``: every column (data root, seeds, folds, wall time, submitted,
+    the config's difference from base, the note)."""
     if not rows:
         return "no runs"
+    if not wide:
+        return _format_compact(rows, width)
     header = ["RUN", "CREATED", "KIND", "DATA ROOT", "MODELS", *COLLECTION_LABELS.values(), "COMBINED", "PUBLIC LB",
               "SEEDS", "FOLDS", "WALL", "SUBMITTED", "NAME", "DIFFERS FROM BASE", "SAME", "NOTE"]
     table = [header]
@@ -255,6 +296,26 @@ def format_runs(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines + notes)
 
 
+def _format_compact(rows: list[dict[str, Any]], width: int) -> str:
+    import textwrap
+
+    columns, left_out = _compact_columns(rows, width)
+    widths = [max(len(header), *(len(c) for c in cells)) for header, cells, _ in columns]
+    table = [[header for header, _, _ in columns], *([cells[i] for _, cells, _ in columns] for i in range(len(rows)))]
+    lines = ["  ".join(cell.rjust(w) if numeric else cell.ljust(w)
+                       for cell, w, (_, _, numeric) in zip(line, widths, columns)).rstrip() for line in table]
+    notes = ["scores: ensemble out-of-fold CV (tile: top-5 slowdown, layout: Kendall tau); COMBINED: their mean"]
+    if any(not r["complete"] and r["combined"] is not None for r in rows):
+        notes.append("*: not all five collections, the mean of those present")
+    if any(r["kind"] == "predict" for r in rows):
+        notes.append("predict runs show the CV of the run whose models they used")
+    if any(r.get("reruns") for r in rows):
+        notes.append(f"{sum(len(r['reruns']) for r in rows)} cached rerun(s) of these results not listed (--all)")
+    hidden = [*left_out, "DATA ROOT", "SEEDS", "FOLDS", "WALL", "SUBMITTED", "DIFFERS FROM BASE", "NOTE"]
+    notes.append(f"--wide adds {', '.join(hidden)}")
+    return "\n".join(lines + [line for note in notes for line in textwrap.wrap(note, width)])
+
+
 def _model_scores(manifest: Mapping[str, Any]) -> dict[tuple[str, str], dict[str, float | None]]:
     """(collection, model) -> {"cv": mean over seeds, "std": std over seeds, "blend": seed-averaged}."""
     out: dict[tuple[str, str], dict[str, float | None]] = {}
@@ -280,19 +341,61 @@ def config_difference(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[tuple[
     return diff
 
 
-def compare_runs(a_id: str, a: Mapping[str, Any], b_id: str, b: Mapping[str, Any]) -> str:
-    """Side by side: CV score per collection and model (A, B, B - A), combined, then the config diff."""
+def _model_sections() -> set[str]:
+    from pipelines.config.registry import model_sections  # the config layer: dataclasses only, no torch
+
+    return {name for name, _ in model_sections()}
+
+
+def used_settings_difference(a: Mapping[str, Any], b: Mapping[str, Any]) -> tuple[list[tuple[str, Any, Any]], list[str]]:
+    """The config difference of two run manifests over the settings both runs used: a model's section
+    (``gnn.*``) counts only when both trained that model (when one did, ``models`` differ already).
+    Returns the differences (``data_root`` and ``models`` first when they differ) and, per model section
+    left out, a line saying how many of its settings differ and why they are not listed."""
+    diff = config_difference(a.get("config") or {}, b.get("config") or {})
+    trained_a = {str(m).split(":", 1)[0] for m in a.get("models") or []}
+    trained_b = {str(m).split(":", 1)[0] for m in b.get("models") or []}
+    sections, kept, left_out = _model_sections(), [], {}
+    for key, va, vb in diff:
+        section = key.split(".", 1)[0]
+        if section in sections and not (section in trained_a and section in trained_b):
+            left_out[section] = left_out.get(section, 0) + 1
+        else:
+            kept.append((key, va, vb))
+    if a.get("models") != b.get("models"):
+        kept.insert(0, ("models", a.get("models"), b.get("models")))
+    if a.get("data_root") != b.get("data_root"):
+        kept.insert(0, ("data_root", a.get("data_root"), b.get("data_root")))
+    notes = []
+    for section, count in left_out.items():
+        who = ("neither run trains" if section not in trained_a | trained_b
+               else f"only {'A' if section in trained_a else 'B'} trains")
+        notes.append(f"{count} {section}.* setting(s) differ but are not listed: {who} {section}")
+    return kept, notes
+
+
+def compare_runs(a_id: str, a: Mapping[str, Any], b_id: str, b: Mapping[str, Any], *,
+                 differences: bool = True, notes: Iterable[str] = ()) -> str:
+    """Side by side: CV score per collection and model (A, B and, with ``differences``, B - A: left out
+    when the paired tests follow, which carry the one figure per difference), combined, then the
+    difference of the settings both runs used (:func:`used_settings_difference`). ``notes``: lines
+    after the header (a predict run compared by its source run)."""
     sa, sb = _model_scores(a), _model_scores(b)
     collections = list(dict.fromkeys([c for c, _ in sa] + [c for c, _ in sb]))
     lines = [f"A = {a_id} ({a.get('kind', 'run')}, {a.get('created', '?')}, data root {a.get('data_root')})",
-             f"B = {b_id} ({b.get('kind', 'run')}, {b.get('created', '?')}, data root {b.get('data_root')})", ""]
-    header = f"{'collection':<20} {'model':<28} {'A mean +- std':>18} {'B mean +- std':>18} {'B - A':>8}"
-    lines.append(header)
+             f"B = {b_id} ({b.get('kind', 'run')}, {b.get('created', '?')}, data root {b.get('data_root')})",
+             *notes, ""]
+    header = f"{'collection':<20} {'model':<28} {'A mean +- std':>18} {'B mean +- std':>18}"
+    lines.append(header + (f" {'B - A':>8}" if differences else ""))
 
     def both(value: dict | None) -> str:
         if not value or value["cv"] is None:
             return "-"
         return f"{value['cv']:.4f}" + (f" +- {value['std']:.4f}" if value["std"] is not None else "")
+
+    def line(cname: str, model: str, va: str, vb: str, delta: float | None) -> str:
+        text = f"{cname:<20} {model:<28} {va:>18} {vb:>18}"
+        return text + (f" {'-' if delta is None else f'{delta:+.4f}':>8}" if differences else "")
 
     for cname in collections:
         models = list(dict.fromkeys([m for c, m in sa if c == cname and m != "ensemble"]
@@ -300,31 +403,48 @@ def compare_runs(a_id: str, a: Mapping[str, Any], b_id: str, b: Mapping[str, Any
         for model in models:
             va, vb = sa.get((cname, model)), sb.get((cname, model))
             delta = (vb["cv"] - va["cv"]) if va and vb and va["cv"] is not None and vb["cv"] is not None else None
-            lines.append(f"{cname:<20} {model:<28} {both(va):>18} {both(vb):>18} "
-                         f"{'-' if delta is None else f'{delta:+.4f}':>8}")
+            lines.append(line(cname, model, both(va), both(vb), delta))
     ca, cb = (a.get("combined_oof") or {}), (b.get("combined_oof") or {})
     for model in dict.fromkeys([*ca, *cb]):
         va, vb = _number((ca.get(model) or {}).get("value")), _number((cb.get(model) or {}).get("value"))
         delta = vb - va if va is not None and vb is not None else None
-        lines.append(f"{'combined':<20} {model:<28} {_cell(va):>18} {_cell(vb):>18} "
-                     f"{'-' if delta is None else f'{delta:+.4f}':>8}")
+        lines.append(line("combined", model, _cell(va), _cell(vb), delta))
+    if not differences:
+        lines.append("(B - A, with its interval: the paired tests below)")
     lines.append("")
-    diff = config_difference(a.get("config") or {}, b.get("config") or {})
-    if a.get("models") != b.get("models"):
-        diff.insert(0, ("models", a.get("models"), b.get("models")))
-    if a.get("data_root") != b.get("data_root"):
-        diff.insert(0, ("data_root", a.get("data_root"), b.get("data_root")))
+    diff, left_out = used_settings_difference(a, b)
     if not diff:
-        lines.append("config: identical")
+        lines.append("config: identical" + (" in the settings both runs used" if left_out else ""))
     else:
         lines.append(f"config differences ({len(diff)}):")
         width = max(len(k) for k, _, _ in diff)
         for key, va, vb in diff:
             lines.append(f"  {key:<{width}}  A {json.dumps(va, default=str)}  B {json.dumps(vb, default=str)}")
+    lines += [f"  ({note})" for note in left_out]
     return "\n".join(lines)
 
 
 # ----------------------------------------------------------------------------- I/O shell
+
+
+def compared_run(submissions_dir: Path | str, run_id: str, manifest: Mapping[str, Any]) -> tuple[str, Mapping[str, Any], str]:
+    """The run whose scores stand for ``run_id`` in ``runs compare``, its manifest, and a note (or ""): a
+    predict run ranked new graphs with another run's fold models and has no out-of-fold predictions of
+    its own, so it is compared by that source run."""
+    from pipelines.outputs.run_folders import read_run_manifest
+
+    if manifest.get("kind") != "predict":
+        return run_id, manifest, ""
+    source = manifest.get("source_run")
+    if not source:
+        raise PipelineError(f"run {run_id} is a predict run that names no source run: it has no scores to compare")
+    try:
+        source_manifest = read_run_manifest(submissions_dir, source)
+    except PipelineError as exc:
+        raise PipelineError(f"run {run_id} is a predict run of {source}, whose scores it would be compared by: "
+                            f"{exc}") from None
+    return source, source_manifest, (f"{run_id} is a predict run (it ranked {manifest.get('data_root')} with the "
+                                     f"fold models of {source}): compared by {source}'s scores")
 
 
 def read_manifest(run_dir: Path) -> dict[str, Any] | None:

@@ -11,10 +11,14 @@ under every sign vector (all ``2^n`` of them up to :data:`EXACT_MAX_GRAPHS` grap
 same test does not reject for ``d - delta``, so the interval holds 0 exactly when the test does not
 reject: the verdict and the interval never disagree. With fewer than 6 graphs no sign vector is rare
 enough (2/2^5 > 5%) and the verdict says so. Exact ties (``d_g = 0``: tile graphs whose top-5 both
-runs got alike) carry no sign at shift 0 but do at any other shift, so with many of them an end of
-the interval sits close to 0 (the interval is the test's inversion under a constant shift); the
-p-value at 0, and so the verdict, is unaffected. Weights make it stratified: the combined score (mean of
-the collection means) gives each graph ``1 / (collections * graphs of its collection)``.
+runs got alike) carry no sign at shift 0 but do at any other shift, so the shifts the test does not
+reject can be a range beside 0 plus 0 itself; the interval is the smallest one holding them all (0
+included whenever the p-value at 0 is at least the level), so interval, p-value and verdict come from
+one computation and agree. Weights make it stratified: the combined score (mean of the collection
+means) gives each graph ``1 / (collections * graphs of its collection)``.
+
+Every test takes its level ``alpha`` (default 5%): ``runs compare`` tests its secondary rows at a
+Bonferroni-corrected level, and the interval is then the ``1 - alpha`` one.
 
 Over seeds (:func:`seed_difference`): the per-seed scores of the two runs are independent samples;
 Welch's interval of the difference of their means (2 seeds or more on each side).
@@ -60,12 +64,12 @@ class Difference:
         return f"{self.mean:+.4f} 95% {interval} p={self.p_value:.3f} n={self.n}: {self.verdict}"
 
 
-def _verdict(low: float, high: float, rejectable: bool, p_value: float) -> str:
+def _verdict(low: float, high: float, rejectable: bool, p_value: float, alpha: float = ALPHA) -> str:
     if not rejectable:
-        return f"{NO_DIFFERENCE} (too few pairs to detect any)"
-    if p_value < ALPHA and low > 0:
+        return f"{NO_DIFFERENCE} (too few pairs to detect any" + (")" if alpha == ALPHA else f" at {alpha:.2%})")
+    if p_value < alpha and low > 0:
         return B_BETTER
-    if p_value < ALPHA and high < 0:
+    if p_value < alpha and high < 0:
         return A_BETTER
     return NO_DIFFERENCE
 
@@ -81,8 +85,9 @@ def sign_matrix(n: int, seed: int = 0) -> np.ndarray:
 
 
 def paired_difference(a: Sequence[float], b: Sequence[float], weights: Sequence[float] | None = None, *,
-                      seed: int = 0) -> Difference:
-    """Sign-flip test and inverted-test 95% interval of the (weighted) mean of ``b - a`` (see module).
+                      seed: int = 0, alpha: float = ALPHA) -> Difference:
+    """Sign-flip test at level ``alpha`` and inverted-test ``1 - alpha`` interval of the (weighted) mean
+    of ``b - a`` (see module).
 
     ``a``, ``b``: per-graph scores, aligned; pairs with a NaN are left out. ``weights`` (default equal)
     are renormalised over the pairs kept. ``seed`` only matters above EXACT_MAX_GRAPHS pairs.
@@ -107,9 +112,9 @@ def paired_difference(a: Sequence[float], b: Sequence[float], weights: Sequence[
         return float(np.mean(stats >= abs(observed - delta) - _TOLERANCE * (1 + abs(observed - delta))))
 
     p_value = p_at(0.0)
-    rejectable = 2.0 / signs.shape[0] < ALPHA if n <= EXACT_MAX_GRAPHS else True
+    rejectable = (2.0 if n <= EXACT_MAX_GRAPHS else 1.0) / signs.shape[0] < alpha  # the smallest p-value there is
     if not rejectable:
-        return Difference(observed, math.nan, math.nan, p_value, n, _verdict(0, 0, False, p_value),
+        return Difference(observed, math.nan, math.nan, p_value, n, _verdict(0, 0, False, p_value, alpha),
                           "sign-flip (graphs)")
     spread = float(np.max(np.abs(d - observed))) or 0.0
 
@@ -117,11 +122,11 @@ def paired_difference(a: Sequence[float], b: Sequence[float], weights: Sequence[
         """The interval's end on one side: bisection between the mean (never rejected) and a shift
         every sign vector but the two constant ones reject."""
         inside, outside = observed, observed + direction * (spread + 1e-12)
-        if p_at(outside) >= ALPHA:  # cannot happen with n >= 6, kept for safety
+        if p_at(outside) >= alpha:  # cannot happen once rejectable, kept for safety
             return outside
         for _ in range(60):
             middle = (inside + outside) / 2
-            if p_at(middle) >= ALPHA:
+            if p_at(middle) >= alpha:
                 inside = middle
             else:
                 outside = middle
@@ -130,12 +135,15 @@ def paired_difference(a: Sequence[float], b: Sequence[float], weights: Sequence[
         return inside
 
     low, high = edge(-1.0), edge(+1.0)
-    return Difference(observed, low, high, p_value, n, _verdict(low, high, True, p_value), "sign-flip (graphs)")
+    if p_value >= alpha:  # 0 is not rejected: it belongs to the interval (ties can leave it beside the range)
+        low, high = min(low, 0.0), max(high, 0.0)
+    return Difference(observed, low, high, p_value, n, _verdict(low, high, True, p_value, alpha),
+                      "sign-flip (graphs)")
 
 
-def seed_difference(a: Sequence[float], b: Sequence[float]) -> Difference:
-    """Welch's 95% interval and two-sided p-value of ``mean(b) - mean(a)`` over independent per-seed
-    scores; fewer than 2 seeds on a side: no test (verdict says so)."""
+def seed_difference(a: Sequence[float], b: Sequence[float], alpha: float = ALPHA) -> Difference:
+    """Welch's ``1 - alpha`` interval and two-sided p-value of ``mean(b) - mean(a)`` over independent
+    per-seed scores; fewer than 2 seeds on a side: no test (verdict says so)."""
     from scipy import stats
 
     a = np.asarray([v for v in a if v is not None and math.isfinite(v)], dtype=np.float64)
@@ -153,7 +161,7 @@ def seed_difference(a: Sequence[float], b: Sequence[float]) -> Difference:
         verdict = NO_DIFFERENCE if mean == 0 else (B_BETTER if mean > 0 else A_BETTER)
         return Difference(mean, mean, mean, 0.0 if mean else 1.0, n, verdict, "Welch (seeds)")
     dof = (va + vb) ** 2 / ((va ** 2 / (a.shape[0] - 1)) + (vb ** 2 / (b.shape[0] - 1)))
-    half = float(stats.t.ppf(1 - ALPHA / 2, dof)) * se
+    half = float(stats.t.ppf(1 - alpha / 2, dof)) * se
     p_value = float(2 * stats.t.sf(abs(mean) / se, dof))
     low, high = mean - half, mean + half
-    return Difference(mean, low, high, p_value, n, _verdict(low, high, True, p_value), "Welch (seeds)")
+    return Difference(mean, low, high, p_value, n, _verdict(low, high, True, p_value, alpha), "Welch (seeds)")

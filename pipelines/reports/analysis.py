@@ -546,10 +546,10 @@ def run_outputs(submissions_dir: Path | str, run_id: str, work_dir: Path | str |
     """Load the training, ensemble and prune outputs of a run from its ``manifest.json``
     (``work_dir`` overrides the work dir the run recorded, e.g. after moving the cache)."""
     from pipelines.training.ensemble import ENSEMBLE_STAGE
-    from pipelines.outputs.run_folders import load_named_stage, read_run_manifest, training_stage_dir
+    from pipelines.outputs.run_folders import load_named_stage, read_run_manifest, recorded_folder, training_stage_dir
 
     manifest = read_run_manifest(submissions_dir, run_id)
-    root = Path(work_dir) if work_dir is not None else Path(manifest["work_dir"])
+    root = recorded_folder(manifest, "work_dir", work_dir)
     trained, ensemble, prune = {}, {}, {}
     for collection, stages in manifest["stages"].items():
         def saved(where: Path, stage: str, key: str, what: str) -> StageOutput:  # gone, or why not usable
@@ -584,7 +584,7 @@ def hidden_label_weight_curve(predictions: Mapping[str, pl.DataFrame], data_root
     from pipelines.core.collection import parse_collection
     from pipelines.training.ensemble import AVERAGED, blend, prepare_model_scores
     from pipelines.flows.evaluate import evaluate_rows, require_sidecar
-    from pipelines.flows.run import submission_rows
+    from pipelines.flows.scores import submission_rows
 
     first, second = _two_model_blend("hidden_label_weight_curve", predictions, weights)
     require_sidecar(data_root)

@@ -98,6 +98,7 @@ LABELS_DIR = "labels"  # the hidden-label sidecar, a sibling of npz_all/
 LABELS_MARKER = "labels.json"
 LABELS_VERSION = 1
 SYNTH_GENERATOR = "pipelines.synth"
+RECORDS_GENERATOR = "pipelines.records"  # the label record of a data root `records` wrote (real measurements)
 OUTSIDE_VERSION = 1  # the label-record version a world of another generator writes
 PROGRAMS_FILE = "programs.json"  # such a world's program kind per graph, next to labels.json
 PROGRAM_KINDS = ("cnn", "rnn", "transformer", "mlp")
@@ -569,9 +570,11 @@ def read_labels_marker(root: Path | str) -> dict | None:
 
 
 def is_outside_world(marker: object) -> bool:
-    """Whether a label record comes from a generator other than ``synth`` (its programs are then listed in
-    ``labels/programs.json`` rather than rebuilt from the record)."""
-    return isinstance(marker, dict) and marker.get("generator", SYNTH_GENERATOR) != SYNTH_GENERATOR
+    """Whether a label record comes from a world generator other than ``synth`` (its programs are then
+    listed in ``labels/programs.json`` rather than rebuilt from the record); ``records``' data roots of
+    real measurements are no such world."""
+    return isinstance(marker, dict) and marker.get("generator", SYNTH_GENERATOR) not in (SYNTH_GENERATOR,
+                                                                                         RECORDS_GENERATOR)
 
 
 def _outside_marker_problem(marker: dict) -> str | None:
@@ -641,6 +644,15 @@ def _marker_problem(marker: object) -> str | None:
 
     if not isinstance(marker, dict):
         return f"expected a JSON object, got {type(marker).__name__}"
+    if marker.get("generator") == RECORDS_GENERATOR:  # measured labels of tuning records (pipelines.flows.records)
+        names = marker.get("collections")
+        if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+            return f"collections {names!r} is not a list of collection names"
+        try:
+            parse_collections(names) if names else None
+        except ConfigError as exc:
+            return f"collections: {exc}"
+        return None
     if marker.get("scale") not in SCALES:
         return f"scale {marker.get('scale')!r} is not one of {', '.join(SCALES)}"
     if not whole(marker.get("seed"), 0, 2**32):
@@ -722,6 +734,8 @@ def program_families(root: Path | str) -> dict[tuple[str, str], Family | Program
     marker = read_labels_marker(root)
     if marker is None:
         raise FormatError(Path(root) / LABELS_DIR / LABELS_MARKER, "no label record: not a synthetic world")
+    if marker.get("generator") == RECORDS_GENERATOR:
+        return {}  # a data root of tuning records: its programs are no synthetic family
     if is_outside_world(marker):
         return read_program_record(root, marker)
     chosen = parse_collections(marker["collections"])

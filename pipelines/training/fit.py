@@ -46,11 +46,12 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import polars as pl
 
+from pipelines.core.atomic import make_folder
 from pipelines.core.collection import LABELLED, Collection
 from pipelines.config.settings import PipelineConfig
 from pipelines.core.engine import Code, StageOutput, file_sha256, rename_if_free, write_json_atomic
@@ -59,7 +60,7 @@ from pipelines.core.errors import PipelineError
 from pipelines.core.machine import available_cores, available_memory
 from pipelines.models.contract import ModelAdapter, Ranker
 from pipelines.config.registry import adapter_module, get_adapter
-from pipelines.core.parallel import JobPool
+from pipelines.core.parallel import JobPool, quiet_worker_replacement
 from pipelines.core.predictions import PREDICTION_SCHEMA, prediction_frame
 from pipelines.core.progress import format_duration
 from pipelines.core.stages import Stage, StageCall, run_declared
@@ -296,7 +297,7 @@ def save_fold_result(result: FoldResult, partial: Path) -> bool:
     """
     name = fold_job_name(result.fold, result.seed)
     try:
-        partial.mkdir(parents=True, exist_ok=True)
+        make_folder(partial)  # made again if a concurrent run removes it meanwhile
         work = Path(tempfile.mkdtemp(prefix=f".tmp-{name}-", dir=partial))
     except FileNotFoundError:
         return False
@@ -577,10 +578,8 @@ def _run_folds(adapter: ModelAdapter, prepared: Any, collection: Collection, set
     curves = [r.curves for r in results if r.curves is not None]
     if curves:
         _write_parquet(pl.concat(curves).cast(CURVES_SCHEMA), folder / CURVES_FILE)
+    # fold models that stopped at the epoch cap: the run says so once, for all stages (epoch_cap_notes)
     capped = [bool(r.facts["stopped_at_cap"]) for r in results if "stopped_at_cap" in r.facts]
-    if capped and any(capped):
-        logger.warning(f"warning: {tag}: {sum(capped)} of {len(capped)} fold models stopped at the epoch cap "
-                       f"(epochs = {settings.get('epochs')}): they may not have converged (curves in {CURVES_FILE})")
     saved_models = {}
     for r in results:
         (folder / MODELS_DIR).mkdir(exist_ok=True)
@@ -615,22 +614,46 @@ def _quiet_loky() -> None:
     """Keep loky's routine notices out of the log: it replaces a worker that its memory-leak check
     retired between two fold jobs (the jobs are resubmitted, nothing is lost) and, without ``lscpu``,
     warns that it counts logical cores, which is what ``available_cores`` gives it anyway."""
-    import warnings
-
-    given = os.environ.get("LOKY_MAX_CPU_COUNT")
-    if given is not None and not (given.strip().isdigit() and int(given) > 0):
-        # loky itself would end in a ValueError traceback on it
-        logger.warning(f"LOKY_MAX_CPU_COUNT={given!r} is not a positive integer; using {available_cores()}")
-        given = None
-    if given is None:
-        os.environ["LOKY_MAX_CPU_COUNT"] = str(available_cores())
-    warnings.filterwarnings("ignore", message="A worker stopped while some jobs were given to the executor",
-                            category=UserWarning)
+    quiet_worker_replacement()  # also a LOKY_MAX_CPU_COUNT loky cannot read: replaced, with a warning
+    os.environ.setdefault("LOKY_MAX_CPU_COUNT", str(available_cores()))
 
 
 def _write_parquet(frame: pl.DataFrame, path: Path) -> None:
     # The stage folder is private until the engine renames it into place, so a direct write is atomic.
     frame.write_parquet(path)
+
+
+def epoch_cap_notes(outputs: Sequence[StageOutput], base_epochs: Callable[[str, str], int | None]) -> list[tuple[int, str]]:
+    """What the training stages ``outputs`` of one run say about fold models that stopped at their epoch
+    cap, once for the run: ``(logging level, message)`` per model. ``base_epochs(model, collection)`` is
+    the base config's cap. Under a config whose cap is below base's (demo, quick) running every epoch is
+    the shortened schedule doing what it was chosen for (an INFO note); at base's cap or above, early
+    stopping never ended those fits and they may not have converged (a WARNING)."""
+    groups: dict[tuple[str, bool], list[tuple[str, dict]]] = {}
+    for output in outputs:
+        cap, m = output.metrics.get("epoch_cap"), output.metrics
+        if not cap or not cap.get("at_cap"):
+            continue
+        base = base_epochs(m["model"], m["collection"])
+        shortened = base is not None and cap["epochs"] < base
+        groups.setdefault((m["model"], shortened), []).append((m["collection"], cap | {"base": base}))
+    notes = []
+    for (model, shortened), stages in groups.items():
+        at_cap, total = sum(c["at_cap"] for _, c in stages), sum(c["fold_models"] for _, c in stages)
+        where = f"{len(stages)} collection{'s' if len(stages) > 1 else ''} ({', '.join(n for n, _ in stages)})"
+        epochs = sorted({c["epochs"] for _, c in stages})
+        cap_text = f"{model}.epochs = {epochs[0]}" + (f" to {epochs[-1]}" if len(epochs) > 1 else "")
+        if shortened:
+            bases = sorted({c["base"] for _, c in stages})
+            notes.append((logging.INFO, f"{model}: {at_cap} of {total} fold models in {where} trained every epoch "
+                                        f"this config allows ({cap_text}; base: {'/'.join(map(str, bases))}): "
+                                        "expected of a shortened schedule; their scores are a short fit's"))
+        else:
+            notes.append((logging.WARNING, f"warning: {model}: {at_cap} of {total} fold models in {where} stopped at "
+                                           f"the epoch cap ({cap_text}) before early stopping ended them: they may "
+                                           f"not have converged; the training curves (report.html) show whether "
+                                           f"a larger {model}.epochs would help"))
+    return notes
 
 
 def format_summary(output: StageOutput) -> str:

@@ -24,6 +24,7 @@ from pipelines.config.gnn import GNNConfig
 from pipelines.data.node_arrays import GraphArrays
 
 MODEL_FORMAT = 2  # 2: saved by name into a folder, config resolved for its collection
+WALL_TIME_KEYS = ("seconds", "valid_seconds")  # per-epoch history entries left out of a saved model file
 
 
 @contextlib.contextmanager
@@ -172,9 +173,12 @@ class GNNRanker:
         """Write the fitted ranker (config, dims, weights, history) atomically as ``<name>.pt``."""
         self._check_fitted()
         path = Path(folder) / f"{name}.pt"
+        # the history without its wall times (they are in the stage's metrics): the file is then a function of
+        # what was learned, the same bytes for a fold trained straight through or resumed from a checkpoint
+        history = [{k: v for k, v in epoch.items() if k not in WALL_TIME_KEYS} for epoch in self.history_]
         atomic_torch_save({
             "format": MODEL_FORMAT, "config": config_to_dict(self.config), "collection": self.collection.name,
-            "kind": self.kind_, "node_feat_dim": self.node_feat_dim_, "history": self.history_,
+            "kind": self.kind_, "node_feat_dim": self.node_feat_dim_, "history": history,
             "best_score": self.best_score_,
             "model": {key: value.cpu() for key, value in self.model_.state_dict().items()},  # loads anywhere
         }, path)

@@ -15,15 +15,16 @@ import os
 import sys
 import tempfile
 import time
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import torch
 from torch import nn
 
-from pipelines.core.atomic import write_text_atomic
+from pipelines.core.atomic import make_folder, write_text_atomic
 from pipelines.core.errors import ConfigError, FormatError
 from pipelines.core.metric import kendall_tau_b, tile_score, tile_top_k
 from pipelines.models.gnn.batch import GraphBatch, PreparedGraph, collate, gather_configs
@@ -218,15 +219,37 @@ class TrainState:
 
 
 def atomic_torch_save(obj: dict, path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
+    """``torch.save`` to ``path`` through a temporary file and a rename; equal objects give equal bytes.
+
+    Serialised in memory first: to a file, torch names the records of its zip archive after the file
+    (here the random temporary name); to a buffer, they are always ``archive/...``. And every string is
+    interned first: pickle writes a string it has seen as a back-reference only when it is the same
+    object, so a history whose first epochs came back from a checkpoint (their keys unpickled, not the
+    interned literals of the epochs trained since) would otherwise pickle to other bytes."""
+    import io
+
+    buffer = io.BytesIO()
+    torch.save(_interned(obj), buffer)
+    make_folder(path.parent)  # inside a training stage's fold folder, which a concurrent run may remove
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
-    os.close(fd)
     try:
-        torch.save(obj, tmp)
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(buffer.getbuffer())
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def _interned(value: Any) -> Any:
+    """``value`` with every string of its dicts, lists and tuples interned (tensors and numbers as they are)."""
+    if type(value) is str:
+        return sys.intern(value)
+    if type(value) in (dict, OrderedDict):
+        return type(value)((_interned(k), _interned(v)) for k, v in value.items())
+    if type(value) in (list, tuple):
+        return type(value)(_interned(v) for v in value)
+    return value
 
 
 def save_checkpoint(path: Path, fingerprint: str, model: nn.Module, optimizer, scheduler, state: TrainState,
