@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import json
 import logging
+import multiprocessing
 import time
 from collections.abc import Iterable
 from concurrent.futures import ProcessPoolExecutor
@@ -403,7 +404,8 @@ def generate_lowered_world(out: Path | str, *, scale: str, seed: int, family: st
             rows += _run_job(*args, job)
             progress.step()
     else:
-        with ProcessPoolExecutor(max_workers=jobs) as pool:
+        # spawned, not forked: this process has run jax (its threads do not survive a fork)
+        with ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
             for result in pool.map(_run_job, *([a] * len(todo) for a in args), todo, chunksize=1):
                 rows += result
                 progress.step()
