@@ -19,8 +19,9 @@ come from the chosen cost family (:mod:`pipelines.synth.families`) on the priced
 with ``synth``'s measurement noise, benchmark loop and duplicate handling.
 
 The sidecar: ``labels/npz/...`` as ``synth``'s, ``labels/labels.json`` (``generator``
-``pipelines.synth.lowered``) and ``labels/programs.json`` (collection -> stem -> program kind and
-architecture), which ``evaluate`` reads for its per-family table. Each file's randomness comes from
+``pipelines.synth.lowered``), ``labels/programs.json`` (collection -> stem -> program kind and
+architecture), which ``evaluate`` reads for its per-family table, and ``labels/defaults.json`` (each
+layout graph's row of the all -1 config: the compiler's own choice, :meth:`DataRoot.defaults`). Each file's randomness comes from
 ``(seed, collection, split, index)``; the programs come from the lowering cache, keyed by package
 versions, so the same arguments and packages give the same bytes.
 """
@@ -35,7 +36,7 @@ from collections.abc import Iterable
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -44,7 +45,7 @@ from pipelines.core.collection import ALL_COLLECTIONS, SPLITS, TILE_XLA, Collect
 from pipelines.core.engine import fingerprint
 from pipelines.core.errors import ConfigError
 from pipelines.core.progress import Progress
-from pipelines.data.root import DataRoot
+from pipelines.data.root import DEFAULTS_FILE, DataRoot
 from pipelines.data.tpugraphs import LayoutGraph, TileGraph, save_graph
 from pipelines.synth import costmodel, searches
 from pipelines.synth.families import REFERENCE, CostFamily, load_family
@@ -296,9 +297,20 @@ class _Job:
     tile: tuple[TileFile, ...] = ()
 
 
-def _run_job(out: str, cache_dir: str, scale_name: str, seed: int, family_name: str,
-             job: _Job) -> list[tuple[str, str, str, int, int, int]]:
-    """Write the job's files and labels; returns (collection, split, stem, nodes, configurable, configs) each."""
+class Written(NamedTuple):
+    """One file a job wrote."""
+
+    collection: str
+    split: str
+    stem: str
+    nodes: int
+    configurable: int
+    configs: int
+    default: int | None  # the row of the compiler's own config (layout: all -1), None where unknown (tile)
+
+
+def _run_job(out: str, cache_dir: str, scale_name: str, seed: int, family_name: str, job: _Job) -> list[Written]:
+    """Write the job's files and labels."""
     family = load_family(family_name)
     arch = job.arch
     rows = []
@@ -309,8 +321,9 @@ def _run_job(out: str, cache_dir: str, scale_name: str, seed: int, family_name: 
             graph, labels = make_layout_graph(featurized, priced, file, seed, SCALES[scale_name], family)
             collection = parse_collections(file.collection)[0]
             _write(Path(out), collection, file.split, file.stem, graph, labels)
-            rows.append((file.collection, file.split, file.stem, graph.num_nodes,
-                         int(graph.node_config_ids.shape[0]), graph.num_configs))
+            default = int(np.flatnonzero((np.asarray(graph.node_config_feat) == -1).all(axis=(1, 2)))[0])
+            rows.append(Written(file.collection, file.split, file.stem, graph.num_nodes,
+                                int(graph.node_config_ids.shape[0]), graph.num_configs, default))
     if job.tile:
         featurized = featurize(cache.load_module(cache_dir, arch, job.program, "optimized"), job.program.key)
         kernels = {name: (space, kernel) for name, space, kernel in fused_kernels(featurized)}
@@ -319,7 +332,7 @@ def _run_job(out: str, cache_dir: str, scale_name: str, seed: int, family_name: 
             space, kernel = kernels[file.fusion]
             graph, labels = make_tile_graph(parts[file.fusion], space, kernel, file, seed, family)
             _write(Path(out), TILE_XLA, file.split, file.stem, graph, labels)
-            rows.append((TILE_XLA.name, file.split, file.stem, graph.num_nodes, 0, graph.num_configs))
+            rows.append(Written(TILE_XLA.name, file.split, file.stem, graph.num_nodes, 0, graph.num_configs, None))
     return rows
 
 
@@ -397,7 +410,7 @@ def generate_lowered_world(out: Path | str, *, scale: str, seed: int, family: st
     logger.info(f"lowered world: {sum(len(j.layout) + len(j.tile) for j in todo)} files from {len(todo)} programs "
                 f"under {out} ({scale}, seed {seed}, family {family}, {jobs} job(s))")
     progress = Progress("lowered", len(todo), every_s=10.0)
-    rows: list[tuple[str, str, str, int, int, int]] = []
+    rows: list[Written] = []
     args = (str(out), str(cache_dir), scale, seed, family)
     if jobs == 1:
         for job in todo:
@@ -410,14 +423,18 @@ def generate_lowered_world(out: Path | str, *, scale: str, seed: int, family: st
                 rows += result
                 progress.step()
     submission = ["ID,TopConfigs"]
-    for collection_name, split, stem, _, _, count in sorted(rows):
-        if split == "test":
-            collection = parse_collections(collection_name)[0]
-            top = range(min(5, count)) if collection.is_tile else range(count)
-            submission.append(f"{collection.submission_id(stem)},{';'.join(map(str, top))}")
+    defaults: dict[str, dict[str, int]] = {}
+    for row in sorted(rows):
+        if row.default is not None:
+            defaults.setdefault(row.collection, {})[row.stem] = row.default
+        if row.split == "test":
+            collection = parse_collections(row.collection)[0]
+            top = range(min(5, row.configs)) if collection.is_tile else range(row.configs)
+            submission.append(f"{collection.submission_id(row.stem)},{';'.join(map(str, top))}")
     write_text_atomic(DataRoot(out).sample_submission, "\n".join(submission) + "\n")
     (out / LABELS_DIR).mkdir(exist_ok=True)
     write_text_atomic(out / LABELS_DIR / PROGRAMS_FILE, json.dumps(programs, indent=1, sort_keys=True) + "\n")
+    write_text_atomic(out / LABELS_DIR / DEFAULTS_FILE, json.dumps(defaults, indent=1, sort_keys=True) + "\n")
     sidecar = {**marker, "labels_version": 1, "programs": PROGRAMS_FILE,
                "layout": f"{LABELS_DIR}/npz/<collection dir>/<split>/<stem>.npz",
                "arrays": {"runtime": "int64 measured runtimes (train/valid: the file's config_runtime)",
@@ -453,11 +470,11 @@ def _read(path: Path) -> dict | None:
         return None
 
 
-def _summary(out: Path, marker: dict, rows: list[tuple[str, str, str, int, int, int]], seconds: float) -> str:
+def _summary(out: Path, marker: dict, rows: list[Written], seconds: float) -> str:
     lines = [f"lowered world at {out} (scale={marker['scale']}, seed={marker['seed']}, family={marker['family']}): "
              f"{len(rows)} files, {seconds:.1f} s"]
     groups: dict[tuple[str, str], list[tuple[int, int, int]]] = {}
-    for collection, split, _, n, nc, c in rows:
+    for collection, split, _, n, nc, c, _ in rows:
         groups.setdefault((collection, split), []).append((n, nc, c))
     for (collection, split), values in sorted(groups.items()):
         n, nc, c = (np.array(col) for col in zip(*values))
