@@ -90,6 +90,7 @@ def test_a_malformed_outside_label_record_is_refused(outside: Path, change: dict
         read_labels_marker(outside)
 
 
+@pytest.mark.slow
 def test_the_evaluate_command_reads_an_outside_world(outside: Path, tmp_path: Path, capsys) -> None:
     from pipelines.config.settings import load_config
     from pipelines.flows.run import run_pipeline
@@ -106,6 +107,7 @@ def test_the_evaluate_command_reads_an_outside_world(outside: Path, tmp_path: Pa
     assert {row["program"] for row in record["per_graph"]} == {"hand_xla", "hand_nlp"}
 
 
+@pytest.mark.slow
 def test_the_evaluation_worlds_benchmark_scores_given_worlds(outside: Path, tmp_path: Path) -> None:
     from benchmarks import evaluation_worlds
 

@@ -197,6 +197,7 @@ def world(cache_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
+@pytest.mark.slow  # behind the lowered-world fixture (lowers ten programs)
 def test_a_lowered_world_holds_real_programs_with_hidden_labels(world: Path) -> None:
     marker = json.loads((world / "labels" / "labels.json").read_text())
     assert marker["generator"] == lowered.GENERATOR
@@ -224,6 +225,7 @@ def test_a_lowered_world_holds_real_programs_with_hidden_labels(world: Path) -> 
     assert default <= random  # one pool of programs per source
 
 
+@pytest.mark.slow
 def test_a_lowered_world_is_written_once_per_arguments(world: Path, cache_dir: Path) -> None:
     again = lowered.generate_lowered_world(world, scale="tiny", seed=3, cache_dir=cache_dir, architectures=TINY,
                                            collections="layout:xla:default,layout:xla:random")
