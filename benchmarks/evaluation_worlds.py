@@ -10,6 +10,7 @@ model and that model's run seeds alone (``pipelines.flows.evaluate.seed_checks``
     python -m benchmarks.evaluation_worlds --variants 1 --config demo --models gbdt
     python -m benchmarks.evaluation_worlds --variants 4 --collections layout:xla:random
     python -m benchmarks.evaluation_worlds --scale small --families reference,mxu_strict --seeds 1,2,3 --config demo
+    python -m benchmarks.evaluation_worlds --worlds data/world-a,data/world-b --config demo
 
 ``--families`` (default ``reference``) and ``--seeds`` (default ``--seed``) multiply the worlds:
 one per family, seed and (for ``reference`` only) variant; non-reference families take variant 0.
@@ -17,6 +18,10 @@ Besides the pooled table, each family gets its own ensemble/ceiling per collecti
 per-(collection, program family) share of ceiling is reported as mean +- spread over each family's
 worlds (docs/transfer-protocol.md). Every test graph of every world, with its program, size and
 scores (``pipelines.flows.evaluate.per_graph_table``), goes to ``<out>.per-graph.csv`` beside it.
+
+``--worlds`` scores existing worlds instead (a lowered world, an outside author's world with its
+``labels/labels.json`` and ``labels/programs.json``): nothing is generated, and each world's "family"
+is its label record's generator (and family, where it names one).
 
 ``--collections`` trains, blends and scores those collections only (no submission is published, and
 "combined" is then their mean): the same stages a full run computes for them, so their scores are
@@ -69,6 +74,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--models", default=None, help="comma-separated models (default: the config's)")
     parser.add_argument("--collections", default=None,
                         help="comma-separated collections to train and score (default: all five, as a published run)")
+    parser.add_argument("--worlds", default=None,
+                        help="comma-separated existing world roots scored as they are (no synth worlds generated)")
     parser.add_argument("--jobs", type=int, default=2, help="synth worker processes")
     parser.add_argument("--root", type=Path, default=WORLDS)
     parser.add_argument("--out", type=Path, default=None, help="results file (default: benchmarks/results/...)")
@@ -93,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     from pipelines.flows.run import parse_models, run_pipeline, stage_index, stages_wall_time, train_and_blend
     from pipelines.synth import generate_world
     from pipelines.synth.families import REFERENCE, load_family
-    from pipelines.synth.world import program_families, program_kinds
+    from pipelines.synth.world import program_families, program_kinds, read_labels_marker
 
     setup_logging()  # the runs' progress lines, as the command line prints them
     host = machine()
@@ -106,17 +113,33 @@ def main(argv: list[str] | None = None) -> int:
         load_family(family)  # a missing family module fails before any world is written
     worlds = [(family, seed, variant if family == REFERENCE else 0) for family in families for seed in world_seeds
               for variant in (variants if family == REFERENCE else [0])]
+    given: dict[tuple[str, int, int], Path] = {}
+    if args.worlds:
+        worlds, families = [], []
+        for root in (Path(w.strip()) for w in args.worlds.split(",") if w.strip()):
+            marker = read_labels_marker(root)
+            if marker is None:
+                raise SystemExit(f"{root}: no labels/labels.json: not a world with hidden labels")
+            family = "/".join(str(marker[k]) for k in ("generator", "family") if marker.get(k))
+            key = (family, int(marker["seed"]), len(given))  # the third part keeps two worlds of one record apart
+            worlds.append(key)
+            given[key] = root
+            families += [family] if family not in families else []
     collections = None if args.collections is None else list(parse_collections(args.collections))
     work, submissions = args.root / "work", args.root / "submissions"
     results, timings, checks, family_tables, graph_tables = [], [], [], [], []
     for family, seed, variant in worlds:
         label = f"{family} seed {seed}" + (f" variant {variant}" if family == REFERENCE else "")
-        world = args.root / ((f"{args.scale}-seed{seed}-variant{variant}" if family == REFERENCE
-                              else f"{args.scale}-seed{seed}-{family}")
-                             + {None: "", True: "-rnn", False: "-nornn"}[args.recurrent])
+        world = given.get((family, seed, variant)) or args.root / (
+            (f"{args.scale}-seed{seed}-variant{variant}" if family == REFERENCE
+             else f"{args.scale}-seed{seed}-{family}")
+            + {None: "", True: "-rnn", False: "-nornn"}[args.recurrent])
         t0 = time.perf_counter()
-        print(generate_world(world, scale=args.scale, seed=seed, variant=variant, jobs=args.jobs, family=family,
-                             recurrent=args.recurrent), flush=True)
+        if (family, seed, variant) in given:
+            label = f"{family} seed {seed} ({world})"
+        else:
+            print(generate_world(world, scale=args.scale, seed=seed, variant=variant, jobs=args.jobs, family=family,
+                                 recurrent=args.recurrent), flush=True)
         synth_s = time.perf_counter() - t0
         t0 = time.perf_counter()
         if collections is None:
@@ -186,9 +209,10 @@ def main(argv: list[str] | None = None) -> int:
     command = "python -m benchmarks.evaluation_worlds " + " ".join(argv if argv is not None else __import__("sys").argv[1:])
     lines = [f"# Evaluation worlds {datetime.now(timezone.utc).isoformat(timespec='minutes')}", "",
              "## Machine", "", *host.describe(), "",
-             f"## Test scores ({args.scale} scale, families {', '.join(families)}, "
-             f"seeds {', '.join(map(str, world_seeds))}, "
-             f"variants {', '.join(map(str, variants))} (reference); "
+             (f"## Test scores (worlds {', '.join(str(p) for p in given.values())}; " if given else
+              f"## Test scores ({args.scale} scale, families {', '.join(families)}, "
+              f"seeds {', '.join(map(str, world_seeds))}, "
+              f"variants {', '.join(map(str, variants))} (reference); ") +
              f"config {args.config or 'base'} {' '.join('--set ' + o for o in args.overrides)}; "
              + ("" if collections is None else f"collections {', '.join(c.name for c in collections)}; ") +
              f"mean +- std over {len(results)} world(s))", "",

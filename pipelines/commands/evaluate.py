@@ -15,7 +15,9 @@ def add(sub: argparse._SubParsersAction) -> None:
                        "heuristic (floor) and the noise-free ranking (ceiling)",
                        "evaluate 20261122T120000Z-1a2b3c4d --data-root data/synthetic-medium-v1")
     p.add_argument("run_id", metavar="RUN_ID", help="a run-id under --submissions-dir")
-    p.add_argument("--data-root", type=Path, required=True, help="the synthetic world the run was made on")
+    p.add_argument("--data-root", type=Path, required=True,
+                   help="the world the run was made on (synth's, a lowered one or another generator's with the "
+                        "same labels/ sidecar)")
     p.add_argument("--submissions-dir", type=Path, default=paths.SUBMISSIONS_DIR)
     p.add_argument("--work-dir", type=Path, default=None,
                    help="where the run's training outputs are (default: as its manifest records)")

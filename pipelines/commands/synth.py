@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 
 from pipelines.commands.common import command_parser, seed
+from pipelines.core.errors import ConfigError
 
 
 def add(sub: argparse._SubParsersAction) -> None:
@@ -28,15 +29,42 @@ def add(sub: argparse._SubParsersAction) -> None:
                    help="write at most this many files per collection and split (for benchmarks; default: all)")
     p.add_argument("--collections", default=None, help="comma-separated collection names (default: all)")
     p.add_argument("--jobs", type=int, default=1, help="parallel worker processes")
+    p.add_argument("--programs", choices=PROGRAM_SOURCES, default="synthetic",
+                   help="where the programs come from: synthetic (pipelines/synth/programs.py) or lowered (public "
+                        "model code lowered by jax, the optional 'lowered' extra; docs/lowered.md)")
+    p.add_argument("--lowered-cache", type=Path, default=None,
+                   help="with --programs lowered: the folder of lowered modules (default: data/lowered)")
     p.set_defaults(handler=run)
+
+
+PROGRAM_SOURCES = ("synthetic", "lowered")
+# options of the synthetic programs' worlds that a lowered world does not take
+_SYNTHETIC_ONLY = (("variant", 0, "--variant"), ("recurrent", None, "--recurrent"), ("limit", None, "--limit"))
 
 
 def run(args: argparse.Namespace) -> int:
     from pipelines.synth import generate_world
 
+    if args.programs == "lowered":
+        return run_lowered(args)
+    if args.lowered_cache is not None:
+        raise ConfigError("--lowered-cache applies to --programs lowered only")
     summary = generate_world(args.out, scale=args.scale, seed=args.seed, limit=args.limit,
                              collections=args.collections, jobs=args.jobs, variant=args.variant,
                              family=args.family, recurrent=args.recurrent)
     print(summary)
     return 0
 
+
+
+def run_lowered(args: argparse.Namespace) -> int:
+    from pipelines.synth.lowered import cache, generate_lowered_world
+
+    given = [flag for name, default, flag in _SYNTHETIC_ONLY if getattr(args, name) != default]
+    if given:
+        raise ConfigError(f"{', '.join(given)}: not for --programs lowered (its programs are the catalogue's, "
+                          "its constants the family's)")
+    print(generate_lowered_world(args.out, scale=args.scale, seed=args.seed, family=args.family,
+                                 collections=args.collections, jobs=args.jobs,
+                                 cache_dir=args.lowered_cache or cache.DEFAULT_CACHE))
+    return 0

@@ -1,8 +1,10 @@
 """Score a run's test submission on a synthetic world's hidden labels, next to a floor and a ceiling.
 
-``python -m pipelines evaluate RUN_ID --data-root WORLD`` needs a world written by ``synth`` (it
-carries the ``labels/`` sidecar, see :mod:`pipelines.synth.world`); the real data has no test
-labels and is refused. Every test graph is scored with the competition metric
+``python -m pipelines evaluate RUN_ID --data-root WORLD`` needs a world with the ``labels/`` sidecar:
+one written by ``synth`` (see :mod:`pipelines.synth.world`), by ``synth``'s lowered programs
+(:mod:`pipelines.synth.lowered`) or by an outside generator that writes the same sidecar plus
+``labels/programs.json`` (each graph's program kind, for the per-family table); the real data has no
+test labels and is refused. Every test graph is scored with the competition metric
 (:mod:`pipelines.core.metric`: top-5 slowdown for tile, Kendall tau-b for layout) against the measured
 runtimes, for:
 
@@ -49,6 +51,7 @@ if TYPE_CHECKING:
     from pipelines.core.engine import StageOutput
     from pipelines.flows.scores import CollectionRun
     from pipelines.synth.programs import Family
+    from pipelines.synth.world import ProgramLabel
 
 EVALUATION_FILE = "evaluation.json"
 GENERATOR = "pipelines.flows.evaluate"
@@ -243,8 +246,9 @@ def require_sidecar(data_root: Path | str) -> dict[str, Any]:
     if marker is None:
         raise PipelineError(
             f"{data_root}: no hidden test labels ({LABELS_DIR}/{LABELS_MARKER} is missing): evaluate needs a "
-            "synthetic world written by `python -m pipelines synth` (the real data has no test labels; "
-            "re-running synth on an older world of the same arguments adds the sidecar)")
+            "world with hidden labels: one written by `python -m pipelines synth`, or by another generator that "
+            "writes the same sidecar (see docs/evaluation.md; the real data has no test labels; re-running synth "
+            "on an older world of the same arguments adds the sidecar)")
     return marker
 
 
@@ -439,7 +443,8 @@ def evaluate_run(run_id: str, data_root: Path | str, *, submissions_dir: Path | 
         "generator": GENERATOR, "version": EVALUATION_VERSION, "run_id": run_id,
         "run_manifest": RUN_MANIFEST, "submission_sha256": (manifest.get("submission") or {}).get("sha256"),
         "data_root": str(data_root.resolve()),
-        "world": {k: marker.get(k) for k in ("scale", "seed", "variant", "limit", "collections")},
+        "world": {k: marker.get(k) for k in ("generator", "scale", "seed", "variant", "family", "limit",
+                                             "collections")},
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         **evaluation.to_dict(),
         "per_graph": per_graph_table(evaluation, program_families(data_root)).to_dicts(),
@@ -523,7 +528,8 @@ def program_family_table(evaluation: Evaluation, kinds: Mapping[tuple[str, str],
         "collection", "program_family", "score", "ceiling", "share_of_ceiling", pl.col("graphs").cast(pl.Int64))
 
 
-def per_graph_table(evaluation: Evaluation, families: Mapping[tuple[str, str], Family]) -> pl.DataFrame:
+def per_graph_table(evaluation: Evaluation,
+                    families: Mapping[tuple[str, str], Family | ProgramLabel]) -> pl.DataFrame:
     """One row per test graph (pure): its collection and stem, program family kind and architecture
     (``families``, :func:`pipelines.synth.world.program_families`; ``unknown`` where it has none),
     nodes, configurable nodes and configs, the score of each model, the submission, the floor and the

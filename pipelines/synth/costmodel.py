@@ -74,7 +74,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from pipelines.synth.programs import (ELEMENT_BYTES, MAX_RANK, OP, TRANSPARENT_OPCODES,
+from pipelines.synth.programs import (ELEMENT_BYTES, MAX_RANK, OP, TRANSPARENT_OPCODES, Node,
                                       Program, TileKernel, descending)
 
 PEAK_FLOPS_NS = 9.0e4  # 16-bit MXU flops per ns (~90 TFLOP/s)
@@ -343,16 +343,16 @@ def layout_cost_model(program: Program, params: CostParams = DEFAULT_PARAMS) -> 
         a["in_bytes"].append(ELEMENT_BYTES[src.etype])
         a["ker_bytes"].append(ELEMENT_BYTES[ker.etype] if ker is not None else 0)
         a["peak"].append(params.peak_flops_ns / (F32_SLOWDOWN if node.etype in ("f32", "f64") else 1.0))
+        contract, window, contract_dim, out_feat_dim = mxu_dims(node, src, ker)
         if kind == CONV:
-            window = math.prod(ker.shape[:-2])
-            flops = 2.0 * math.prod(node.shape) * src.shape[-1] * window / max(1, node.attrs["feature_group_count"])
+            flops = 2.0 * math.prod(node.shape) * contract * window / max(1, node.attrs["feature_group_count"])
         elif kind == DOT:
-            flops = 2.0 * math.prod(node.shape) * src.shape[-1]
+            flops = 2.0 * math.prod(node.shape) * contract
         else:
             flops = 0.0
         a["flops"].append(flops)
-        a["contract_dim"].append(len(src.shape) - 1)
-        a["out_feat_dim"].append(len(node.shape) - 1)
+        a["contract_dim"].append(contract_dim)
+        a["out_feat_dim"].append(out_feat_dim)
         a["defaults"].append(_pad6(node.layout, -1) + _pad6(src.layout, -1)
                              + (_pad6(ker.layout, -1) if ker_conf else [-1] * MAX_RANK))
         a["row_major_out"].append(_pad6(descending(len(node.shape)), -1))
@@ -381,6 +381,31 @@ def layout_cost_model(program: Program, params: CostParams = DEFAULT_PARAMS) -> 
         fixed_block=np.array([f[1] for f in fixed], dtype=np.int64),
         fixed_perm=np.array([f[2] for f in fixed], dtype=np.int8).reshape(-1, MAX_RANK),
         out_fanout=f64("out_fanout"), base_ns=_base_ns(program, is_config, params), params=params)
+
+
+def mxu_dims(node: Node, src: Node, ker: Node | None) -> tuple[int, int, int, int]:
+    """(contracted size, window taps, contracted input dim, output feature dim) of a convolution or dot.
+
+    Read from its dimension numbers where it has them (``conv_dims``; a dot's ``lhs_contracting_dims``):
+    lowered HLO contracts whichever dims its dimension numbers say (a weight gradient contracts the
+    batch). Without them, the synthetic programs' convention: channels last, the input's last dim
+    contracted, the output's last dim its feature, the kernel's leading dims its window (which is
+    also what a synthetic convolution's own ``conv_dims`` say)."""
+    contract_dim, out_feat_dim = len(src.shape) - 1, len(node.shape) - 1
+    if ker is None:  # a reshape
+        return (src.shape[-1] if src.shape else 1), 1, contract_dim, out_feat_dim
+    if node.opcode == OP["convolution"]:
+        dims = node.attrs.get("conv_dims")
+        if dims is None:
+            return src.shape[-1], math.prod(ker.shape[:-2]), contract_dim, out_feat_dim
+        spatial = (len(dims) - 6) // 2
+        window = math.prod(ker.shape[d] for d in dims[4 + spatial:4 + 2 * spatial])
+        return src.shape[dims[1]], window, int(dims[1]), int(dims[-1])
+    contracting = node.attrs.get("lhs_contracting_dims")
+    if contracting is None:
+        return src.shape[-1], 1, contract_dim, out_feat_dim
+    size = math.prod(src.shape[d] for d in contracting)
+    return size, 1, (int(contracting[0]) if len(contracting) else contract_dim), out_feat_dim
 
 
 def _count_default_consumers(program: Program, u: int, consumers: list[list[int]], is_config: np.ndarray) -> int:

@@ -97,7 +97,11 @@ PARTIAL_MARKER = ".synth-incomplete.json"
 LABELS_DIR = "labels"  # the hidden-label sidecar, a sibling of npz_all/
 LABELS_MARKER = "labels.json"
 LABELS_VERSION = 1
+SYNTH_GENERATOR = "pipelines.synth"
 RECORDS_GENERATOR = "pipelines.records"  # the label record of a data root `records` wrote (real measurements)
+OUTSIDE_VERSION = 1  # the label-record version a world of another generator writes
+PROGRAMS_FILE = "programs.json"  # such a world's program kind per graph, next to labels.json
+PROGRAM_KINDS = ("cnn", "rnn", "transformer", "mlp")
 
 
 # ----------------------------------------------------------------------------- scales
@@ -542,7 +546,11 @@ def labels_marker(root: Path | str) -> dict | None:
 def read_labels_marker(root: Path | str) -> dict | None:
     """The sidecar's ``labels.json`` for a reader that trusts its fields (``evaluate``,
     :func:`program_kinds`): None when absent, a FormatError naming it when it is unreadable or not a
-    record ``synth`` writes (another type, an unknown scale, collection or family, a bad seed)."""
+    record ``synth`` writes (another type, an unknown scale, collection or family, a bad seed).
+
+    A world of another generator (``generator`` other than ``pipelines.synth``: the lowered worlds, an
+    outside author's) holds ``generator``, ``version`` 1, ``seed``, ``scale`` (its own word) and
+    ``collections``; its programs are in ``labels/programs.json`` (:func:`read_program_record`)."""
     path = Path(root) / LABELS_DIR / LABELS_MARKER
     if not path.exists() and not path.is_symlink():
         return None
@@ -550,10 +558,84 @@ def read_labels_marker(root: Path | str) -> dict | None:
         marker = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
         raise FormatError(path, f"unreadable label record ({type(exc).__name__}: {exc})") from None
+    if is_outside_world(marker):
+        problem = _outside_marker_problem(marker)
+        if problem is not None:
+            raise FormatError(path, f"not a label record of a world generator ({problem})")
+        return marker
     problem = _marker_problem(marker)
     if problem is not None:
         raise FormatError(path, f"not a label record written by `synth` ({problem})")
     return marker
+
+
+def is_outside_world(marker: object) -> bool:
+    """Whether a label record comes from a world generator other than ``synth`` (its programs are then
+    listed in ``labels/programs.json`` rather than rebuilt from the record); ``records``' data roots of
+    real measurements are no such world."""
+    return isinstance(marker, dict) and marker.get("generator", SYNTH_GENERATOR) not in (SYNTH_GENERATOR,
+                                                                                         RECORDS_GENERATOR)
+
+
+def _outside_marker_problem(marker: dict) -> str | None:
+    generator, version, seed, scale = (marker.get(k) for k in ("generator", "version", "seed", "scale"))
+    if not isinstance(generator, str) or not generator.strip():
+        return f"generator {generator!r} is not a name"
+    if version != OUTSIDE_VERSION or isinstance(version, bool):
+        return f"version {version!r} is not {OUTSIDE_VERSION}"
+    if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
+        return f"seed {seed!r} is not an integer >= 0"
+    if not isinstance(scale, str) or not scale:
+        return f"scale {scale!r} is not a word"
+    names = marker.get("collections")
+    if not isinstance(names, list) or not names or not all(isinstance(n, str) for n in names):
+        return f"collections {names!r} is not a list of collection names"
+    try:
+        parse_collections(names)
+    except ConfigError as exc:
+        return f"collections: {exc}"
+    return None
+
+
+@dataclass(frozen=True)
+class ProgramLabel:
+    """A graph's program as a world generator other than ``synth`` records it (``labels/programs.json``)."""
+
+    name: str  # the architecture
+    kind: str  # one of PROGRAM_KINDS
+
+
+def read_program_record(root: Path | str, marker: dict) -> dict[tuple[str, str], ProgramLabel]:
+    """(collection, stem) -> program of every graph ``labels/programs.json`` lists:
+    ``{"<collection>": {"<stem>": {"kind": "cnn|rnn|transformer|mlp", "program": "<architecture>"}}}``.
+    A missing or malformed record is a FormatError naming it; collections outside the label record's are
+    refused."""
+    path = Path(root) / LABELS_DIR / PROGRAMS_FILE
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise FormatError(path, "missing: a world of another generator lists each graph's program kind here") from None
+    except (OSError, ValueError) as exc:
+        raise FormatError(path, f"unreadable program record ({type(exc).__name__}: {exc})") from None
+    if not isinstance(record, dict):
+        raise FormatError(path, f"expected a JSON object of collections, got {type(record).__name__}")
+    allowed = set(marker["collections"])
+    out: dict[tuple[str, str], ProgramLabel] = {}
+    for collection, graphs in record.items():
+        if collection not in allowed:
+            raise FormatError(path, f"collection {collection!r} is not one of the world's "
+                                    f"({', '.join(sorted(allowed))})")
+        if not isinstance(graphs, dict):
+            raise FormatError(path, f"{collection}: expected an object of graph stems, got {type(graphs).__name__}")
+        for stem, entry in graphs.items():
+            kind = entry.get("kind") if isinstance(entry, dict) else None
+            name = entry.get("program") if isinstance(entry, dict) else None
+            if kind not in PROGRAM_KINDS:
+                raise FormatError(path, f"{collection} {stem}: kind {kind!r} is not one of {', '.join(PROGRAM_KINDS)}")
+            if not isinstance(name, str) or not name:
+                raise FormatError(path, f"{collection} {stem}: program {name!r} is not a name")
+            out[(collection, stem)] = ProgramLabel(name, kind)
+    return out
 
 
 def _marker_problem(marker: object) -> str | None:
@@ -644,15 +726,18 @@ def world_specs(scale: Scale, seed: int, collections: tuple[Collection, ...],
     return files
 
 
-def program_families(root: Path | str) -> dict[tuple[str, str], Family]:
+def program_families(root: Path | str) -> dict[tuple[str, str], Family | ProgramLabel]:
     """(collection, stem) -> the program architecture every file of a world was built from, rebuilt
     from its label record (a pure function of the world's arguments, so the files and labels stay the
-    bytes they were before it was asked for)."""
+    bytes they were before it was asked for); for a world of another generator, as its
+    ``labels/programs.json`` lists them (:func:`read_program_record`). Either has ``name`` and ``kind``."""
     marker = read_labels_marker(root)
     if marker is None:
         raise FormatError(Path(root) / LABELS_DIR / LABELS_MARKER, "no label record: not a synthetic world")
     if marker.get("generator") == RECORDS_GENERATOR:
         return {}  # a data root of tuning records: its programs are no synthetic family
+    if is_outside_world(marker):
+        return read_program_record(root, marker)
     chosen = parse_collections(marker["collections"])
     specs = world_specs(SCALES[marker["scale"]], int(marker["seed"]), chosen, marker.get("limit"),
                         _recurrent(marker.get("family", REFERENCE), marker.get("recurrent")))
@@ -672,7 +757,7 @@ def _recurrent(family: str, recurrent: bool | None) -> bool:
 
 def _marker(scale: str, seed: int, limit: int | None, collections: tuple[Collection, ...], variant: int = 0,
             family: str = REFERENCE, recurrent: bool | None = None) -> dict:
-    marker = {"generator": "pipelines.synth", "version": SYNTH_VERSION, "scale": scale, "seed": seed,
+    marker = {"generator": SYNTH_GENERATOR, "version": SYNTH_VERSION, "scale": scale, "seed": seed,
               "limit": limit, "collections": [c.name for c in collections]}
     if variant:  # variant 0 keeps the marker worlds had before variants existed
         marker["variant"] = variant
