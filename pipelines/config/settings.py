@@ -117,7 +117,7 @@ class EnsembleConfig:
     # Where the data root names a tile graph's compiler default (defaults.json: tuning records, some
     # worlds), keep it among the submission's five picks: "always", "unless-confident" (unless every fold
     # model ranks it outside its own five), or "off" (pipelines.training.anchor).
-    default_anchor: str = field(default="off", metadata={"choices": ("off", "unless-confident", "always")})
+    default_anchor: str = field(default="always", metadata={"choices": ("off", "unless-confident", "always")})
     # The models a run trains and blends, each one of run.models (`run --models` overrides it).
     models: list[str] = field(
         default_factory=registry.default_models,
