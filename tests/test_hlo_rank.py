@@ -109,15 +109,20 @@ def test_one_recommendation_when_the_collections_disagree():
     blocks = np.stack([defaults] * 3)
     blocks[1, 0, :2] = [0, 1]  # config 1: dot.0's output transposed
     blocks[2, 1, 6:8] = [0, 1]  # config 2: dot.1's input transposed
-    folds = np.zeros((2, 3))
+    folds = np.array([[1.0, 0.5, 0.0], [1.0, 0.5, 0.0]])  # every fold model scores config 2 faster than the own
     scores = {"layout:xla:random": (np.array([1.0, 0.0, 0.3]), folds),
               "layout:xla:default": (np.array([1.0, 0.6, 0.0]), folds)}
     rec = recommend(featurized, blocks, np.array([0, 1, 2]), scores)
-    assert rec["config"] == 2 and rec["collections_disagree"]
+    assert rec["config"] == 2 and rec["collections_disagree"] and rec["change_advised"]
     assert rec["collections"]["layout:xla:random"] == {**rec["collections"]["layout:xla:random"], "best_config": 1,
                                                        "rank_of_recommended": 2}
     assert rec["nodes_changed"] == 1 and rec["nodes"][0]["name"] == "dot.1"
     assert rec["nodes"][0]["input"] == "f32[4,8]{0,1}" and rec["nodes"][0]["module_input"] == "{1,0}"
+    # one fold model of one collection sees no gain: the own layouts are the advice (the anchor), the best stays shown
+    split = {"layout:xla:random": scores["layout:xla:random"],
+             "layout:xla:default": (scores["layout:xla:default"][0], np.array([[1.0, 0.5, 0.0], [0.0, 0.5, 1.0]]))}
+    cautious = recommend(featurized, blocks, np.array([0, 1, 2]), split)
+    assert cautious["config"] == 2 and not cautious["change_advised"] and cautious["nodes_changed"] == 1
 
 
 def test_rank_ranks_the_tiles_of_an_optimized_module(run, tmp_path):

@@ -14,7 +14,8 @@ The answer (``rank.json``, ``rank.txt``, printed) is in the program's terms:
 * per layout collection: its best config and where it came from, ties as ties (``=N``), the rank of
   the module's own layouts, and the predicted gain of the best over them (blended score difference,
   mean and spread over the fold models, how many favour it; score units, not a time);
-* one recommendation: the candidate with the best mean score over the layout collections' models
+* one recommendation: the candidate with the best mean score over the layout collections' models,
+  advised over the module's own layouts only when every fold model of every collection predicts it faster
   (they scored the same set), each changed node's output and operand layouts as HLO writes them
   (``f32[2,4,8]{0,2,1}``, with the module's own), what each collection preferred when they disagree,
   and the best candidate that changes one node only;
@@ -315,10 +316,15 @@ def recommend(featurized: Any, blocks: np.ndarray, origins: np.ndarray,
                     "mean_rank": int(np.flatnonzero(order == single[0])[0]) + 1,
                     "layouts": node_layouts(featurized, blocks[single[0]])[node]}
     bests = {v["best_config"] for v in per_collection.values()}
+    # The module's own layouts are the anchor: a change is advised only when every fold model of every
+    # collection predicts it faster than them, else keeping them is the answer (never worse than now).
+    confident = all(v["gain_over_own"]["fold_models_in_favour"] == v["gain_over_own"]["fold_models"] > 0
+                    for v in per_collection.values())
     return {"config": chosen, "from": CANDIDATE_ORIGINS[int(origins[chosen])],
             "rule": "best mean score" if len(collections) > 1 else "best score",
             "collections": per_collection, "collections_disagree": len(bests) > 1,
-            "own_layouts": chosen == own, "nodes_changed": int(changed[chosen].sum()),
+            "own_layouts": chosen == own, "change_advised": chosen != own and confident,
+            "nodes_changed": int(changed[chosen].sum()),
             "nodes": [n for n in node_layouts(featurized, blocks[chosen]) if n["changed"]], "simplest": simplest}
 
 
@@ -386,7 +392,10 @@ def format_ranking(report: dict[str, Any]) -> str:
             lines.append(f"  gain over the module's own layouts by {cname}: {_gain_text(v['gain_over_own'])}")
         if rec["own_layouts"]:
             lines.append("  that is the module's own layouts: no change predicted to help")
-        else:
+        elif not rec["change_advised"]:
+            lines.append("  advice: keep the module's own layouts; not every fold model predicts this config faster "
+                         "than them (the candidate and its layouts follow, for a measurement):")
+        if not rec["own_layouts"]:
             lines.append(f"  changes {rec['nodes_changed']} of {report['configurable_nodes']} configurable nodes "
                          "(the others keep the module's layouts):")
             width = max(len(n["name"]) for n in rec["nodes"])
