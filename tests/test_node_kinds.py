@@ -78,3 +78,29 @@ def test_node_effects_find_the_node_that_matters_and_whether_the_order_follows_i
     constant = np.full((300, 3, 18), -1, np.int8)
     importance, agreement = node_effects(constant, truth, truth)  # one choice per node: nothing to compare
     assert (importance == 0).all() and np.isnan(agreement).all()
+
+
+def test_evaluate_tables_node_kinds_and_leaves_a_share_of_a_non_positive_ceiling_empty(tiny_world):
+    """The per-node-kind table sums each kind's share of the layout effects to 1 per (collection, entry),
+    its agreement lies in [-1, 1]; a program family whose ceiling is <= 0 gets no share of it."""
+    import numpy as np
+    import polars as pl
+
+    from pipelines.core.metric import GraphScore, summarize
+    from pipelines.data.submission import read_submission
+    from pipelines.flows.evaluate import CEILING, SUBMISSION, Evaluation, node_kind_table, program_family_table
+
+    rows = {"identity": read_submission(tiny_world / "sample_submission.csv")}
+    table = node_kind_table(tiny_world, rows)
+    assert set(table["collection"]) == {"layout:xla:default", "layout:xla:random", "layout:nlp:default",
+                                        "layout:nlp:random"}
+    shares = table.drop_nulls("importance_share").group_by("collection").agg(pl.col("importance_share").sum())
+    assert shares.height >= 1 and np.allclose(shares["importance_share"].to_numpy(), 1.0)
+    agreement = table["agreement"].drop_nulls().to_numpy()
+    assert ((agreement >= -1 - 1e-9) & (agreement <= 1 + 1e-9)).all()
+    assert set(table["kind"]) <= {"dot", "reshape"} | {k for k in table["kind"] if k.startswith("conv-")}
+
+    reports = {name: summarize([GraphScore("layout:xla:default", "g", 10, score)])
+               for name, score in ((SUBMISSION, 0.1), (CEILING, -0.01))}
+    table = program_family_table(Evaluation(reports, {}, (), ()), {("layout:xla:default", "g"): "mlp"})
+    assert table["share_of_ceiling"].to_list() == [None]

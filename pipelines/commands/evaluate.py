@@ -25,6 +25,10 @@ def add(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--per-graph", action="store_true",
                    help="also print every test graph: program family and size, each score, share of its ceiling "
                         "(worst first); evaluation.json holds it either way")
+    p.add_argument("--per-node-kind", action="store_true",
+                   help="also print, per layout collection and entry, each kind of configurable node (conv forward, "
+                        "input / weight gradient, depthwise, 5-D; dot; reshape): its share of what layouts change "
+                        "in the runtime and how well the order follows it")
     p.set_defaults(handler=run)
 
 
@@ -32,7 +36,8 @@ def run(args: argparse.Namespace) -> int:
     from pipelines.flows.evaluate import evaluate_run
 
     evaluation, path = evaluate_run(args.run_id, args.data_root, submissions_dir=args.submissions_dir,
-                                    work_dir=args.work_dir, with_models=not args.no_models)
+                                    work_dir=args.work_dir, with_models=not args.no_models,
+                                    node_kinds=args.per_node_kind)
     print(evaluation.to_text())
     from pipelines.flows.evaluate import per_graph_table, per_graph_text, program_family_table, program_family_text
     from pipelines.synth.world import program_families, program_kinds
@@ -42,6 +47,11 @@ def run(args: argparse.Namespace) -> int:
     if args.per_graph:
         print("\nper test graph (share: submission / ceiling, worst first):")
         print(per_graph_text(per_graph_table(evaluation, program_families(args.data_root))))
+    if evaluation.node_kinds is not None:
+        from pipelines.flows.evaluate import node_kind_text
+
+        print("\nper node kind (share of the runtime's layout effects; agreement of the order with them):")
+        print(node_kind_text(evaluation.node_kinds))
     print(path)
     return 0
 

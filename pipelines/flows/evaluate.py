@@ -29,11 +29,12 @@ written atomically; a file of that name this module did not write is never repla
 
 from __future__ import annotations
 
+
 import json
 import math
 import zlib
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -138,6 +139,7 @@ class Evaluation:
     heuristic_names: tuple[str, ...]
     model_names: tuple[str, ...]
     graph_sizes: pl.DataFrame | None = None  # collection, graph, nodes, config_nodes of each test graph
+    node_kinds: pl.DataFrame | None = None  # per collection, entry and node kind: importance, agreement
 
     def collection_scores(self, entry: str) -> dict[str, float]:
         frame = self.reports[entry].per_collection
@@ -415,8 +417,62 @@ def seed_checks(evaluation: Evaluation, seeds: Evaluation) -> list[SeedCheck]:
     return checks
 
 
+def node_kind_table(data_root: Path | str, rows: Mapping[str, Mapping[str, Sequence[int]]]) -> pl.DataFrame:
+    """Per layout collection, entry (submission, each model) and kind of configurable node
+    (:mod:`pipelines.data.node_kinds`): how many such nodes the test graphs hold, their share of the
+    importance (how much their layout choices move the noise-free runtime) and the importance-weighted
+    agreement of the entry's order with those effects (1: follows them, 0: blind, < 0: backwards)."""
+    from pipelines.data.node_kinds import configurable_node_kinds, node_effects
+    from pipelines.synth.world import read_labels
+
+    parts = []
+    for collection in ALL_COLLECTIONS:
+        if collection.is_tile:
+            continue
+        for ref in DataRoot(data_root).graphs(collection, "test"):
+            graph = load_ref(ref)
+            truth = read_labels(data_root, collection, "test", ref.stem).noise_free
+            kinds = configurable_node_kinds(graph.node_feat, graph.node_opcode, graph.edge_index, graph.node_config_ids)
+            for entry, entry_rows in rows.items():
+                order = np.asarray(entry_rows[ref.submission_id], dtype=np.int64)
+                position = np.empty(graph.num_configs, np.float64)
+                position[order] = np.arange(order.shape[0], dtype=np.float64)
+                importance, agreement = node_effects(graph.node_config_feat, truth, position)
+                parts.append(pl.DataFrame({"collection": collection.name, "entry": entry, "graph": ref.stem,
+                                           "kind": kinds, "importance": importance, "agreement": agreement}))
+    if not parts:
+        return pl.DataFrame(schema={"collection": pl.Utf8, "entry": pl.Utf8, "kind": pl.Utf8, "nodes": pl.UInt32,
+                                    "importance_share": pl.Float64, "agreement": pl.Float64})
+    nodes = pl.concat(parts)
+    weighted = pl.when(pl.col("agreement").is_nan()).then(0.0).otherwise(pl.col("importance") * pl.col("agreement"))
+    known = pl.when(pl.col("agreement").is_nan()).then(0.0).otherwise(pl.col("importance"))
+    table = (nodes.group_by("collection", "entry", "kind", maintain_order=True)
+             .agg(pl.len().alias("nodes"), pl.col("importance").sum().alias("_importance"),
+                  weighted.sum().alias("_weighted"), known.sum().alias("_known")))
+    totals = table.group_by("collection", "entry").agg(pl.col("_importance").sum().alias("_total"))
+    return (table.join(totals, on=["collection", "entry"])
+            # no share or agreement where no node's choices could be told apart (too few configs per choice)
+            .with_columns(pl.when(pl.col("_total") > 0).then(pl.col("_importance") / pl.col("_total"))
+                          .alias("importance_share"),
+                          pl.when(pl.col("_known") > 0).then(pl.col("_weighted") / pl.col("_known")).alias("agreement"))
+            .select("collection", "entry", "kind", "nodes", "importance_share", "agreement")
+            .sort("collection", "entry", "importance_share", descending=[False, False, True]))
+
+
+def node_kind_text(table: pl.DataFrame) -> str:
+    """The per-node-kind table as printed lines."""
+    lines = [f"{'collection':<20} {'entry':<12} {'node kind':<24} {'nodes':>5} {'share':>6} {'agreement':>9}"]
+    for row in table.iter_rows(named=True):
+        agreement = "-" if row["agreement"] is None else f"{row['agreement']:+.3f}"
+        share = "-" if row["importance_share"] is None else f"{row['importance_share']:.3f}"
+        lines.append(f"{row['collection']:<20} {row['entry']:<12} {row['kind']:<24} {row['nodes']:>5} "
+                     f"{share:>6} {agreement:>9}")
+    return "\n".join(lines)
+
+
 def evaluate_run(run_id: str, data_root: Path | str, *, submissions_dir: Path | str = "submissions",
-                 work_dir: Path | str | None = None, with_models: bool = True) -> tuple[Evaluation, Path]:
+                 work_dir: Path | str | None = None, with_models: bool = True,
+                 node_kinds: bool = False) -> tuple[Evaluation, Path]:
     """Evaluate a run on a world with hidden labels and write ``evaluation.json`` into its folder."""
     from pipelines.outputs.run_folders import RUN_MANIFEST, SUBMISSION_FILE, read_run_manifest, resolve_run_id
     from pipelines.data.submission import read_submission, validate_submission
@@ -437,6 +493,8 @@ def evaluate_run(run_id: str, data_root: Path | str, *, submissions_dir: Path | 
         rows.update(model_rows(manifest, None if work_dir is None else Path(work_dir)))
     rows[SUBMISSION] = read_submission(submission)
     evaluation = evaluate_rows(data_root, rows)
+    if node_kinds:
+        evaluation = replace(evaluation, node_kinds=node_kind_table(data_root, rows))
     from pipelines.synth.world import program_families
 
     record = {
@@ -448,6 +506,7 @@ def evaluate_run(run_id: str, data_root: Path | str, *, submissions_dir: Path | 
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         **evaluation.to_dict(),
         "per_graph": per_graph_table(evaluation, program_families(data_root)).to_dicts(),
+        **({"per_node_kind": evaluation.node_kinds.to_dicts()} if evaluation.node_kinds is not None else {}),
     }
     _write_evaluation(out, record)
     return evaluation, out
@@ -522,7 +581,9 @@ def program_family_table(evaluation: Evaluation, kinds: Mapping[tuple[str, str],
                                                     pl.len().alias("graphs"))
     score = per_graph(entry).group_by(keys).agg(pl.col("score").mean().alias("score"))
     table = score.join(ceiling, on=keys, how="right").with_columns(
-        (pl.col("score") / pl.col("ceiling")).alias("share_of_ceiling"),
+        # a share of a ceiling at or below 0 (no ranking beats chance there) means nothing: left empty
+        pl.when(pl.col("ceiling") > 0).then(pl.col("score") / pl.col("ceiling")).otherwise(None)
+        .alias("share_of_ceiling"),
         pl.col("collection").replace_strict(order, default=len(order), return_dtype=pl.Int64).alias("_order"))
     return table.sort("_order", "program_family").select(
         "collection", "program_family", "score", "ceiling", "share_of_ceiling", pl.col("graphs").cast(pl.Int64))
@@ -552,7 +613,7 @@ def per_graph_table(evaluation: Evaluation,
     return table.with_columns(
         pl.struct(*keys).map_elements(lambda row: described(row, "kind"), return_dtype=pl.Utf8).alias("program_family"),
         pl.struct(*keys).map_elements(lambda row: described(row, "name"), return_dtype=pl.Utf8).alias("program"),
-        (pl.col(SUBMISSION) / pl.col(CEILING)).alias("share_of_ceiling"),
+        pl.when(pl.col(CEILING) > 0).then(pl.col(SUBMISSION) / pl.col(CEILING)).otherwise(None).alias("share_of_ceiling"),
         pl.col("collection").replace_strict(order, default=len(order), return_dtype=pl.Int64).alias("_order"),
     ).sort("_order", "share_of_ceiling", "graph", nulls_last=True).select(
         *keys, "program_family", "program", "nodes", "config_nodes", "num_configs", *entries, "share_of_ceiling")
