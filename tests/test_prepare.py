@@ -225,3 +225,32 @@ def test_tile_feature_tables_in_parts_read_back_as_each_graph_s_own_table(world:
         with pytest.raises(PipelineError, match="no graph 'nope'"):
             read_feature_rows(item.stages["features"], [("nope", "train")])
     assert loaded[1].equals(loaded[2]) and loaded[1].equals(loaded[64]) and loaded[1].height == 3 * len(graphs)
+
+
+@pytest.mark.slow
+def test_relative_work_dir_and_data_root_hold_when_the_worker_pool_was_started_elsewhere(tiny_world, tmp_path,
+                                                                                         monkeypatch):
+    """joblib keeps its loky workers for the life of the process, with the working directory they were
+    started in. A second prepare from another folder, given relative paths, must still write its stage
+    files there (the workers once wrote them into the first folder: a cached prune output then lacked
+    the files the features stage asked for)."""
+    import os
+
+    from pipelines.config.settings import load_config
+    from pipelines.flows.prepare import prepare
+
+    config = load_config("smoke", ["run.n_jobs=2"])
+    for name in ("first", "second"):
+        folder = tmp_path / name
+        (folder / "data").mkdir(parents=True)
+        (folder / "data" / "world").symlink_to(tiny_world, target_is_directory=True)
+        monkeypatch.chdir(folder)
+        prepared = prepare(config, "data/world", "data/work", ["tile:xla"])
+        prune = prepared["tile:xla"].stages["prune"].path
+        assert Path(os.path.abspath(prune)).is_relative_to(folder), prune
+        assert sorted(p.name for p in (folder / "data/work/prune").iterdir() if not p.name.startswith("."))
+    # each folder's prune output holds every graph's file, none landed in the other folder
+    for name in ("first", "second"):
+        pruned = list((tmp_path / name / "data/work/prune").rglob("*.pruned"))
+        assert len(pruned) == sum(len(list((tiny_world / "npz_all/npz/tile/xla" / s).glob("*.npz")))
+                                  for s in ("train", "valid", "test")), name

@@ -116,6 +116,8 @@ def prepare_test_graphs(config: Any, collection: Collection, data_root: Path, wo
     from pipelines.core.stages import RawFiles
     from pipelines.flows.prepare import raw_data_key
 
+    # absolute: the per-file jobs may run in worker processes started in another working directory
+    data_root, work_dir = Path(data_root).absolute(), Path(work_dir).absolute()
     refs = {name: [] for name in SPLITS}  # the other splits may be absent from a root of new graphs
     refs["test"] = [dataclasses.replace(ref, split="test") for ref in DataRoot(data_root).graphs(collection, split)]
     if not refs["test"]:

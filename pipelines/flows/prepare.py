@@ -211,7 +211,9 @@ def prepare(config: PipelineConfig, data_root: Path | str, work_dir: Path | str,
             collections: Sequence[Collection | str] | None = None, force: bool = False) -> dict[str, Prepared]:
     """Run (or reuse) the four preparation stages for each collection; ``None`` = every collection
     with a train directory under ``data_root``."""
-    root, work_dir = DataRoot(data_root), Path(work_dir)  # the data root's layout, found once
+    # Absolute: the per-file jobs may run in worker processes started in another working directory
+    # (a pool reused across calls of one process), where a relative path would name other files.
+    root, work_dir = DataRoot(Path(data_root).absolute()), Path(work_dir).absolute()
     chosen, extra = collections_to_prepare(config, root, collections)
     check_feature_exclusions(config)
     check_output_dir(work_dir, root)

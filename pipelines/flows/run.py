@@ -214,7 +214,8 @@ def train_and_blend(config: PipelineConfig, data_root: Path | str, *, work_dir: 
     """
     from pipelines.flows.prepare import collections_to_prepare, prepare
 
-    data_root, work_dir = Path(data_root), Path(work_dir)
+    # absolute: fold jobs may run in worker processes started in another working directory
+    data_root, work_dir = Path(data_root).absolute(), Path(work_dir).absolute()
     names = checked_models(config, models)
     computed: list[str] = []
     # prepare, train per model and ensemble per chosen collection; only the data stages of the others
