@@ -587,13 +587,8 @@ def _outside_marker_problem(marker: dict) -> str | None:
         return f"seed {seed!r} is not an integer >= 0"
     if not isinstance(scale, str) or not scale:
         return f"scale {scale!r} is not a word"
-    names = marker.get("collections")
-    if not isinstance(names, list) or not names or not all(isinstance(n, str) for n in names):
-        return f"collections {names!r} is not a list of collection names"
-    try:
-        parse_collections(names)
-    except ConfigError as exc:
-        return f"collections: {exc}"
+    if (problem := _collections_problem(marker.get("collections"))) is not None:
+        return problem
     return None
 
 
@@ -638,6 +633,17 @@ def read_program_record(root: Path | str, marker: dict) -> dict[tuple[str, str],
     return out
 
 
+def _collections_problem(names: object) -> str | None:
+    """Why a label record's ``collections`` is not a list of collection names, or None."""
+    if not isinstance(names, list) or not names or not all(isinstance(n, str) for n in names):
+        return f"collections {names!r} is not a list of collection names"
+    try:
+        parse_collections(names)
+    except ConfigError as exc:
+        return f"collections: {exc}"
+    return None
+
+
 def _marker_problem(marker: object) -> str | None:
     def whole(value: object, low: int, high: int) -> bool:
         return isinstance(value, int) and not isinstance(value, bool) and low <= value < high
@@ -657,13 +663,8 @@ def _marker_problem(marker: object) -> str | None:
         return f"scale {marker.get('scale')!r} is not one of {', '.join(SCALES)}"
     if not whole(marker.get("seed"), 0, 2**32):
         return f"seed {marker.get('seed')!r} is not an integer in [0, 2^32)"
-    names = marker.get("collections")
-    if not isinstance(names, list) or not names or not all(isinstance(n, str) for n in names):
-        return f"collections {names!r} is not a list of collection names"
-    try:
-        parse_collections(names)
-    except ConfigError as exc:
-        return f"collections: {exc}"
+    if (problem := _collections_problem(marker.get("collections"))) is not None:
+        return problem
     if marker.get("limit") is not None and not whole(marker.get("limit"), 1, 2**63):
         return f"limit {marker.get('limit')!r} is not a positive integer or null"
     if not whole(marker.get("variant", 0), 0, 2**31):

@@ -51,8 +51,8 @@ from pipelines.synth import costmodel, searches
 from pipelines.synth.families import REFERENCE, CostFamily, load_family
 from pipelines.synth.lowered import cache, catalogue, convert
 from pipelines.synth.lowered.catalogue import Architecture, ProgramSpec
-from pipelines.synth.world import (LABELS_DIR, LABELS_MARKER, SCALES, Labels, Scale, _hex, _loguniform, _rng,
-                                   label_path, measure_layout, write_labels)
+from pipelines.synth.world import (LABELS_DIR, LABELS_MARKER, SCALES, Labels, Scale, _hex, _loguniform, _read_json,
+                                   _rng, label_path, measure_layout, write_labels)
 
 logger = logging.getLogger(__name__)
 
@@ -453,7 +453,7 @@ def _check_target(out: Path, marker: dict) -> bool:
         raise ConfigError(f"{out}: exists and is not a directory")
     if not out.is_dir() or not any(out.iterdir()):
         return False
-    done, partial = _read(out / MARKER), _read(out / PARTIAL_MARKER)
+    done, partial = _read_json(out / MARKER), _read_json(out / PARTIAL_MARKER)
     if done == marker and (out / LABELS_DIR / LABELS_MARKER).is_file():
         return True
     if marker not in (done, partial):
@@ -461,13 +461,6 @@ def _check_target(out: Path, marker: dict) -> bool:
         why = f"its {MARKER} was written with other arguments ({found})" if found else "it is not a lowered world"
         raise ConfigError(f"{out}: refusing to write into a non-empty directory: {why}")
     return False
-
-
-def _read(path: Path) -> dict | None:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
 
 
 def _summary(out: Path, marker: dict, rows: list[Written], seconds: float) -> str:
