@@ -33,7 +33,8 @@ def loop_runs(tiny_world: Path, tmp_path_factory: pytest.TempPathFactory) -> dic
     seed1 = load_config("smoke", ["run.seeds=[1]"])
     kw = {"work_dir": base / "work", "submissions_dir": base / "subs"}
     made = {
-        "a": run_pipeline(smoke, tiny_world, models=["random", "feature"], extra={"name": "a", "note": "first"}, **kw),
+        "a": run_pipeline(smoke, tiny_world, models=["random", "feature"], extra={"name": "first", "note": "opening"},
+                          **kw),
         "rerun": run_pipeline(smoke, tiny_world, models=["random", "feature"], **kw),
         "seed1": run_pipeline(seed1, tiny_world, models=["random", "feature"], extra={"name": "seed1"}, **kw),
         "random": run_pipeline(smoke, tiny_world, models=["random"], **kw),
@@ -45,7 +46,7 @@ def loop_runs(tiny_world: Path, tmp_path_factory: pytest.TempPathFactory) -> dic
 def test_runs_compare_says_no_detectable_difference_for_a_seed_and_b_better_for_a_real_change(loop_runs, capsys):
     made, subs = loop_runs["runs"], str(loop_runs["subs"])
     # names and unique prefixes of the hex part are run-ids too
-    assert main(["runs", "compare", "a", made["seed1"].run_id.split("-")[1][:6], "--submissions-dir", subs]) == 0
+    assert main(["runs", "compare", "first", made["seed1"].run_id.split("-")[1][:6], "--submissions-dir", subs]) == 0
     out = capsys.readouterr().out
     assert "config differences (1):" in out and "run.seeds  A [0]  B [1]" in out
     tests = out[out.index("is B - A real?"):].splitlines()
@@ -90,7 +91,7 @@ def test_runs_list_names_notes_differences_reruns_and_seed_counts(loop_runs, cap
     listed = [line.split()[0] for line in lines[1:] if line.startswith("20")]
     assert made["rerun"].run_id not in listed and len(listed) == 4  # a cached rerun is the same result
     first = next(line for line in lines if line.startswith(made["a"].run_id))
-    assert " a " in first and "first" in first and "+1 rerun(s)" in first and "1 (0)" in first
+    assert " first " in first and "opening" in first and "+1 rerun(s)" in first and "1 (0)" in first
     assert "models=random,feature +2" in first  # --models, then the smoke settings that differ from base
     assert main(["runs", "list", "--wide", "--submissions-dir", subs, "--all"]) == 0
     rerun = next(line for line in capsys.readouterr().out.splitlines() if line.startswith(made["rerun"].run_id))
@@ -101,7 +102,7 @@ def test_unique_prefixes_and_ambiguous_ones(loop_runs, capsys):
     made, subs = loop_runs["runs"], str(loop_runs["subs"])
     assert main(["report", made["feature"].run_id[:-2], "--submissions-dir", subs,
                  "--out", str(loop_runs["work"] / "r.html")]) == 0
-    assert main(["runs", "compare", "2", "a", "--submissions-dir", subs]) == 1  # every run-id starts with 2
+    assert main(["runs", "compare", "2", "first", "--submissions-dir", subs]) == 1  # every run-id starts with 2
     assert "names 5 runs" in capsys.readouterr().err
 
 
@@ -109,7 +110,7 @@ def test_a_mistyped_run_name_or_id_gets_the_closest_runs_suggested(loop_runs, ca
     """Issue 79: config keys, commands and flags got a "did you mean"; run names and ids did not."""
     made, subs = loop_runs["runs"], str(loop_runs["subs"])
     seed1 = made["seed1"].run_id
-    assert main(["runs", "compare", "a", "sead1", "--submissions-dir", subs, "--no-test"]) == 1
+    assert main(["runs", "compare", "first", "sead1", "--submissions-dir", subs, "--no-test"]) == 1
     assert f"did you mean {seed1} (name 'seed1')?" in capsys.readouterr().err
     typo = seed1[:-1] + ("0" if seed1[-1] != "0" else "1")  # the last hex digit mistyped: no prefix matches
     assert main(["runs", "rm", typo, "--yes", "--submissions-dir", subs]) == 1
@@ -224,13 +225,13 @@ def test_mlflow_round_trip_through_a_real_local_store(loop_runs, tmp_path):
     uri = f"sqlite:///{tmp_path / 'store' / 'mlflow.db'}"
     (tmp_path / "store").mkdir()
     try:
-        assert main(["runs", "track", "a", "--submissions-dir", str(subs), "--uri", uri]) == 0
+        assert main(["runs", "track", "first", "--submissions-dir", str(subs), "--uri", uri]) == 0
     finally:
         curves.unlink()
     record = json.loads((subs / made["a"].run_id / TRACKING_RECORD).read_text())
     client = MlflowClient(tracking_uri=uri)
     got = client.get_run(record["mlflow_run_id"])
-    assert got.info.status == "FINISHED" and got.info.run_name == "a"
+    assert got.info.status == "FINISHED" and got.info.run_name == "first"
     assert got.data.tags["run_id"] == made["a"].run_id and got.data.tags["synthetic"] == "true"
     assert got.data.params["folds.k"] == json.dumps(manifest["config"]["folds"]["k"])
     assert got.data.metrics["cv/combined/ensemble"] == pytest.approx(manifest["combined_oof"]["ensemble"]["value"])

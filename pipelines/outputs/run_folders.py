@@ -216,8 +216,9 @@ def resolve_run_id(submissions_dir: Path | str, text: str) -> str:
 
 
 # What ``run --name`` refuses: a name that could be read as a run-id or a prefix of one (digits first, in
-# the shape of ``20261122T120000Z-1a2b3c4d-2``) or as the 8-hex part of one.
-_ID_LIKE_NAME = re.compile(r"\d{1,8}|\d{8}T\d{0,6}|\d{8}T\d{6}Z(-([0-9a-f]{0,8}(-\d*)?)?)?|[0-9a-f]{8}(-\d+)?")
+# the shape of ``20261122T120000Z-1a2b3c4d-2``) or as the 8-hex part of one or a prefix of it (``a``, ``beef``:
+# one run in sixteen has a hex part starting with ``a``, and the name would then name two runs).
+_ID_LIKE_NAME = re.compile(r"\d{1,8}|\d{8}T\d{0,6}|\d{8}T\d{6}Z(-([0-9a-f]{0,8}(-\d*)?)?)?|[0-9a-f]{1,8}(-\d+)?")
 
 
 def check_run_name(name: str) -> None:
