@@ -98,6 +98,21 @@ def test_runs_list_shows_each_run_with_its_scores_and_sorts(one_run, tmp_path, c
     assert main(["runs", "list", "--submissions-dir", str(tmp_path / "none")]) == 1
 
 
+def test_one_unreadable_submission_record_does_not_hide_the_other_runs(one_run, tmp_path, capsys, caplog):
+    result, _ = one_run
+    subs = tmp_path / "subs"
+    broken = copy_run(result.run_dir, subs, "20260101T000000Z-aaaaaaaa", set_score(0.61, "2026-01-01T00:00:00+00:00"))
+    copy_run(result.run_dir, subs, "20260102T000000Z-bbbbbbbb", set_score(0.72, "2026-01-02T00:00:00+00:00"))
+    (broken / runs.SUBMITTED_RECORD).write_text("{not json")
+    assert main(["runs", "list", "--submitted", "--wide", "--submissions-dir", str(subs)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    listed = [line for line in lines if line.startswith("2026")]
+    assert len(listed) == 1 and listed[0].startswith("20260101T000000Z-aaaaaaaa") and "unreadable" in listed[0]
+    assert str(broken / runs.SUBMITTED_RECORD) in caplog.text
+    assert main(["runs", "list", "--submissions-dir", str(subs)]) == 0
+    assert "20260102T000000Z-bbbbbbbb" in capsys.readouterr().out
+
+
 def test_runs_compare_shows_scores_side_by_side_and_the_config_difference(one_run, tmp_path, capsys):
     result, _ = one_run
     subs = tmp_path / "subs"

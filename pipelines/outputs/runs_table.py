@@ -513,9 +513,19 @@ def load_runs(submissions_dir: Path | str) -> list[dict[str, Any]]:
                 continue
             manifest = read_manifest(Path(entry.path))
             if manifest is not None:
-                rows.append(run_summary(entry.name, manifest, read_submitted(Path(entry.path)),
+                rows.append(run_summary(entry.name, manifest, _listed_submissions(Path(entry.path)),
                                         read_leaderboard(Path(entry.path)), base))
     return rows
+
+
+def _listed_submissions(run_dir: Path) -> list[dict]:
+    """A run folder's submissions for the table: one unreadable record is a warning and the run shows as
+    submitted ("unreadable"), so the other runs are still listed and ``--submitted`` keeps it."""
+    try:
+        return read_submitted(run_dir)
+    except PipelineError as exc:
+        logger.warning(f"{exc}: the run is listed as submitted")
+        return [{"submitted_at": "unreadable"}]
 
 
 def _empty_row(run_id: str, kind: str, created: str, data_root: str, models: list[str]) -> dict[str, Any]:
