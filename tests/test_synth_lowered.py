@@ -158,14 +158,18 @@ def test_every_family_prices_lowered_programs(cache_dir: Path, spec: ProgramSpec
         assert np.unique(runtimes).size > 5, name  # the configs matter
 
 
-def test_cached_modules_are_keyed_by_the_package_versions(cache_dir: Path, monkeypatch) -> None:
+def test_cached_modules_are_keyed_by_the_package_versions_and_the_lowering_call(cache_dir: Path, monkeypatch) -> None:
     arch, spec = BY_NAME["vgg_t"], ProgramSpec("vgg_t", False, 2, "f32", "NHWC")
     first = cache.module_bytes(cache_dir, arch, spec)
     monkeypatch.setattr(cache, "lower", lambda *a, **k: pytest.fail("lowered again"))
     assert cache.module_bytes(cache_dir, arch, spec) == first
+    assert "jax.jit(fn).lower(" in cache.lowering_call_source()
+    with monkeypatch.context() as patch:
+        patch.setattr(cache, "lowering_call_source", lambda: "another way to lower")
+        assert not cache.cache_path(cache_dir, arch, spec, "lowered").exists()  # another digest: lowered anew
     upgraded = dict(cache.package_versions(), jax="99.0")
     monkeypatch.setattr(cache, "package_versions", lambda: upgraded)
-    assert not cache.cache_path(cache_dir, arch, spec, "lowered").exists()  # another digest: lowered anew
+    assert not cache.cache_path(cache_dir, arch, spec, "lowered").exists()
 
 
 def test_fused_kernels_of_a_compiled_program_become_priced_tile_graphs(cache_dir: Path) -> None:

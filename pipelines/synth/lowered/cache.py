@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import functools
 import importlib.metadata
+import inspect
 import logging
 import os
 import tempfile
@@ -58,10 +59,22 @@ def package_versions() -> dict[str, str | None]:
     return versions
 
 
+@functools.lru_cache(maxsize=None)
+def lowering_call_source() -> str:
+    """The source of the call that turns a jax function into a module (``hlo.parse.module_from_jax``):
+    the one function of the featurizer a cached module depends on, keyed alone so that edits to the
+    rest of the parser do not lower the catalogue again."""
+    from pipelines.hlo.parse import module_from_jax
+
+    return inspect.getsource(module_from_jax)
+
+
 def variant_digest(arch: Architecture, spec: ProgramSpec) -> str:
-    """What keys a cached module: the variant, its architecture, the model code and the package versions."""
+    """What keys a cached module: the variant, its architecture, the model code, the lowering call and
+    the package versions."""
     return fingerprint({"version": CACHE_VERSION, "spec": spec, "builder": arch.builder, "options": arch.options,
-                        "code": code_fingerprint((), shallow=LOWERING_CODE), "packages": package_versions()})[:16]
+                        "code": code_fingerprint((), shallow=LOWERING_CODE), "lowering": lowering_call_source(),
+                        "packages": package_versions()})[:16]
 
 
 def cache_path(cache: Path | str, arch: Architecture, spec: ProgramSpec, stage: str) -> Path:
