@@ -32,6 +32,7 @@ from pipelines.data.submission import read_submission
 from pipelines.flows.evaluate import CEILING, FLOOR, SUBMISSION, evaluate_rows
 from pipelines.flows.predict import predict_run
 from pipelines.flows.records import records_to_data_root
+from pipelines.training.anchor import anchor_row
 
 REAL = Path(__file__).resolve().parents[1] / ".." / "shared" / "real_tpu"
 RECORD_FILES = ("module_tuning_data_layout.pb", "op_tuning_data.pb")
@@ -55,7 +56,7 @@ def baseline_rows(published: dict[str, list[int]], defaults: dict[str, dict[str,
                 continue
             row = published[sid]
             first[sid] = [default, *[i for i in row if i != default]][:len(row)]
-            in_five[sid] = row if default in row[:5] or not collection.is_tile else [*row[:4], default]
+            in_five[sid] = anchor_row(row, default, None) if collection.is_tile else row
     return {DEFAULT_FIRST: first, DEFAULT_IN_FIVE: in_five}
 
 
