@@ -467,8 +467,8 @@ def _summary(out: Path, marker: dict, rows: list[Written], seconds: float) -> st
     lines = [f"lowered world at {out} (scale={marker['scale']}, seed={marker['seed']}, family={marker['family']}): "
              f"{len(rows)} files, {seconds:.1f} s"]
     groups: dict[tuple[str, str], list[tuple[int, int, int]]] = {}
-    for collection, split, _, n, nc, c, _ in rows:
-        groups.setdefault((collection, split), []).append((n, nc, c))
+    for row in rows:
+        groups.setdefault((row.collection, row.split), []).append((row.nodes, row.configurable, row.configs))
     for (collection, split), values in sorted(groups.items()):
         n, nc, c = (np.array(col) for col in zip(*values))
         detail = f"nodes {n.min()}-{n.max()}, configs {c.min()}-{c.max()}"
