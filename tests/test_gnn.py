@@ -17,8 +17,8 @@ from scipy.stats import kendalltau
 from pipelines.config.settings import config_from_dict, resolve_for_collection
 from pipelines.core.errors import ConfigError, FormatError
 from pipelines.models.gnn import GNNRanker
-from pipelines.models.gnn.batch import (LayoutConfigs, collate, compact_configs, distinct_blocks, gather_configs,
-                                        layout_physics, layout_roles, pack_blocks, prepare_for,
+from pipelines.models.gnn.batch import (LayoutConfigs, bytes_share, collate, compact_configs, distinct_blocks,
+                                        gather_configs, layout_physics, layout_roles, pack_blocks, prepare_for,
                                         prepare_graph)
 from pipelines.models.gnn.device import autocast
 from pipelines.models.gnn.losses import list_mle_loss, make_loss, pairwise_hinge_loss
@@ -327,13 +327,13 @@ def randomise_node_cost(model: GNNModel) -> None:
         torch.nn.init.normal_(p, std=0.5)
 
 
-@pytest.mark.parametrize("readout", ["pooled", "pooled+sum"])
+@pytest.mark.parametrize("readout", ["pooled", "pooled+sum", "pooled+sum+bytes"])
 @pytest.mark.parametrize("config_layers", [0, 3])
 def test_fused_layout_equals_unfused_reference(readout, config_layers):
     cfg = GNNConfig(config_layers=config_layers, free_layers=1, readout=readout, **FAST)
     torch.manual_seed(1)
     model = GNNModel(cfg, FEAT, "layout").eval()
-    if readout == "pooled+sum":
+    if readout != "pooled":
         randomise_node_cost(model)
     rng = np.random.default_rng(5)
     graphs = [prepare_graph(layout_graph(rng, n=40, nc=4, c=8, stem=f"g{i}"), cfg.config_layers) for i in range(2)]
@@ -392,6 +392,45 @@ def test_node_cost_readout_is_a_per_config_sum_over_nodes():
     with torch.no_grad():
         again = model.score(model.encode(collate([doubled])), gather_configs([doubled], [np.arange(4)]))[0]
     torch.testing.assert_close(again, summed, rtol=1e-4, atol=1e-5)
+
+
+def test_bytes_share_is_each_node_s_output_bytes_over_the_total():
+    raw = np.zeros((3, 140))
+    raw[0, 21:23], raw[0, 2 + 11] = [4, 8], 1  # f32 [4, 8]: 128 bytes (one-hot slot 11 = f32)
+    raw[1, 21:24], raw[1, 2 + 10] = [2, 3, 128], 1  # f16/bf16-sized [2, 3, 128]: 1536 bytes
+    raw[2, 2 + 11] = 1  # an f32 scalar: 4 bytes
+    share = bytes_share(transform_node_feat(raw))
+    np.testing.assert_allclose(share, np.array([128, 1536, 4]) / 1668, rtol=1e-6)
+
+
+def test_bytes_weighted_node_cost_scales_with_each_node_s_bytes():
+    # path 0..8, configurable nodes 1 and 6 with disjoint reaches after one config layer; node 6's
+    # reach holds 1000x the bytes of node 1's. With only the bytes-weighted cost left (the count-
+    # weighted output and the pooled head silenced), changing node 6's config moves the score far
+    # more than changing node 1's by the same block swap
+    cfg = GNNConfig(config_layers=1, free_layers=1, config_pairs=False, readout="pooled+sum+bytes", **FAST)
+    torch.manual_seed(2)
+    model = GNNModel(cfg, FEAT, "layout").eval()
+    g = chain_graph_arrays(9, [1, 6], c=4)
+    raw = np.zeros((9, 140))
+    raw[:, 21:23], raw[:, 2 + 11] = [16, 16], 1
+    raw[5:8, 21:23] = [512, 500]  # 1000x the elements of the others
+    g.node_feat = transform_node_feat(raw)
+    g.config_feat[1] = g.config_feat[0]
+    g.config_feat[1, 0] = g.config_feat[3, 0]  # config 1: node 1's block changed
+    g.config_feat[2] = g.config_feat[0]
+    g.config_feat[2, 1] = g.config_feat[3, 1]  # config 2: node 6's block changed
+    prepared = prepare_graph(g, cfg.config_layers)
+    assert prepared.varying_bytes_share.sum() == pytest.approx(1.0)
+    with torch.no_grad():
+        randomise_node_cost(model)
+        for p in model.head[-1].parameters():
+            p.zero_()
+        last = model.node_cost.mlp[-1]
+        last.weight[0].zero_(), last.bias[0].zero_()
+        scores = model.score(model.encode(collate([prepared])), gather_configs([prepared], [np.arange(4)]))[0]
+    small, big = abs(float(scores[1] - scores[0])), abs(float(scores[2] - scores[0]))
+    assert big > 0 and small < big / 50
 
 
 def test_node_cost_readout_trains_and_a_model_saved_before_it_loads_pooled(tmp_path):
@@ -1009,14 +1048,14 @@ def test_bf16_autocast_trains_and_ranks_like_fp32(kind):
     assert fits["bf16"].device_ == "cpu"
 
 
-@pytest.mark.parametrize("readout", ["pooled", "pooled+sum"])
+@pytest.mark.parametrize("readout", ["pooled", "pooled+sum", "pooled+sum+bytes"])
 def test_bf16_costs_keep_float32_resolution(readout):
     # costs of one graph's configs differ in their 3rd-4th digit: a bfloat16 head (8 significant bits)
     # rounded 68% of them onto others on a small world's xla graphs, and ties lose Kendall tau
     cfg = GNNConfig(free_layers=1, readout=readout, **FAST)
     torch.manual_seed(3)
     model = GNNModel(cfg, FEAT, "layout").eval()
-    if readout == "pooled+sum":
+    if readout != "pooled":
         randomise_node_cost(model)
     graphs = [prepare_graph(layout_graph(np.random.default_rng(8), n=40, nc=6, c=64), cfg.config_layers)]
     configs = gather_configs(graphs, [np.arange(64)])

@@ -20,7 +20,7 @@ NORMS = ("layer", "none")
 SCHEDULES = ("cosine", "onecycle", "constant")
 DEVICES = ("auto", "cpu", "cuda")  # "cuda:N" picks one GPU of several
 PRECISIONS = ("fp32", "bf16")
-READOUTS = ("pooled", "pooled+sum")
+READOUTS = ("pooled", "pooled+sum", "pooled+sum+bytes")
 
 
 @dataclass
@@ -48,7 +48,8 @@ class GNNConfig:
     # through elementwise chains, or one and a fixed-layout node), added at both ends and pooled
     config_pairs: bool = True
     # layout: "pooled" (mean/max pooling, LayerNorm, MLP head) or "pooled+sum": plus a per-node cost
-    # (MLP on each node state that differs between configs) summed per graph and config, / configurable nodes
+    # (MLP on each node state that differs between configs) summed per graph and config, / configurable nodes;
+    # "pooled+sum+bytes": plus a second such cost weighted by the node's share of the graph's output bytes
     readout: str = choice("pooled", READOUTS)
     attention_heads: int = bounded(4, 1)  # heads of cross_config_attention (must divide hidden)
     # --- loss and sampling

@@ -18,7 +18,7 @@ config) works the same way, so a step copies only its sampled configs' distinct 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import ClassVar
 
 import numpy as np
@@ -29,7 +29,7 @@ from pipelines.config.gnn import GNNConfig
 from pipelines.core.errors import FormatError
 from pipelines.data.features import tile_config_features, tile_feature_names
 from pipelines.data.node_arrays import NODE_FEATURE_DIM, RAW_COLUMNS, GraphArrays, kept_raw_node_feat, shape_and_layout
-from pipelines.data.layout_geometry import CONV
+from pipelines.data.layout_geometry import CONV, element_bytes
 from pipelines.data.tpugraphs import GraphSize, NodeFeat
 
 LAYOUT_VALUE_OFFSET = 1  # layout config values -1..5 become embedding ids 0..6
@@ -93,6 +93,8 @@ class PreparedGraph(GraphSize):
     chain_src_layout: np.ndarray
     chain_dims: np.ndarray
     chain_bytes: np.ndarray
+    # float32 (|D_L|,) each varying row's output bytes as a share of its graph's (readout "pooled+sum+bytes")
+    varying_bytes_share: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float32))
 
     @property
     def varying_rows(self) -> np.ndarray:
@@ -348,6 +350,7 @@ def prepare_graph(graph: GraphArrays, config_layers: int, match_operands: bool =
             ))
             prev_rows, prev_mask, prev_pos = rows, mask, pos
         config_in_final = prev_pos[config_nodes]
+    varying = levels[-1].rows if levels else config_nodes
     config_shapes, config_layouts, config_roles = _config_tensors(graph.node_feat, graph.node_opcode, src, dst,
                                                                   config_nodes, match_operands)
     return PreparedGraph(
@@ -363,7 +366,18 @@ def prepare_graph(graph: GraphArrays, config_layers: int, match_operands: bool =
         target=graph.target.astype(np.float64, copy=False),
         chain_src=graph.chain_src, chain_dst=graph.chain_dst, chain_kernel=graph.chain_kernel,
         chain_src_layout=graph.chain_src_layout, chain_dims=graph.chain_dims, chain_bytes=graph.chain_bytes,
+        varying_bytes_share=bytes_share(graph.node_feat[varying]) if kind == "layout" else np.zeros(0, np.float32),
     )
+
+
+def bytes_share(node_feat: np.ndarray) -> np.ndarray:
+    """float32 (n,): each node's output bytes (at least one per element, a scalar one element) as a share
+    of the nodes' total, from transformed node features (the shapes and element types they keep exactly)."""
+    raw = kept_raw_node_feat(node_feat)
+    dims = raw[:, NodeFeat.SHAPE_DIMS].astype(np.float64)
+    nbytes = np.where(dims > 0, dims, 1.0).prod(axis=1) * np.maximum(element_bytes(raw), 1.0)
+    total = nbytes.sum()
+    return (nbytes / total if total > 0 else nbytes).astype(np.float32)
 
 
 def _to_device(obj, device: torch.device, non_blocking: bool):
@@ -416,6 +430,7 @@ class GraphBatch:
     # the configurable nodes (PreparedGraph.varying_rows, offset per graph)
     final_rows: torch.Tensor
     final_graph: torch.Tensor  # (|D_L|,) graph of each row of the last level
+    final_bytes_share: torch.Tensor  # (|D_L|,) float32 the row's output bytes / its graph's D_L bytes
     outside_final: torch.Tensor  # (N,) bool: node outside D_L (its state is the same for every config)
     # Host-side facts, so the model never reads a size back from the device (a GPU sync) per step:
     outside_rows: torch.Tensor  # (N - |D_L|,) ids of the nodes outside D_L, sorted
@@ -498,6 +513,7 @@ def collate(graphs: list[PreparedGraph]) -> GraphBatch:
         config_in_final=config_in_final,
         final_rows=final_rows,
         final_graph=final_graph,
+        final_bytes_share=_cat([g.varying_bytes_share for g in graphs], torch.float32),
         outside_final=outside,
         outside_rows=torch.nonzero(outside).squeeze(1),
         node_counts=node_counts,

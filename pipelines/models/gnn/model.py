@@ -128,7 +128,8 @@ class GNNModel(nn.Module):
         )
         self.head = nn.Sequential(nn.GELU(), nn.Linear(hidden, hidden), nn.GELU(), nn.Linear(hidden, 1))
         # built last so that the other modules draw the same initial weights with the option off
-        self.node_cost = NodeCostHead(hidden) if kind == "layout" and cfg.readout == "pooled+sum" else None
+        self.node_cost = (NodeCostHead(hidden, by_bytes=cfg.readout == "pooled+sum+bytes")
+                          if kind == "layout" and cfg.readout != "pooled" else None)
         self.roles_proj = nn.Linear(ROLES_DIM, hidden) if kind == "layout" and cfg.layout_roles else None
 
     @property

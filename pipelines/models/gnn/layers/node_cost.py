@@ -1,5 +1,5 @@
-"""The per-node cost head of ``readout = "pooled+sum"``: an MLP on every varying node state, summed per
-graph and config (a runtime is a sum of kernel times)."""
+"""The per-node cost head of ``readout = "pooled+sum"`` (and ``"pooled+sum+bytes"``): an MLP on every
+varying node state, summed per graph and config (a runtime is a sum of kernel times)."""
 
 from __future__ import annotations
 
@@ -18,19 +18,30 @@ class NodeCostHead(nn.Module):
     layouts; mean/max pooling followed by a LayerNorm and an MLP cannot express such a sum. The head
     runs on the nodes whose state differs between configs (D_L); the others add the same constant to
     every config of a graph, which a ranking ignores. The sum is divided by the graph's configurable
-    node count so its scale does not grow with the graph. The last layer starts at zero: training
-    starts from the pooled model's scores.
+    node count so its scale does not grow with the graph.
+
+    ``by_bytes`` (``"pooled+sum+bytes"``) adds a second cost per node, weighted by the node's share of
+    its graph's output bytes (``GraphBatch.final_bytes_share``): a layout's price on a memory-bound
+    kernel grows with the data it moves, over orders of magnitude that an MLP on log-scaled,
+    LayerNorm-ed states does not reach. The last layer starts at zero: training starts from the
+    pooled model's scores.
     """
 
-    def __init__(self, hidden: int):
+    def __init__(self, hidden: int, by_bytes: bool = False):
         super().__init__()
-        self.mlp = nn.Sequential(nn.Linear(hidden, hidden // 2), nn.GELU(), nn.Linear(hidden // 2, 1))
+        self.by_bytes = by_bytes
+        outputs = 2 if by_bytes else 1
+        self.mlp = nn.Sequential(nn.Linear(hidden, hidden // 2), nn.GELU(), nn.Linear(hidden // 2, outputs))
         nn.init.zeros_(self.mlp[-1].weight)
         nn.init.zeros_(self.mlp[-1].bias)
 
     def forward(self, states: torch.Tensor, graph: torch.Tensor, batch: GraphBatch) -> torch.Tensor:
         """(B, K) per-config sum of ``self.mlp`` over ``states`` (rows, K, H), rows grouped by ``graph``."""
         with full_precision(states):  # float32 costs and sums, also under bf16 autocast (see full_precision)
-            per_node = self.mlp(states.float()).squeeze(-1)  # (rows, K)
-        total = segment_sum(per_node, graph, batch.num_graphs)
-        return total / batch.num_config_nodes.clamp(min=1).to(total.dtype)[:, None]
+            per_node = self.mlp(states.float())  # (rows, K, outputs)
+        total = segment_sum(per_node[..., 0], graph, batch.num_graphs)
+        total = total / batch.num_config_nodes.clamp(min=1).to(total.dtype)[:, None]
+        if self.by_bytes:
+            share = batch.final_bytes_share.to(per_node.dtype)[:, None]
+            total = total + segment_sum(per_node[..., 1] * share, graph, batch.num_graphs)
+        return total
