@@ -15,6 +15,7 @@ import torch
 from scipy.stats import kendalltau
 
 from pipelines.config.settings import config_from_dict, resolve_for_collection
+from pipelines.core.collection import parse_collection
 from pipelines.core.errors import ConfigError, FormatError
 from pipelines.models.gnn import GNNRanker
 from pipelines.models.gnn.batch import (LayoutConfigs, bytes_share, collate, compact_configs, distinct_blocks,
@@ -883,6 +884,43 @@ def test_the_training_stage_s_settings_are_not_resolved_twice(monkeypatch):
     monkeypatch.setattr(ranker_module, "resolve_for_collection", lambda *a, **k: pytest.fail("resolved again"))
     assert GNNRanker(settings, collection="layout:xla:random").config == expected
     assert expected.passes_per_epoch == 8 and expected.collections == {}  # the table, applied once upstream
+
+
+def test_init_from_starts_the_fit_from_a_saved_model_s_weights(tmp_path):
+    graphs = easy_world(12, "layout", 4)
+    first = gnn(epochs=2).fit(graphs[:3], graphs[3:], seed=0)
+    first.save(tmp_path, "first")
+    # a learning rate too small to move a weight: what the fit returns is where it started
+    still = dict(epochs=1, lr=1e-12, warmup_fraction=0.0)
+    started = gnn(**still, init_from=str(tmp_path / "first.pt")).fit(graphs[:3], graphs[3:], seed=5)
+    np.testing.assert_allclose(started.predict(graphs), first.predict(graphs), rtol=1e-6, atol=1e-6)
+    fresh = gnn(**still).fit(graphs[:3], graphs[3:], seed=5)
+    assert not np.allclose(fresh.predict(graphs), first.predict(graphs), rtol=1e-3)
+    # another architecture, or another kind of graph: refused, naming the file
+    with pytest.raises(ConfigError, match="first.pt.*architecture differs"):
+        gnn(**still, hidden=32, init_from=str(tmp_path / "first.pt")).fit(graphs[:3], graphs[3:], seed=0)
+    tiles = easy_world(4, "tile", 4)
+    with pytest.raises(ConfigError, match="first.pt: a layout model"):
+        gnn("tile", epochs=1, init_from=str(tmp_path / "first.pt")).fit(tiles[:3], tiles[3:], seed=0)
+
+
+def test_init_from_s_bytes_key_the_training_stage(tmp_path):
+    from pipelines.config.settings import load_config
+    from pipelines.models.gnn.adapter import INIT_DIGEST, GNNAdapter
+
+    adapter, collection = GNNAdapter(), parse_collection("layout:xla:random")
+    config = load_config("smoke")
+    assert INIT_DIGEST not in adapter.settings(config, collection)
+    model = tmp_path / "start.pt"
+    with_init = replace(config, gnn=replace(config.gnn, init_from=str(model)))
+    with pytest.raises(ConfigError, match="start.pt"):  # before any fit: the file is read for the key
+        adapter.settings(with_init, collection)
+    model.write_bytes(b"one")
+    one = adapter.settings(with_init, collection)
+    model.write_bytes(b"two")
+    two = adapter.settings(with_init, collection)
+    assert one["init_from"] == str(model.resolve()) and one[INIT_DIGEST] != two[INIT_DIGEST]
+    assert adapter.make(two, collection, num_threads=1).config.init_from == str(model.resolve())
 
 
 def test_num_threads_zero_takes_the_stage_share_and_a_set_count_wins():

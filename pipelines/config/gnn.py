@@ -94,6 +94,9 @@ class GNNConfig:
     pretrain_epochs: int = bounded(2, 0)  # epochs of that pre-training
     pretrain_lr: float = bounded(1e-3, 1e-12)  # its learning rate
     pretrain_mask_rate: float = bounded(0.15, 1e-6, below=1.0)  # share of nodes whose opcode is masked and predicted
+    # --- fine-tuning: a saved GNN model file (a run's models/gnn-f*-s*.pt) whose weights start every fold
+    # model's fit instead of random ones; the same architecture settings. "" = random initial weights
+    init_from: str = ""
     # --- runtime
     num_threads: int = bounded(0, 0)  # 0: the training stage's share of the cores (standalone: torch's default)
     device: str = "cpu"  # "cpu", "cuda" ("cuda:N"), or "auto": CUDA when torch sees a GPU, else CPU

@@ -3,13 +3,16 @@
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import polars as pl
 
 from pipelines.core.collection import Collection
+from pipelines.core.errors import ConfigError
 from pipelines.models.gnn.batch import compact_configs
 from pipelines.models.gnn.ranker import GNNRanker
 from pipelines.data.node_arrays import NODE_FEATURE_DIM, GraphArrays
@@ -19,6 +22,7 @@ AVG_CONFIG_NODES = 64
 STEP_COPIES = 12
 STEP_COPIES_HEAP_REUSE = 21  # gnn.cpu_heap_reuse keeps freed blocks of other sizes: +0.8 GB on an 11k-node graph
 TORCH_BYTES = 512 * 2**20
+INIT_DIGEST = "init_from_sha256"  # the stage-key-only setting beside gnn.init_from: the file's bytes
 
 
 def subsample_configs(graph: GraphArrays, max_configs: int, seed: int) -> GraphArrays:
@@ -44,7 +48,17 @@ class GNNAdapter:
         from pipelines.config.settings import model_settings
 
         # resolved, with its empty `collections` kept: the ranker must not apply its defaults' tables again
-        return model_settings(config, "gnn", collection)
+        settings = model_settings(config, "gnn", collection)
+        if settings.get("init_from"):
+            # the fits start from that file's weights: its bytes key the stage, not only its name; absolute,
+            # as fold jobs in worker processes may run elsewhere
+            path = Path(settings["init_from"]).resolve()
+            try:
+                digest = hashlib.sha256(path.read_bytes()).hexdigest()
+            except OSError as exc:
+                raise ConfigError(f"gnn.init_from: cannot read {path} ({exc.strerror or exc})") from None
+            settings |= {"init_from": str(path), INIT_DIGEST: digest}
+        return settings
 
     def inputs(self, prepared: Any) -> dict[str, str]:
         return {name: prepared.stages[name].key for name in self.input_stages}
@@ -64,7 +78,8 @@ class GNNAdapter:
         return names, index
 
     def make(self, settings: dict[str, Any], collection: Collection, *, num_threads: int) -> GNNRanker:
-        return GNNRanker({**settings, "progress": False}, collection=collection, num_threads=num_threads)
+        config = {k: v for k, v in settings.items() if k != INIT_DIGEST}
+        return GNNRanker({**config, "progress": False}, collection=collection, num_threads=num_threads)
 
     def job_memory(self, prepared: Any, graphs: list[str], settings: dict[str, Any]) -> int:
         """Rough peak bytes of a fit: every graph's arrays plus one training step on the largest graph.

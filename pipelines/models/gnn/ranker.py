@@ -122,7 +122,10 @@ class GNNRanker:
         with _torch_threads(cfg.num_threads), torch.random.fork_rng(devices=rng_devices(device)), \
                 deterministic(cfg.deterministic), heap_reuse_on(device, cfg.cpu_heap_reuse):
             torch.manual_seed(seed)
-            model = GNNModel(cfg, feat_dim, kind).to(device)
+            model = GNNModel(cfg, feat_dim, kind)
+            if cfg.init_from:
+                start_from_saved(model, Path(cfg.init_from), kind, feat_dim)
+            model = model.to(device)
 
             def pretrain(rng: np.random.Generator) -> None:
                 if cfg.pretrain:
@@ -188,12 +191,7 @@ class GNNRanker:
     def load(cls, folder: Path | str, name: str, *, num_threads: int | None = None) -> GNNRanker:
         """A ranker written by :meth:`save`, ready to predict (on ``gnn.device``)."""
         path = Path(folder) / f"{name}.pt"
-        try:
-            saved = torch.load(path, map_location="cpu", weights_only=True)
-        except Exception as exc:  # torch raises several types for a truncated or foreign file
-            raise FormatError(path, f"cannot read GNN model ({exc})") from None
-        if not isinstance(saved, dict) or saved.get("format") != MODEL_FORMAT:
-            raise FormatError(path, "not a GNN model file of this version")
+        saved = read_model_file(path)
         # a model saved before gnn.config_pairs (or gnn.tile_physics) existed was trained without it (the
         # default is now on); one saved before gnn.readout existed had the pooled readout
         config = {"config_pairs": False, "tile_physics": False, "readout": "pooled", **saved["config"]}
@@ -207,6 +205,37 @@ class GNNRanker:
         ranker.model_.load_state_dict(saved["model"])
         ranker.model_.eval()
         return ranker
+
+
+def read_model_file(path: Path) -> dict[str, Any]:
+    """The dict :meth:`GNNRanker.save` wrote to ``path`` (FormatError naming the file otherwise)."""
+    try:
+        saved = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # torch raises several types for a missing, truncated or foreign file
+        raise FormatError(path, f"cannot read GNN model ({exc})") from None
+    if not isinstance(saved, dict) or saved.get("format") != MODEL_FORMAT:
+        raise FormatError(path, "not a GNN model file of this version")
+    return saved
+
+
+def start_from_saved(model: GNNModel, path: Path, kind: str, feat_dim: int) -> None:
+    """Load the weights of the model file at ``path`` into ``model`` (``gnn.init_from``): a ConfigError
+    naming the file when its graphs' kind, node features or any weight's shape differ from ``model``'s."""
+    saved = read_model_file(path)
+    if saved["kind"] != kind or saved["node_feat_dim"] != feat_dim:
+        raise ConfigError(f"gnn.init_from {path}: a {saved['kind']} model with {saved['node_feat_dim']} node "
+                          f"features cannot start a {kind} model with {feat_dim}")
+    own = model.state_dict()
+    weights = saved["model"]
+    missing, extra = sorted(set(own) - set(weights)), sorted(set(weights) - set(own))
+    reshaped = sorted(k for k in set(own) & set(weights) if tuple(own[k].shape) != tuple(weights[k].shape))
+    if missing or extra or reshaped:
+        differ = [f"missing {', '.join(missing[:3])}" if missing else "", f"extra {', '.join(extra[:3])}" if extra else "",
+                  f"other shapes {', '.join(reshaped[:3])}" if reshaped else ""]
+        raise ConfigError(f"gnn.init_from {path}: its architecture differs from this config's "
+                          f"({'; '.join(d for d in differ if d)}): the architecture settings (hidden, layers, "
+                          "readout, physics inputs, ...) must be those it was trained with")
+    model.load_state_dict(weights)
 
 
 def _fingerprint(cfg: GNNConfig, seed: int, *graph_lists: list[GraphArrays]) -> str:
