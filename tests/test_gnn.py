@@ -915,12 +915,19 @@ def test_init_from_s_bytes_key_the_training_stage(tmp_path):
     with_init = replace(config, gnn=replace(config.gnn, init_from=str(model)))
     with pytest.raises(ConfigError, match="start.pt"):  # before any fit: the file is read for the key
         adapter.settings(with_init, collection)
-    model.write_bytes(b"one")
+    model.write_bytes(b"not a model")
+    with pytest.raises(FormatError, match="start.pt"):
+        adapter.settings(with_init, collection)
+    graphs = easy_world(13, "layout", 3)
+    fitted = gnn(epochs=1).fit(graphs[:2], graphs[2:], seed=0)
+    fitted.save(tmp_path, "start")
     one = adapter.settings(with_init, collection)
-    model.write_bytes(b"two")
+    gnn(epochs=1).fit(graphs[:2], graphs[2:], seed=1).save(tmp_path, "start")  # other weights, same name
     two = adapter.settings(with_init, collection)
     assert one["init_from"] == str(model.resolve()) and one[INIT_DIGEST] != two[INIT_DIGEST]
     assert adapter.make(two, collection, num_threads=1).config.init_from == str(model.resolve())
+    with pytest.raises(ConfigError, match="start.pt: a layout model cannot start the fits of tile:xla"):
+        adapter.settings(with_init, parse_collection("tile:xla"))
 
 
 def test_num_threads_zero_takes_the_stage_share_and_a_set_count_wins():

@@ -14,7 +14,7 @@ import polars as pl
 from pipelines.core.collection import Collection
 from pipelines.core.errors import ConfigError
 from pipelines.models.gnn.batch import compact_configs
-from pipelines.models.gnn.ranker import GNNRanker
+from pipelines.models.gnn.ranker import GNNRanker, read_model_file
 from pipelines.data.node_arrays import NODE_FEATURE_DIM, GraphArrays
 
 # job_memory: configurable nodes per layout graph assumed, tensors alive in a step, torch's own footprint
@@ -57,6 +57,9 @@ class GNNAdapter:
                 digest = hashlib.sha256(path.read_bytes()).hexdigest()
             except OSError as exc:
                 raise ConfigError(f"gnn.init_from: cannot read {path} ({exc.strerror or exc})") from None
+            kind = read_model_file(path)["kind"]  # a foreign file is refused here, before any stage runs
+            if kind != collection.kind:
+                raise ConfigError(f"gnn.init_from {path}: a {kind} model cannot start the fits of {collection.name}")
             settings |= {"init_from": str(path), INIT_DIGEST: digest}
         return settings
 
