@@ -145,15 +145,34 @@ def _resolved(config, section: str, name: str, collection):
 ADAPTER_READS = {"train-gbdt": "gbdt.*", "train-gnn": "gnn.*", "train-random": "", "train-feature": "gbdt.load_max_configs"}
 
 
+def _saved_gnn(folder: Path, collection) -> Path:
+    """An (untrained) GNN model file of ``collection``'s kind: a valid ``gnn.init_from``."""
+    import math
+
+    from pipelines.data.node_arrays import NODE_FEATURE_DIM
+    from pipelines.models.gnn import GNNRanker
+    from pipelines.models.gnn.model import GNNModel
+
+    ranker = GNNRanker({"hidden": 8, "opcode_dim": 4, "config_value_dim": 2}, collection=collection)
+    ranker.model_ = GNNModel(ranker.config, NODE_FEATURE_DIM, collection.kind)
+    ranker.kind_, ranker.node_feat_dim_, ranker.history_, ranker.best_score_ = (collection.kind, NODE_FEATURE_DIM,
+                                                                                [], math.nan)
+    ranker.save(folder, "start")
+    return folder / "start.pt"
+
+
 @pytest.mark.parametrize("collection", ["tile:xla", "layout:xla:default"])
-def test_a_listed_setting_changes_the_key_and_no_other_setting_does(collection):
+def test_a_listed_setting_changes_the_key_and_no_other_setting_does(collection, tmp_path):
     collection = parse_collection(collection)
     config = load_config("smoke")
     stages = dag.pipeline(MODELS)
     before = {s.name: s.key(_call(s, config, collection)) for s in stages}
+    # settings whose valid values are files, given one
+    files = {"gnn.init_from": lambda: str(_saved_gnn(tmp_path, collection))}
     for section, name, value in _settings(config):
-        changed = _changed(config, section, name, value)
         dotted = f"{section}.{name}"
+        changed = (apply_overrides(config, [f"{dotted}={json.dumps(files[dotted]())}"]) if dotted in files
+                   else _changed(config, section, name, value))
         for stage in stages:
             listed = {source for source in stage.setting_sources(config, collection).values() if isinstance(source, str)}
             reads = ADAPTER_READS.get(stage.name, "")
