@@ -69,6 +69,14 @@ def element_bytes(node_feat: np.ndarray) -> np.ndarray:
     return node_feat[:, 2:21].astype(np.float64) @ ELEMENT_BITS / 8.0
 
 
+def output_bytes(node_feat: np.ndarray, elements: np.ndarray | None = None) -> np.ndarray:
+    """float64 (n,) output bytes, at least one byte per element (tuples and tokens count one):
+    ``elements`` (default: the shape-product column, at least 1) times the element type's bytes."""
+    if elements is None:
+        elements = np.maximum(node_feat[:, DIM_PRODUCT].astype(np.float64), 1.0)
+    return elements * np.maximum(element_bytes(node_feat), 1.0)
+
+
 def default_layouts(node_feat: np.ndarray, rank: np.ndarray) -> np.ndarray:
     """int8 (n, 6) default minor_to_major per node with slots past the rank set to -1.
 
@@ -238,7 +246,6 @@ class ConfigNodes:
         feat = graph.node_feat[graph.config_nodes]
         opcode = graph.node_opcode[graph.config_nodes].astype(np.int64)
         dims = node_dims(feat)
-        elems = np.maximum(feat[:, DIM_PRODUCT].astype(np.float64), 1.0)
         default = default_layouts(feat, node_rank(dims))
         largest = dims.max(axis=1)
         minor_slot = np.arange(SLOT_PAIRS) % 7 - 1
@@ -246,7 +253,7 @@ class ConfigNodes:
         return cls(
             dims=dims,
             largest=largest,
-            nbytes=elems * np.maximum(element_bytes(feat), 1.0),
+            nbytes=output_bytes(feat),
             default=default,
             pairs=config_pairs(graph.num_nodes, graph.edge_index, graph.config_nodes),
             op_masks={name: opcode == code for name, code in LAYOUT_OPS.items()},
@@ -328,7 +335,6 @@ class Chains:
         up = up[~is_config[up[:, 1]] & ~free[up[:, 1]] & (rank[up[:, 1]] > 0)]
         producer = up[:, 1]
         feat = graph.node_feat[producer]
-        elems = np.maximum(feat[:, DIM_PRODUCT].astype(np.float64), 1.0)
         fixed_layout, fixed_dims = default_layouts(feat, rank[producer]), dims[producer]
         pair_kernel = kernel_block(pair_consumer, node_rank(nodes.dims)[pair_producer])
         fixed_in_kernel = kernel_block(up[:, 0], rank[producer])
@@ -338,7 +344,7 @@ class Chains:
             fixed_in_columns=block_columns(config_nodes.size, 1 + fixed_in_kernel, up[:, 0]),
             fixed_in_consumer=up[:, 0], fixed_in_kernel=fixed_in_kernel,
             fixed_in_layout=fixed_layout, fixed_in_dims=fixed_dims,
-            fixed_in_bytes=elems * np.maximum(element_bytes(feat), 1.0), fixed_out=fixed_out,
+            fixed_in_bytes=output_bytes(feat), fixed_out=fixed_out,
             fixed_in_code=layout_codes(fixed_layout), fixed_in_padding=padding_table(fixed_dims),
             fixed_in_own_padding=tile_padding(fixed_dims, fixed_layout[None]),
         )

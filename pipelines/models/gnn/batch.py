@@ -18,7 +18,8 @@ config) works the same way, so a step copies only its sampled configs' distinct 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
+from functools import cached_property
 from typing import ClassVar
 
 import numpy as np
@@ -29,7 +30,7 @@ from pipelines.config.gnn import GNNConfig
 from pipelines.core.errors import FormatError
 from pipelines.data.features import tile_config_features, tile_feature_names
 from pipelines.data.node_arrays import NODE_FEATURE_DIM, RAW_COLUMNS, GraphArrays, kept_raw_node_feat, shape_and_layout
-from pipelines.data.layout_geometry import CONV, element_bytes
+from pipelines.data.layout_geometry import CONV, output_bytes
 from pipelines.data.tpugraphs import GraphSize, NodeFeat
 
 LAYOUT_VALUE_OFFSET = 1  # layout config values -1..5 become embedding ids 0..6
@@ -93,14 +94,18 @@ class PreparedGraph(GraphSize):
     chain_src_layout: np.ndarray
     chain_dims: np.ndarray
     chain_bytes: np.ndarray
-    # float32 (|D_L|,) each varying row's output bytes as a share of its graph's (readout "pooled+sum+bytes")
-    varying_bytes_share: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float32))
 
     @property
     def varying_rows(self) -> np.ndarray:
         """The nodes whose state differs between configs: D_L (the last level's rows), or without a config
         layer the configurable nodes themselves (none in a tile graph)."""
         return self.levels[-1].rows if self.levels else self.config_nodes
+
+    @cached_property
+    def varying_bytes_share(self) -> np.ndarray:
+        """float32 (|D_L|,) each varying row's output bytes as a share of its graph's (readout
+        "pooled+sum+bytes"); computed once per prepared graph, at its first batch."""
+        return bytes_share(self.node_feat[self.varying_rows])
 
 
 def _check(graph: GraphArrays) -> None:
@@ -350,7 +355,6 @@ def prepare_graph(graph: GraphArrays, config_layers: int, match_operands: bool =
             ))
             prev_rows, prev_mask, prev_pos = rows, mask, pos
         config_in_final = prev_pos[config_nodes]
-    varying = levels[-1].rows if levels else config_nodes
     config_shapes, config_layouts, config_roles = _config_tensors(graph.node_feat, graph.node_opcode, src, dst,
                                                                   config_nodes, match_operands)
     return PreparedGraph(
@@ -366,16 +370,15 @@ def prepare_graph(graph: GraphArrays, config_layers: int, match_operands: bool =
         target=graph.target.astype(np.float64, copy=False),
         chain_src=graph.chain_src, chain_dst=graph.chain_dst, chain_kernel=graph.chain_kernel,
         chain_src_layout=graph.chain_src_layout, chain_dims=graph.chain_dims, chain_bytes=graph.chain_bytes,
-        varying_bytes_share=bytes_share(graph.node_feat[varying]) if kind == "layout" else np.zeros(0, np.float32),
     )
 
 
 def bytes_share(node_feat: np.ndarray) -> np.ndarray:
     """float32 (n,): each node's output bytes (at least one per element, a scalar one element) as a share
     of the nodes' total, from transformed node features (the shapes and element types they keep exactly)."""
-    raw = kept_raw_node_feat(node_feat)
+    raw = kept_raw_node_feat(node_feat)  # keeps the dims and the element type, not the shape-product column
     dims = raw[:, NodeFeat.SHAPE_DIMS].astype(np.float64)
-    nbytes = np.where(dims > 0, dims, 1.0).prod(axis=1) * np.maximum(element_bytes(raw), 1.0)
+    nbytes = output_bytes(raw, elements=np.where(dims > 0, dims, 1.0).prod(axis=1))
     total = nbytes.sum()
     return (nbytes / total if total > 0 else nbytes).astype(np.float32)
 
