@@ -602,6 +602,90 @@ def test_layout_roles_name_the_dims_each_layout_puts_minor_most(kernel_first):
                                + [*one_hot(ROLE_SPATIAL), *one_hot(ROLE_SPATIAL)] + default_kernel, rtol=1e-6)
 
 
+RESHAPES = [([2, 3, 4], [6, 4]), ([2, 3], [3, 2]), ([4, 6], [2, 3, 4]), ([8, 1, 16], [128]),
+            ([2, 2, 3, 5], [4, 15]), ([3, 4, 5, 2, 2], [12, 10, 2]), ([7], [7]), ([2, 3], [5])]
+
+
+def _reshape_graph(rng: np.random.Generator, configs: int) -> GraphArrays:
+    """A parameter feeding a reshape per entry of RESHAPES (row-major default layouts), with random
+    configs: each block unset, a full minor_to_major, or only its two minor-most dims (then -1)."""
+    raw = np.zeros((2 * len(RESHAPES), 140))
+    for i, shapes in enumerate(RESHAPES):
+        for node, dims in zip((2 * i, 2 * i + 1), shapes):
+            raw[node, 21:21 + len(dims)] = dims
+            raw[node, 134:134 + len(dims)] = np.arange(len(dims))[::-1]
+    feat = np.full((configs, len(RESHAPES), 18), -1, np.int8)
+    for c in range(configs):
+        for i, shapes in enumerate(RESHAPES):
+            for block, dims in enumerate(reversed(shapes)):  # output, then operand
+                kind = rng.integers(3)
+                if kind:
+                    perm = rng.permutation(len(dims))
+                    feat[c, i, 6 * block:6 * block + (len(dims) if kind == 1 else min(2, len(dims)))] = \
+                        perm[:len(dims) if kind == 1 else 2]
+    edges = np.stack([np.arange(0, 2 * len(RESHAPES), 2), np.arange(1, 2 * len(RESHAPES), 2)])
+    return GraphArrays(collection="layout:xla:random", stem="reshapes", split="train",
+                       node_opcode=np.tile([63, 75], len(RESHAPES)), node_feat=transform_node_feat(raw),
+                       message_edges=edges, config_nodes=np.arange(1, 2 * len(RESHAPES), 2), config_feat=feat,
+                       target=np.arange(configs, dtype=np.float64), config_index=np.arange(configs))
+
+
+def test_reshape_physics_says_bitcast_exactly_when_every_element_keeps_its_place():
+    from pipelines.models.gnn.batch import reshape_physics
+
+    graph = _reshape_graph(np.random.default_rng(8), configs=300)
+    prepared = prepare_graph(graph, 1)
+    batch = collate([prepared])
+    blocks, inverse = distinct_blocks(graph.config_feat.transpose(1, 0, 2))
+    got = reshape_physics(torch.from_numpy(blocks), torch.from_numpy(inverse), batch).numpy()
+
+    def minor_to_major(block: np.ndarray, rank: int) -> list[int]:
+        listed = [int(d) for d in block[:rank] if d >= 0]  # a partial block: the default's order goes on
+        return listed + [d for d in reversed(range(rank)) if d not in listed]
+
+    def offsets(dims: list[int], layout: list[int]) -> np.ndarray:
+        strides = np.zeros(len(dims), np.int64)
+        stride = 1
+        for d in layout:
+            strides[d], stride = stride, stride * dims[d]
+        return sum(index * strides[d] for d, index in enumerate(np.unravel_index(np.arange(np.prod(dims)), dims)))
+
+    seen = set()
+    for i, (in_dims, out_dims) in enumerate(RESHAPES):
+        for c in range(graph.num_configs):
+            layout_out = minor_to_major(graph.config_feat[c, i, :6], len(out_dims))
+            layout_in = minor_to_major(graph.config_feat[c, i, 6:12], len(in_dims))
+            checkable = np.prod(in_dims) == np.prod(out_dims)
+            bitcast = checkable and np.array_equal(offsets(in_dims, layout_in), offsets(out_dims, layout_out))
+            size = lambda dims, layout, slot: dims[layout[slot]] if slot < len(layout) else 0  # noqa: E731
+            expected = [checkable, bitcast] + [size(out_dims, layout_out, s) == size(in_dims, layout_in, s)
+                                               for s in (0, 1)]
+            np.testing.assert_array_equal(got[i, c], np.array(expected, np.float32), err_msg=f"{i} {c}")
+            seen.add((i, bitcast))
+    # every reshape with as many elements in as out is a bitcast under some configs and not under others
+    # (but the one-dim [7] -> [7], always a bitcast); the one that changes the count is never one
+    assert seen == {(i, b) for i in range(len(RESHAPES) - 1) for b in (True, False)} - {(6, False)} | {(7, False)}
+
+
+def test_reshape_physics_moves_the_scores_only_with_the_option():
+    graph = _reshape_graph(np.random.default_rng(9), configs=16)
+    prepared = prepare_graph(graph, 1)
+    scores = {}
+    for on in (False, True):
+        torch.manual_seed(0)
+        model = GNNModel(GNNConfig(reshape_physics=on, **FAST), FEAT, "layout").eval()
+        with torch.no_grad():
+            scores[on] = model.score(model.encode(collate([prepared])), gather_configs([prepared], [np.arange(16)]))
+        assert (model.reshape_proj is not None) == on
+    # the other modules draw the same initial weights: the option adds its own term and nothing else
+    assert not torch.allclose(scores[False], scores[True])
+    torch.manual_seed(0)
+    off = GNNModel(GNNConfig(**FAST), FEAT, "layout").state_dict()
+    torch.manual_seed(0)
+    on = GNNModel(GNNConfig(reshape_physics=True, **FAST), FEAT, "layout").state_dict()
+    assert all(torch.equal(off[name], on[name]) for name in off)
+
+
 def test_operands_keep_the_edge_order_without_matching():
     prepared = prepare_graph(_convolution_graph(kernel_first=True), 1)
     np.testing.assert_array_equal(prepared.config_shapes[0, 1], [5, 5, 3, 16, 0, 0])

@@ -41,6 +41,9 @@ class GNNConfig:
     # layout: add the kernel's padding and the role (batch, feature, spatial) of the dims each layout puts
     # minor-most (batch.layout_roles)
     layout_roles: bool = False
+    # layout: add, per reshape and config, whether its two layouts make it a bitcast (else XLA copies the
+    # tensor) and whether its tiled minor dims keep their sizes (batch.reshape_physics)
+    reshape_physics: bool = False
     # tile: add what each tile size implies against the output shape and the (8, 128) registers (batch.tile_physics)
     tile_physics: bool = True
     cross_config_attention: bool = False  # transformer layer across the K pooled configs of a graph

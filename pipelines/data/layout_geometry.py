@@ -368,6 +368,55 @@ def _block_ranks(configs: np.ndarray, columns: np.ndarray) -> tuple[np.ndarray, 
     return ranks[0], ranks[1]
 
 
+def reshape_stride_constraints(in_dims: np.ndarray, out_dims: np.ndarray) -> np.ndarray | None:
+    """int64 (C, 6) rows ``[block_a, dim_a, mult_a, block_b, dim_b, mult_b]`` (block 0: the reshape's
+    output, 1: its operand): the reshape from ``in_dims`` to ``out_dims`` (each (6,), 0 past the rank) is a
+    bitcast - every element keeps its place in memory, so XLA needs no copy - exactly when, under the two
+    layouts, ``stride(block_a, dim_a) * mult_a == stride(block_b, dim_b) * mult_b`` on every row, a dim's
+    stride being the product of the dims its layout puts more minor. None when the element counts differ
+    (no reshape of these shapes).
+
+    Reshapes keep the row-major order of the logical index. Size-1 dims never move an element and are
+    left out. Where the two shapes' row-major boundaries nest (``[6] -> [2, 3]``, ``[2, 3, 4] -> [6, 4]``),
+    each finest digit of the logical index must have one stride on both sides (layouts that permute
+    dims alike stay bitcasts); where they do not (``[2, 3] -> [3, 2]``), the dims between two common
+    boundaries must be contiguous and row-major on both sides, with one stride at their minor end.
+    """
+    def spans(dims: np.ndarray) -> tuple[list[tuple[int, int, int]], int]:
+        """(dim, low, high) of each dim of size > 1, minor-most logical dim first; and the element count
+        (0 for an empty tensor)."""
+        sizes = np.asarray(dims, dtype=np.int64)
+        found, low = [], 1
+        for d in reversed(range(int(node_rank(sizes[None])[0]))):
+            size = int(sizes[d])
+            if size > 1:
+                found.append((d, low, low * size))
+            low *= size
+        return found, low
+
+    (ins, count_in), (outs, count_out) = spans(in_dims), spans(out_dims)
+    if count_in != count_out or count_in == 0:
+        return None
+    bounds_in, bounds_out = {s[1] for s in ins} | {count_in}, {s[1] for s in outs} | {count_out}
+    common = sorted(bounds_in & bounds_out)
+    rows: list[tuple[int, int, int, int, int, int]] = []
+    for low, high in zip(common, common[1:]):
+        group_in = [s for s in ins if low <= s[1] and s[2] <= high]
+        group_out = [s for s in outs if low <= s[1] and s[2] <= high]
+        digits = sorted({s[1] for s in group_in + group_out} | {high})
+        if all(b % a == 0 for a, b in zip(digits, digits[1:])):
+            for start in digits[:-1]:
+                d_in = next(s for s in group_in if s[1] <= start < s[2])
+                d_out = next(s for s in group_out if s[1] <= start < s[2])
+                rows.append((1, d_in[0], start // d_in[1], 0, d_out[0], start // d_out[1]))
+        else:
+            for block, group in ((1, group_in), (0, group_out)):
+                for minor, major in zip(group, group[1:]):
+                    rows.append((block, major[0], 1, block, minor[0], minor[2] // minor[1]))
+            rows.append((1, group_in[0][0], 1, 0, group_out[0][0], 1))
+    return np.array(rows, dtype=np.int64).reshape(-1, 6)
+
+
 def tile_padding(dims: np.ndarray, layouts: np.ndarray) -> np.ndarray:
     """float64 (k, m): padded / actual elements of m tensors (``dims`` (m, 6)) laid out as ``layouts``
     (k, m, 6) in (8, 128) tiles over the two minor-most dims; rank-1 tensors pad the minor dim only,

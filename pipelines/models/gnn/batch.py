@@ -30,7 +30,7 @@ from pipelines.config.gnn import GNNConfig
 from pipelines.core.errors import FormatError
 from pipelines.data.features import tile_config_features, tile_feature_names
 from pipelines.data.node_arrays import NODE_FEATURE_DIM, RAW_COLUMNS, GraphArrays, kept_raw_node_feat, shape_and_layout
-from pipelines.data.layout_geometry import CONV, output_bytes
+from pipelines.data.layout_geometry import CONV, RESHAPE, output_bytes, reshape_stride_constraints
 from pipelines.data.tpugraphs import GraphSize, NodeFeat
 
 LAYOUT_VALUE_OFFSET = 1  # layout config values -1..5 become embedding ids 0..6
@@ -45,6 +45,9 @@ NUM_ROLES = 6
 # per configurable node and config (``layout_roles``): the kernel tensor's 6 padding values as in
 # ``layout_physics``, and the role of the minor-most and second-minor dim of the output, input and kernel
 ROLES_DIM = 6 + 3 * 2 * NUM_ROLES
+# per reshape node and config (``reshape_physics``): its shapes can be told apart as a bitcast or not, the
+# two layouts make it a bitcast (no copy), its minor-most and its second-minor dim keep their sizes
+RESHAPE_DIM = 4
 # per chain end and config: disagree, tiled dims disagree, log copy bytes, log tensor bytes, consumer
 # block explicit, producer block explicit, end kind (config->config, fixed->config, config->fixed)
 CHAIN_DIM = 9
@@ -85,6 +88,9 @@ class PreparedGraph(GraphSize):
     config_shapes: np.ndarray  # float64 (nc, 3, 6): dims of each configurable node's output, input and kernel
     config_layouts: np.ndarray  # int64 (nc, 3, 6): their default minor_to_major (node features 134-139)
     config_roles: np.ndarray  # int8 (nc, 3, 6): the role (ROLE_*) of each of their dims
+    reshape_rows: np.ndarray  # int64 (nr,) positions of the reshapes among the configurable nodes
+    reshape_checkable: np.ndarray  # bool (nr,) their operand and output hold as many elements
+    reshape_constraints: np.ndarray  # int64 (C, 7) [reshape (0..nr-1), stride equality, see reshape_stride_constraints]
     # layout: LayoutConfigs (c, nc, 18); tile: float32 (c, 24), with tile physics (c, 24 + TILE_PHYSICS_DIM)
     config_feat: LayoutConfigs | np.ndarray
     target: np.ndarray  # float64 (c,)
@@ -300,6 +306,81 @@ def layout_roles(values: torch.Tensor, inverse: torch.Tensor, shapes: torch.Tens
     return torch.stack(out, dim=-1).to(torch.float32)
 
 
+def _dim_slots(values: torch.Tensor, inverse: torch.Tensor, block: int, shapes: torch.Tensor,
+               layouts: torch.Tensor) -> torch.Tensor:
+    """int64 (R, K, 6): the slot (0: minor-most) each dim of tensor ``block`` of each (configurable node,
+    config) takes in its layout; -1 past the tensor's rank. The layout is the config's minor_to_major; a
+    partial one (its minor-most dims, then -1: the real records' rank-5 blocks) goes on with the other dims
+    in the order the default layout has them, and an unset one is the default."""
+    perm = values[:, 6 * block:6 * block + 6].long()[inverse] - LAYOUT_VALUE_OFFSET  # (R, K, slot) -> dim
+    slots = torch.arange(6, device=perm.device)
+    in_rank = slots[None, :] < (shapes[:, block] > 0).sum(1)[:, None]  # (R, 6): slots and dims alike
+    named = (layouts[:, block].long()[:, :, None] == slots) & in_rank[:, :, None]  # (R, slot, dim)
+    default_order = torch.where(named, slots[None, :, None], 6).amin(1) * 6 + slots  # (R, dim); ties by dim
+    listed = (perm >= 0) & in_rank[:, None, :]  # (R, K, slot)
+    at = listed[..., None] & (perm[..., None] == slots)  # (R, K, slot, dim)
+    is_listed = at.any(2) & in_rank[:, None, :]
+    rest = ~is_listed & in_rank[:, None, :]
+    before = rest[..., None, :] & (default_order[:, None, None, :] < default_order[:, None, :, None])
+    rest_slot = listed.sum(-1, keepdim=True) + before.sum(-1)
+    return torch.where(is_listed, torch.where(at, slots[:, None], 6).amin(2), torch.where(rest, rest_slot, -1))
+
+
+def _layout_strides(dim_slots: torch.Tensor, sizes: torch.Tensor) -> torch.Tensor:
+    """int64 (R, K, 6): each dim's stride in memory, the product of the sizes of the dims at lower slots
+    (``dim_slots`` from ``_dim_slots``; ``sizes`` int64 (R, 6); dims past the rank count as size 1)."""
+    sized = torch.where(dim_slots >= 0, sizes[:, None, :], 1)
+    order = torch.where(dim_slots >= 0, dim_slots, 6).argsort(-1)
+    by_slot = sized.gather(-1, order)
+    below = torch.cat([torch.ones_like(by_slot[..., :1]), by_slot.cumprod(-1)[..., :-1]], -1)
+    return torch.empty_like(below).scatter_(-1, order, below)
+
+
+def reshape_physics(values: torch.Tensor, inverse: torch.Tensor, batch: GraphBatch) -> torch.Tensor:
+    """(R0, K, RESHAPE_DIM) float32, zero but on reshapes: what the output and operand layouts of each
+    reshape imply under each config. A reshape keeps the row-major order of the logical index; it is a
+    bitcast (no data moves) when every element keeps its place in memory under the two layouts, which
+    ``GraphBatch.reshape_constraints`` test as equalities of strides (exact, see
+    ``layout_geometry.reshape_stride_constraints``); otherwise XLA copies the tensor. Then whether the
+    minor-most and the second-minor dim, the ones the TPU's (8, 128) tiles cover, keep their sizes.
+    ``values`` and ``inverse``: a ``ConfigBatch``'s (see ``layout_physics``)."""
+    k = inverse.shape[1]
+    out = torch.zeros((inverse.shape[0], k, RESHAPE_DIM), dtype=torch.float32, device=inverse.device)
+    rows = batch.reshape_rows
+    if rows.shape[0] == 0:
+        return out
+    node_inverse = inverse.index_select(0, rows)
+    shapes, layouts = batch.config_shapes.index_select(0, rows), batch.config_layouts.index_select(0, rows)
+    slots = [_dim_slots(values, node_inverse, block, shapes, layouts) for block in (0, 1)]  # output, operand
+    sizes = [shapes[:, block].long() for block in (0, 1)]
+    strides = torch.stack([_layout_strides(s, size) for s, size in zip(slots, sizes)], 1)  # (nr, 2, K, 6)
+    c = batch.reshape_constraints
+    broken = strides[c[:, 0], c[:, 1], :, c[:, 2]] * c[:, 3:4] != strides[c[:, 0], c[:, 4], :, c[:, 5]] * c[:, 6:7]
+    broken_count = torch.zeros((rows.shape[0], k), device=inverse.device).index_add_(0, c[:, 0], broken.float())
+    checkable = batch.reshape_checkable[:, None].expand(-1, k)
+
+    def size_at(slot: int, block: int) -> torch.Tensor:
+        return torch.where(slots[block] == slot, sizes[block][:, None, :], 0).sum(-1)
+
+    found = torch.stack([checkable, checkable & (broken_count == 0),
+                         size_at(0, 0) == size_at(0, 1), size_at(1, 0) == size_at(1, 1)], -1)
+    return out.index_copy_(0, rows, found.float())
+
+
+def _reshape_constraints(config_shapes: np.ndarray, config_opcode: np.ndarray
+                         ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The ``PreparedGraph.reshape_*`` fields from the configurable nodes' shapes and opcodes."""
+    rows = np.flatnonzero(config_opcode == RESHAPE).astype(np.int64)
+    checkable = np.zeros(rows.shape[0], bool)
+    parts = [np.zeros((0, 7), np.int64)]
+    for i, row in enumerate(rows):
+        found = reshape_stride_constraints(config_shapes[row, 1], config_shapes[row, 0])
+        if found is not None:
+            checkable[i] = True
+            parts.append(np.concatenate([np.full((found.shape[0], 1), i, np.int64), found], axis=1))
+    return rows, checkable, np.concatenate(parts)
+
+
 TILE_PHYSICS = tile_feature_names()[24:]  # the GBDT's tile columns beyond the 24 raw config values
 TILE_PHYSICS_DIM = len(TILE_PHYSICS)
 
@@ -357,6 +438,8 @@ def prepare_graph(graph: GraphArrays, config_layers: int, match_operands: bool =
         config_in_final = prev_pos[config_nodes]
     config_shapes, config_layouts, config_roles = _config_tensors(graph.node_feat, graph.node_opcode, src, dst,
                                                                   config_nodes, match_operands)
+    reshape_rows, reshape_checkable, reshape_constraints = _reshape_constraints(config_shapes,
+                                                                                graph.node_opcode[config_nodes])
     return PreparedGraph(
         # copy=False: a collection's node features can take GBs; never hold them twice
         kind=kind, node_opcode=graph.node_opcode.astype(np.int64, copy=False),
@@ -364,6 +447,7 @@ def prepare_graph(graph: GraphArrays, config_layers: int, match_operands: bool =
         inv_deg_in=inv_in, inv_deg_out=inv_out,
         config_nodes=config_nodes, levels=levels, config_in_final=config_in_final,
         config_shapes=config_shapes, config_layouts=config_layouts, config_roles=config_roles,
+        reshape_rows=reshape_rows, reshape_checkable=reshape_checkable, reshape_constraints=reshape_constraints,
         config_feat=(_layout_configs(graph.config_feat) if kind == "layout"
                      else np.concatenate([graph.config_feat, tile_physics(graph)], axis=1) if with_tile_physics
                      else graph.config_feat),
@@ -453,6 +537,11 @@ class GraphBatch:
     config_shapes: torch.Tensor | None = None  # float64 (R0, 3, 6) dims of its output, input and kernel tensor
     config_layouts: torch.Tensor | None = None  # int8 (R0, 3, 6) their default minor_to_major
     config_roles: torch.Tensor | None = None  # int8 (R0, 3, 6) the role of each of their dims (``layout_roles``)
+    # what ``reshape_physics`` reads: the reshapes' rows among the configurable nodes, whether each can be
+    # told, and their stride equalities ([reshape's position in reshape_rows, ...], PreparedGraph.reshape_*)
+    reshape_rows: torch.Tensor | None = None  # int64 (nr,)
+    reshape_checkable: torch.Tensor | None = None  # bool (nr,)
+    reshape_constraints: torch.Tensor | None = None  # int64 (C, 7)
 
     def to(self, device: torch.device | str, non_blocking: bool = False) -> GraphBatch:
         """This batch with every tensor on ``device`` (once per graph batch, not per config chunk)."""
@@ -498,6 +587,8 @@ def collate(graphs: list[PreparedGraph]) -> GraphBatch:
     outside[final_rows] = False
     node_counts = [g.num_nodes for g in graphs]
     chain_src, chain_dst = _chain_rows(graphs)
+    config_offsets = np.cumsum([0] + [g.config_nodes.shape[0] for g in graphs])
+    reshape_offsets = np.cumsum([0] + [g.reshape_rows.shape[0] for g in graphs])
     final_counts = [g.varying_rows.shape[0] for g in graphs]
     return GraphBatch(
         num_graphs=b,
@@ -534,6 +625,11 @@ def collate(graphs: list[PreparedGraph]) -> GraphBatch:
         config_layouts=torch.from_numpy(np.concatenate([g.config_layouts for g in graphs]).reshape(-1, 3, 6)
                                         .astype(np.int8)),
         config_roles=torch.from_numpy(np.concatenate([g.config_roles for g in graphs]).reshape(-1, 3, 6)),
+        reshape_rows=_cat([g.reshape_rows + off for g, off in zip(graphs, config_offsets)], torch.long),
+        reshape_checkable=_cat([g.reshape_checkable for g in graphs], torch.bool),
+        reshape_constraints=torch.from_numpy(np.concatenate(
+            [g.reshape_constraints + np.array([off, 0, 0, 0, 0, 0, 0]) for g, off in zip(graphs, reshape_offsets)]
+        ).reshape(-1, 7)),
     )
 
 

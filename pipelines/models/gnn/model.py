@@ -60,9 +60,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from pipelines.models.gnn.batch import (CHAIN_DIM, LAYOUT_NUM_VALUES, PHYSICS_DIM, ROLES_DIM, TILE_PHYSICS_DIM,
-                                         ChainLayouts, ConfigBatch, GraphBatch, chain_layouts, layout_physics,
-                                         layout_roles)
+from pipelines.models.gnn.batch import (CHAIN_DIM, LAYOUT_NUM_VALUES, PHYSICS_DIM, RESHAPE_DIM, ROLES_DIM,
+                                         TILE_PHYSICS_DIM, ChainLayouts, ConfigBatch, GraphBatch, chain_layouts,
+                                         layout_physics, layout_roles, reshape_physics)
 from pipelines.models.gnn.device import full_precision
 from pipelines.models.gnn.layers import NodeCostHead, make_layer
 from pipelines.models.gnn.ops import PoolOneGraph, segment_max_sorted, segment_sum
@@ -131,6 +131,7 @@ class GNNModel(nn.Module):
         self.node_cost = (NodeCostHead(hidden, by_bytes=cfg.readout == "pooled+sum+bytes")
                           if kind == "layout" and cfg.readout != "pooled" else None)
         self.roles_proj = nn.Linear(ROLES_DIM, hidden) if kind == "layout" and cfg.layout_roles else None
+        self.reshape_proj = nn.Linear(RESHAPE_DIM, hidden) if kind == "layout" and cfg.reshape_physics else None
 
     @property
     def fused_config_layers(self) -> bool:
@@ -188,6 +189,8 @@ class GNNModel(nn.Module):
             roles = layout_roles(configs.values, configs.inverse, batch.config_shapes, batch.config_layouts,
                                  batch.config_roles)
             embedded = embedded + self.roles_proj(roles)
+        if self.reshape_proj is not None:
+            embedded = embedded + self.reshape_proj(reshape_physics(configs.values, configs.inverse, batch))
         return embedded
 
     def inject(self, ctx: Context, configs: ConfigBatch) -> tuple[torch.Tensor, torch.Tensor | None]:
