@@ -111,7 +111,8 @@ if history:  # the GNN prepares each graph inside fit: timed again here, outside
     from pipelines.models.gnn.batch import prepare_graph
     t1 = time.perf_counter()
     for g in train + valid:
-        prepare_graph(g, settings["config_layers"], settings["layout_roles"], settings["tile_physics"])
+        prepare_graph(g, settings["config_layers"], settings["layout_roles"], settings["tile_physics"],
+                      settings["reshape_physics"])
     prepare_s = time.perf_counter() - t1
 companion_graphs = len(companions)
 del train, valid, companions

@@ -634,7 +634,8 @@ def test_reshape_physics_says_bitcast_exactly_when_every_element_keeps_its_place
     from pipelines.models.gnn.batch import reshape_physics
 
     graph = _reshape_graph(np.random.default_rng(8), configs=300)
-    prepared = prepare_graph(graph, 1)
+    assert prepare_graph(graph, 1).reshape_rows.size == 0  # only prepared for a model that reads them
+    prepared = prepare_graph(graph, 1, with_reshapes=True)
     batch = collate([prepared])
     blocks, inverse = distinct_blocks(graph.config_feat.transpose(1, 0, 2))
     got = reshape_physics(torch.from_numpy(blocks), torch.from_numpy(inverse), batch).numpy()
@@ -669,11 +670,12 @@ def test_reshape_physics_says_bitcast_exactly_when_every_element_keeps_its_place
 
 def test_reshape_physics_moves_the_scores_only_with_the_option():
     graph = _reshape_graph(np.random.default_rng(9), configs=16)
-    prepared = prepare_graph(graph, 1)
     scores = {}
     for on in (False, True):
+        cfg = GNNConfig(reshape_physics=on, **FAST)
+        prepared = prepare_for(graph, cfg)
         torch.manual_seed(0)
-        model = GNNModel(GNNConfig(reshape_physics=on, **FAST), FEAT, "layout").eval()
+        model = GNNModel(cfg, FEAT, "layout").eval()
         with torch.no_grad():
             scores[on] = model.score(model.encode(collate([prepared])), gather_configs([prepared], [np.arange(16)]))
         assert (model.reshape_proj is not None) == on

@@ -395,17 +395,18 @@ def tile_physics(graph: GraphArrays) -> np.ndarray:
 
 
 def prepare_for(graph: GraphArrays, cfg: GNNConfig) -> PreparedGraph:
-    """A graph's inputs for a model of ``cfg`` (its config layers, and what ``layout_roles`` and
-    ``tile_physics`` add)."""
-    return prepare_graph(graph, cfg.config_layers, cfg.layout_roles, cfg.tile_physics)
+    """A graph's inputs for a model of ``cfg`` (its config layers, and what ``layout_roles``,
+    ``reshape_physics`` and ``tile_physics`` add)."""
+    return prepare_graph(graph, cfg.config_layers, cfg.layout_roles, cfg.tile_physics, cfg.reshape_physics)
 
 
 def prepare_graph(graph: GraphArrays, config_layers: int, match_operands: bool = False,
-                  with_tile_physics: bool = False) -> PreparedGraph:
+                  with_tile_physics: bool = False, with_reshapes: bool = False) -> PreparedGraph:
     """Validate one graph and precompute degrees and (layout) the hop levels of the fused layers;
     ``match_operands``: see ``_config_tensors`` (on with ``GNNConfig.layout_roles``);
     ``with_tile_physics``: a tile graph's configs carry :func:`tile_physics` after their 24 values
-    (``GNNConfig.tile_physics``)."""
+    (``GNNConfig.tile_physics``); ``with_reshapes``: the ``reshape_*`` fields are filled (else empty: no
+    reshape is seen, ``GNNConfig.reshape_physics``)."""
     _check(graph)
     n = graph.num_nodes
     src, dst = (graph.message_edges[i].astype(np.int64, copy=False) for i in (0, 1))
@@ -438,8 +439,8 @@ def prepare_graph(graph: GraphArrays, config_layers: int, match_operands: bool =
         config_in_final = prev_pos[config_nodes]
     config_shapes, config_layouts, config_roles = _config_tensors(graph.node_feat, graph.node_opcode, src, dst,
                                                                   config_nodes, match_operands)
-    reshape_rows, reshape_checkable, reshape_constraints = _reshape_constraints(config_shapes,
-                                                                                graph.node_opcode[config_nodes])
+    reshape_rows, reshape_checkable, reshape_constraints = _reshape_constraints(
+        config_shapes, graph.node_opcode[config_nodes] if with_reshapes else np.zeros(0, np.int64))
     return PreparedGraph(
         # copy=False: a collection's node features can take GBs; never hold them twice
         kind=kind, node_opcode=graph.node_opcode.astype(np.int64, copy=False),
