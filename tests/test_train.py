@@ -379,3 +379,22 @@ def test_epoch_cap_notes_say_once_per_model_what_the_cap_means_under_the_config(
     with caplog.at_level(logging.INFO, logger="pipelines"):  # against the shipped base config
         log_epoch_caps([stage("tile:xla", 8, 5), stage("layout:nlp:random", 8, 5)])
     assert [r.levelno for r in caplog.records] == [logging.INFO] and "base: 20" in caplog.records[0].getMessage()
+
+
+def test_epoch_cap_notes_do_not_fail_a_finished_run_whose_base_config_no_longer_reads(caplog, monkeypatch):
+    """The notes read base.toml when training is done: a key added to it since the run started (a newer
+    checkout) made a finished run fail before it published."""
+    import pipelines.config.settings as settings
+    from pipelines.core.errors import ConfigError
+    from pipelines.flows.run import log_epoch_caps
+
+    def unreadable(name):
+        raise ConfigError("configs/base.toml: unknown key 'gnn.newer_option'")
+
+    monkeypatch.setattr(settings, "load_config", unreadable)
+    at_cap = SimpleNamespace(metrics={"collection": "tile:xla", "model": "gnn",
+                                      "epoch_cap": {"epochs": 8, "fold_models": 5, "at_cap": 5}})
+    with caplog.at_level(logging.INFO, logger="pipelines"):
+        log_epoch_caps([at_cap])
+    assert [r.levelno for r in caplog.records] == [logging.WARNING]
+    assert "epoch-cap notes skipped" in caplog.text and "gnn.newer_option" in caplog.text
