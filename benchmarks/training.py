@@ -108,11 +108,10 @@ epochs_s = sum(h["seconds"] for h in history)
 valid_s = sum(h.get("valid_seconds", 0.0) for h in history)
 prepare_s = 0.0
 if history:  # the GNN prepares each graph inside fit: timed again here, outside the measured fit
-    from pipelines.models.gnn.batch import prepare_graph
+    from pipelines.models.gnn.batch import prepare_for
     t1 = time.perf_counter()
     for g in train + valid:
-        prepare_graph(g, settings["config_layers"], settings["layout_roles"], settings["tile_physics"],
-                      settings["reshape_physics"])
+        prepare_for(g, ranker.config)
     prepare_s = time.perf_counter() - t1
 companion_graphs = len(companions)
 del train, valid, companions

@@ -560,7 +560,8 @@ def collate(graphs: list[PreparedGraph]) -> GraphBatch:
     graph_ids = [np.full(g.num_nodes, i, np.int64) for i, g in enumerate(graphs)]
     num_levels = len(graphs[0].levels)
     levels = []
-    prev_off = np.cumsum([0] + [g.config_nodes.shape[0] for g in graphs])
+    config_offsets = np.cumsum([0] + [g.config_nodes.shape[0] for g in graphs])  # of each graph's configurable nodes
+    prev_off = config_offsets
     for j in range(num_levels):
         ls = [g.levels[j] for g in graphs]
         off = np.cumsum([0] + [lv.rows.shape[0] for lv in ls])
@@ -587,8 +588,7 @@ def collate(graphs: list[PreparedGraph]) -> GraphBatch:
     outside = torch.ones(int(node_off[-1]), dtype=torch.bool)
     outside[final_rows] = False
     node_counts = [g.num_nodes for g in graphs]
-    chain_src, chain_dst = _chain_rows(graphs)
-    config_offsets = np.cumsum([0] + [g.config_nodes.shape[0] for g in graphs])
+    chain_src, chain_dst = _chain_rows(graphs, config_offsets)
     reshape_offsets = np.cumsum([0] + [g.reshape_rows.shape[0] for g in graphs])
     final_counts = [g.varying_rows.shape[0] for g in graphs]
     return GraphBatch(
@@ -634,13 +634,13 @@ def collate(graphs: list[PreparedGraph]) -> GraphBatch:
     )
 
 
-def _chain_rows(graphs: list[PreparedGraph]) -> tuple[np.ndarray, np.ndarray]:
+def _chain_rows(graphs: list[PreparedGraph], config_offsets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The chain ends' producer and consumer rows among the configurable nodes of the union of
-    ``graphs`` (each graph's positions offset by the configurable nodes before it; -1 stays -1)."""
-    offsets = np.cumsum([0] + [g.config_nodes.shape[0] for g in graphs])
+    ``graphs`` (each graph's positions offset by the configurable nodes before it, ``config_offsets``;
+    -1 stays -1)."""
 
     def rows(ends: list[np.ndarray]) -> np.ndarray:
-        return np.concatenate([np.where(e >= 0, e + offset, -1) for e, offset in zip(ends, offsets)])
+        return np.concatenate([np.where(e >= 0, e + offset, -1) for e, offset in zip(ends, config_offsets)])
 
     return rows([g.chain_src for g in graphs]), rows([g.chain_dst for g in graphs])
 
