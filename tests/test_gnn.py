@@ -18,7 +18,7 @@ from pipelines.config.settings import config_from_dict, resolve_for_collection
 from pipelines.core.collection import parse_collection
 from pipelines.core.errors import ConfigError, FormatError
 from pipelines.models.gnn import GNNRanker
-from pipelines.models.gnn.batch import (LayoutConfigs, bytes_share, collate, compact_configs, distinct_blocks,
+from pipelines.models.gnn.batch import (LayoutConfigs, bytes_share, work_shares, collate, compact_configs, distinct_blocks,
                                         gather_configs, layout_physics, layout_roles, pack_blocks, prepare_for,
                                         prepare_graph)
 from pipelines.models.gnn.device import autocast
@@ -328,7 +328,7 @@ def randomise_node_cost(model: GNNModel) -> None:
         torch.nn.init.normal_(p, std=0.5)
 
 
-@pytest.mark.parametrize("readout", ["pooled", "pooled+sum", "pooled+sum+bytes"])
+@pytest.mark.parametrize("readout", ["pooled", "pooled+sum", "pooled+sum+bytes", "pooled+sum+work"])
 @pytest.mark.parametrize("config_layers", [0, 3])
 def test_fused_layout_equals_unfused_reference(readout, config_layers):
     cfg = GNNConfig(config_layers=config_layers, free_layers=1, readout=readout, **FAST)
@@ -402,6 +402,19 @@ def test_bytes_share_is_each_node_s_output_bytes_over_the_total():
     raw[2, 2 + 11] = 1  # an f32 scalar: 4 bytes
     share = bytes_share(transform_node_feat(raw))
     np.testing.assert_allclose(share, np.array([128, 1536, 4]) / 1668, rtol=1e-6)
+
+
+def test_work_shares_are_each_kernel_s_bytes_moved_and_flops_over_the_totals():
+    # f32 [64, 32] x [32, 16] -> dot [64, 16] -> negate [64, 16]; the dot and the negate are the rows
+    raw = np.zeros((4, 140))
+    raw[:, 2 + 11] = 1
+    raw[0, 21:23], raw[1, 21:23], raw[2, 21:23], raw[3, 21:23] = [64, 32], [32, 16], [64, 16], [64, 16]
+    opcodes = np.array([0, 0, 34, 60])  # 34: dot
+    src, dst = np.array([0, 1, 2]), np.array([2, 2, 3])
+    shares = work_shares(transform_node_feat(raw), opcodes, src, dst, np.array([2, 3]))
+    moved = np.array([4096 + 8192 + 2048, 4096 + 4096])  # output and operand bytes
+    flops = np.array([2 * 64 * 32 * 16, 1024])  # the matmul's exactly; the negate one per element
+    np.testing.assert_allclose(shares, np.stack([moved / moved.sum(), flops / flops.sum()], axis=1), rtol=1e-6)
 
 
 def test_bytes_weighted_node_cost_scales_with_each_node_s_bytes():
@@ -1179,7 +1192,7 @@ def test_bf16_autocast_trains_and_ranks_like_fp32(kind):
     assert fits["bf16"].device_ == "cpu"
 
 
-@pytest.mark.parametrize("readout", ["pooled", "pooled+sum", "pooled+sum+bytes"])
+@pytest.mark.parametrize("readout", ["pooled", "pooled+sum", "pooled+sum+bytes", "pooled+sum+work"])
 def test_bf16_costs_keep_float32_resolution(readout):
     # costs of one graph's configs differ in their 3rd-4th digit: a bfloat16 head (8 significant bits)
     # rounded 68% of them onto others on a small world's xla graphs, and ties lose Kendall tau

@@ -120,7 +120,7 @@ def test_pair_term_moves_scores_only_through_the_pair():
         assert torch.isclose(scores[0], scores[1]) != pairs  # A: moves the score only through the pair
 
 
-@pytest.mark.parametrize("readout", ["pooled", "pooled+sum", "pooled+sum+bytes"])
+@pytest.mark.parametrize("readout", ["pooled", "pooled+sum", "pooled+sum+bytes", "pooled+sum+work"])
 def test_fused_equals_unfused_and_batched_equals_single_with_pairs(readout):
     cfg = GNNConfig(config_pairs=True, config_layers=2, free_layers=1, readout=readout, **FAST)
     torch.manual_seed(1)

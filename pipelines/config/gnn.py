@@ -20,7 +20,7 @@ NORMS = ("layer", "none")
 SCHEDULES = ("cosine", "onecycle", "constant")
 DEVICES = ("auto", "cpu", "cuda")  # "cuda:N" picks one GPU of several
 PRECISIONS = ("fp32", "bf16")
-READOUTS = ("pooled", "pooled+sum", "pooled+sum+bytes")
+READOUTS = ("pooled", "pooled+sum", "pooled+sum+bytes", "pooled+sum+work")
 
 
 @dataclass
@@ -53,6 +53,7 @@ class GNNConfig:
     # layout: "pooled" (mean/max pooling, LayerNorm, MLP head) or "pooled+sum": plus a per-node cost
     # (MLP on each node state that differs between configs) summed per graph and config, / configurable nodes;
     # "pooled+sum+bytes": plus a second such cost weighted by the node's share of the graph's output bytes
+    # "pooled+sum+work": plus two such costs weighted by the node's shares of the graph's bytes moved and flops
     readout: str = choice("pooled", READOUTS)
     attention_heads: int = bounded(4, 1)  # heads of cross_config_attention (must divide hidden)
     # --- loss and sampling

@@ -30,7 +30,7 @@ from pipelines.config.gnn import GNNConfig
 from pipelines.core.errors import FormatError
 from pipelines.data.features import tile_config_features, tile_feature_names
 from pipelines.data.node_arrays import NODE_FEATURE_DIM, RAW_COLUMNS, GraphArrays, kept_raw_node_feat, shape_and_layout
-from pipelines.data.layout_geometry import CONV, RESHAPE, output_bytes, reshape_stride_constraints
+from pipelines.data.layout_geometry import CONV, DOT, RESHAPE, output_bytes, reshape_stride_constraints
 from pipelines.data.tpugraphs import GraphSize, NodeFeat
 
 LAYOUT_VALUE_OFFSET = 1  # layout config values -1..5 become embedding ids 0..6
@@ -112,6 +112,13 @@ class PreparedGraph(GraphSize):
         """float32 (|D_L|,) each varying row's output bytes as a share of its graph's (readout
         "pooled+sum+bytes"); computed once per prepared graph, at its first batch."""
         return bytes_share(self.node_feat[self.varying_rows])
+
+    @cached_property
+    def varying_work_shares(self) -> np.ndarray:
+        """float32 (|D_L|, 2) each varying row's bytes moved and flops as shares of its graph's (readout
+        "pooled+sum+work"); computed once per prepared graph, at its first batch."""
+        return work_shares(self.node_feat, self.node_opcode, self.message_edges[0], self.message_edges[1],
+                           self.varying_rows)
 
 
 def _check(graph: GraphArrays) -> None:
@@ -462,10 +469,48 @@ def bytes_share(node_feat: np.ndarray) -> np.ndarray:
     """float32 (n,): each node's output bytes (at least one per element, a scalar one element) as a share
     of the nodes' total, from transformed node features (the shapes and element types they keep exactly)."""
     raw = kept_raw_node_feat(node_feat)  # keeps the dims and the element type, not the shape-product column
-    dims = raw[:, NodeFeat.SHAPE_DIMS].astype(np.float64)
-    nbytes = output_bytes(raw, elements=np.where(dims > 0, dims, 1.0).prod(axis=1))
+    nbytes = output_bytes(raw, elements=_elements(raw))
     total = nbytes.sum()
     return (nbytes / total if total > 0 else nbytes).astype(np.float32)
+
+
+def _elements(raw: np.ndarray) -> np.ndarray:
+    """float64 (n,) elements of each node's output from raw node features (a scalar: one)."""
+    dims = raw[:, NodeFeat.SHAPE_DIMS].astype(np.float64)
+    return np.where(dims > 0, dims, 1.0).prod(axis=1)
+
+
+def work_shares(node_feat: np.ndarray, node_opcode: np.ndarray, src: np.ndarray, dst: np.ndarray,
+                rows: np.ndarray) -> np.ndarray:
+    """float32 (len(rows), 2): per row, the bytes its kernel moves (its output and its operands'
+    outputs) and its flops, each as a share of the rows' total.
+
+    The flops of a dot or convolution are taken as 2 sqrt(lhs x rhs x out) elements, exact for a
+    matmul without batch dims and within a factor sqrt(window) or sqrt(batch) for the others, whichever
+    operand is the kernel (a weight gradient's output is small, its flops are not); any other op does
+    one flop per element it reads or writes, the larger. From transformed node features (the shapes and
+    element types they keep exactly) and producer -> consumer edges ``src -> dst``."""
+    num_nodes = node_feat.shape[0]
+    in_rows = np.zeros(num_nodes, bool)
+    in_rows[rows] = True
+    incoming = in_rows[dst]
+    producers, consumers = src[incoming], dst[incoming]
+    needed = np.union1d(rows, producers)
+    raw = kept_raw_node_feat(node_feat[needed])
+    elements = np.zeros(num_nodes)
+    nbytes = np.zeros(num_nodes)
+    elements[needed] = _elements(raw)
+    nbytes[needed] = output_bytes(raw, elements=elements[needed])
+    moved = nbytes + np.bincount(consumers, weights=nbytes[producers], minlength=num_nodes)
+    read = np.bincount(consumers, weights=elements[producers], minlength=num_nodes)
+    flops = np.maximum(elements, read)[rows]
+    first, second = _operands(num_nodes, src, dst, rows)
+    contraction = np.isin(node_opcode[rows], (CONV, DOT)) & (first >= 0) & (second >= 0)
+    product = elements[first] * elements[second] * elements[rows]
+    flops = np.where(contraction, 2.0 * np.sqrt(np.where(contraction, product, 0.0)), flops)
+    shares = np.stack([moved[rows], flops], axis=1)
+    total = shares.sum(axis=0)
+    return (shares / np.where(total > 0, total, 1.0)).astype(np.float32)
 
 
 def _to_device(obj, device: torch.device, non_blocking: bool):
@@ -519,6 +564,7 @@ class GraphBatch:
     final_rows: torch.Tensor
     final_graph: torch.Tensor  # (|D_L|,) graph of each row of the last level
     final_bytes_share: torch.Tensor  # (|D_L|,) float32 the row's output bytes / its graph's D_L bytes
+    final_work_share: torch.Tensor  # (|D_L|, 2) float32 the row's bytes moved and flops / its graph's D_L ones
     outside_final: torch.Tensor  # (N,) bool: node outside D_L (its state is the same for every config)
     # Host-side facts, so the model never reads a size back from the device (a GPU sync) per step:
     outside_rows: torch.Tensor  # (N - |D_L|,) ids of the nodes outside D_L, sorted
@@ -609,6 +655,7 @@ def collate(graphs: list[PreparedGraph]) -> GraphBatch:
         final_rows=final_rows,
         final_graph=final_graph,
         final_bytes_share=_cat([g.varying_bytes_share for g in graphs], torch.float32),
+        final_work_share=torch.from_numpy(np.concatenate([g.varying_work_shares for g in graphs])),
         outside_final=outside,
         outside_rows=torch.nonzero(outside).squeeze(1),
         node_counts=node_counts,

@@ -68,6 +68,9 @@ from pipelines.models.gnn.layers import NodeCostHead, make_layer
 from pipelines.models.gnn.ops import PoolOneGraph, segment_max_sorted, segment_sum
 from pipelines.config.gnn import GNNConfig
 
+# the node-cost readouts (GNNConfig.readout) and the per-node shares NodeCostHead weights costs by
+READOUT_WEIGHTING = {"pooled+sum": "count", "pooled+sum+bytes": "bytes", "pooled+sum+work": "work"}
+
 NUM_OPCODES = 121  # opcode ids 0..120
 MASK_OPCODE = NUM_OPCODES  # extra embedding row: the "masked" token of pre-training
 LAYOUT_SLOTS = 18
@@ -128,7 +131,7 @@ class GNNModel(nn.Module):
         )
         self.head = nn.Sequential(nn.GELU(), nn.Linear(hidden, hidden), nn.GELU(), nn.Linear(hidden, 1))
         # built last so that the other modules draw the same initial weights with the option off
-        self.node_cost = (NodeCostHead(hidden, by_bytes=cfg.readout == "pooled+sum+bytes")
+        self.node_cost = (NodeCostHead(hidden, weighting=READOUT_WEIGHTING[cfg.readout])
                           if kind == "layout" and cfg.readout != "pooled" else None)
         self.roles_proj = nn.Linear(ROLES_DIM, hidden) if kind == "layout" and cfg.layout_roles else None
         self.reshape_proj = nn.Linear(RESHAPE_DIM, hidden) if kind == "layout" and cfg.reshape_physics else None

@@ -1,5 +1,5 @@
-"""The per-node cost head of ``readout = "pooled+sum"`` (and ``"pooled+sum+bytes"``): an MLP on every
-varying node state, summed per graph and config (a runtime is a sum of kernel times)."""
+"""The per-node cost head of ``readout = "pooled+sum"`` (and ``"pooled+sum+bytes"``, ``"pooled+sum+work"``):
+an MLP on every varying node state, summed per graph and config (a runtime is a sum of kernel times)."""
 
 from __future__ import annotations
 
@@ -25,12 +25,19 @@ class NodeCostHead(nn.Module):
     kernel grows with the data it moves, over orders of magnitude that an MLP on log-scaled,
     LayerNorm-ed states does not reach. The last layer starts at zero: training starts from the
     pooled model's scores.
+
+    ``weighting = "work"`` (``"pooled+sum+work"``) weights two further costs per node by the two inputs
+    of a kernel's roofline time instead (``GraphBatch.final_work_share``): its share of the bytes its
+    graph's kernels move (operands and output) and of their flops (a weight gradient's output is small,
+    the data it reads and its flops are not).
     """
 
-    def __init__(self, hidden: int, by_bytes: bool = False):
+    WEIGHTED_COSTS = {"count": 0, "bytes": 1, "work": 2}  # weighting -> costs weighted by a per-node share
+
+    def __init__(self, hidden: int, weighting: str = "count"):
         super().__init__()
-        self.by_bytes = by_bytes
-        outputs = 2 if by_bytes else 1
+        self.weighting = weighting
+        outputs = 1 + self.WEIGHTED_COSTS[weighting]
         self.mlp = nn.Sequential(nn.Linear(hidden, hidden // 2), nn.GELU(), nn.Linear(hidden // 2, outputs))
         nn.init.zeros_(self.mlp[-1].weight)
         nn.init.zeros_(self.mlp[-1].bias)
@@ -41,7 +48,8 @@ class NodeCostHead(nn.Module):
             per_node = self.mlp(states.float())  # (rows, K, outputs)
         total = segment_sum(per_node[..., 0], graph, batch.num_graphs)
         total = total / batch.num_config_nodes.clamp(min=1).to(total.dtype)[:, None]
-        if self.by_bytes:
-            share = batch.final_bytes_share.to(per_node.dtype)[:, None]
-            total = total + segment_sum(per_node[..., 1] * share, graph, batch.num_graphs)
+        if self.weighting != "count":
+            shares = batch.final_bytes_share[:, None] if self.weighting == "bytes" else batch.final_work_share
+            weighted = (per_node[..., 1:] * shares.to(per_node.dtype)[:, None, :]).sum(dim=-1)
+            total = total + segment_sum(weighted, graph, batch.num_graphs)
         return total
