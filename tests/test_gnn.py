@@ -157,7 +157,7 @@ def test_config_validation_and_overrides():
 @pytest.mark.parametrize("kind", ["layout", "tile"])
 @pytest.mark.parametrize("conv", ["sage", "gat"])
 @pytest.mark.parametrize("attention", [False, True])
-@pytest.mark.parametrize("loss", ["hinge", "listmle"])
+@pytest.mark.parametrize("loss", ["hinge", "hinge-gap", "listmle"])
 def test_three_node_shapes_and_gradients(kind, conv, attention, loss):
     cfg = GNNConfig(conv=conv, cross_config_attention=attention, loss=loss, config_layers=2, **FAST)
     torch.manual_seed(0)
@@ -188,6 +188,27 @@ def test_hinge_hand_cases():
     tied = torch.tensor([[1.0, 1.0, 9.0]], dtype=torch.float64)
     masked = torch.tensor([[True, True, False]])
     assert float(pairwise_hinge_loss(torch.tensor([[5.0, 0.0, 0.0]]), tied, masked)) == 0.0
+
+
+def test_gap_weighted_hinge_hand_cases():
+    runtime = torch.tensor([[1.0, 2.0, 4.0]], dtype=torch.float64)
+    mask = torch.ones(1, 3, dtype=torch.bool)
+    # log gaps ln2, 2 ln2, ln2 over their mean 4 ln2 / 3: weights 0.75, 1.5, 0.75
+    close = torch.tensor([[0.0, 0.5, 1.0]])  # violations 0.5, 0, 0.5
+    assert float(pairwise_hinge_loss(close, runtime, mask, 1.0, "gap")) == pytest.approx((0.375 + 0.375) / 3)
+    wrong_far = torch.tensor([[0.0, 1.0, 0.5]])  # violations 0, 0.5 (the far pair), 1.5
+    assert float(pairwise_hinge_loss(wrong_far, runtime, mask, 1.0, "gap")) == pytest.approx((0.75 + 1.125) / 3)
+    # one pair weighs 1 whatever its gap: the plain hinge
+    two = torch.tensor([[0.0, 0.3]])
+    pair = torch.tensor([[1.0, 7.0]], dtype=torch.float64)
+    assert float(pairwise_hinge_loss(two, pair, mask[:, :2], 1.0, "gap")) == pytest.approx(0.7)
+    # a padded config (runtime 0) takes no part and makes no NaN
+    padded = torch.tensor([[1.0, 2.0, 0.0]], dtype=torch.float64)
+    value = pairwise_hinge_loss(close, padded, torch.tensor([[True, True, False]]), 1.0, "gap")
+    assert float(value) == pytest.approx(0.5)
+    assert make_loss("hinge-gap", 1.0)(close, runtime, mask) == pairwise_hinge_loss(close, runtime, mask, 1.0, "gap")
+    with pytest.raises(ValueError, match="weighting"):
+        pairwise_hinge_loss(close, runtime, mask, 1.0, "sqrt")
 
 
 def test_listmle_hand_cases():

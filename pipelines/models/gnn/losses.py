@@ -1,7 +1,7 @@
 """Ranking losses over the K sampled configs of each graph. Scores are costs: LOWER = predicted FASTER.
 
-Both take ``scores`` (B, K), true ``runtime`` (B, K, float64 so large runtimes keep their order)
-and a ``mask`` (B, K) of real (not padded) configs, and return the mean loss over graphs that
+Each takes ``scores`` (B, K), true ``runtime`` (B, K, float64 so large runtimes keep their order)
+and a ``mask`` (B, K) of real (not padded) configs, and returns the mean loss over graphs that
 have something to rank.
 """
 
@@ -17,16 +17,27 @@ Loss = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 def pairwise_hinge_loss(scores: torch.Tensor, runtime: torch.Tensor, mask: torch.Tensor,
-                        margin: float = 0.1) -> torch.Tensor:
-    """Mean over pairs (i faster than j) of ``max(0, margin - (s_j - s_i))``, per graph, then over graphs.
+                        margin: float = 0.1, weighting: str = "equal") -> torch.Tensor:
+    """Mean over pairs (i faster than j) of ``w_ij * max(0, margin - (s_j - s_i))``, per graph, then over graphs.
 
     Pairs with equal runtimes are ignored; the loss is zero when every slower config scores at
-    least ``margin`` above every faster one.
+    least ``margin`` above every faster one. ``weighting="equal"``: every pair weighs 1.
+    ``weighting="gap"``: a pair weighs its log-runtime gap ``log r_j - log r_i`` over the graph's mean
+    gap, so pairs a measurement cannot tell apart weigh little and the order of large effects, which
+    says which nodes' layouts matter most, weighs most (the mean weight per graph stays 1).
     """
     faster = (runtime.unsqueeze(2) < runtime.unsqueeze(1)) & mask.unsqueeze(2) & mask.unsqueeze(1)
     gap = scores.unsqueeze(1) - scores.unsqueeze(2)  # gap[b, i, j] = s_j - s_i
     violation = torch.relu(margin - gap) * faster
     pairs = faster.sum(dim=(1, 2))
+    if weighting == "gap":
+        log_runtime = torch.log(torch.where(mask, runtime, torch.ones_like(runtime)).clamp(min=1e-30))
+        true_gap = (log_runtime.unsqueeze(1) - log_runtime.unsqueeze(2)) * faster  # log r_j - log r_i >= 0
+        mean_gap = true_gap.sum(dim=(1, 2)) / pairs.clamp(min=1)
+        weight = true_gap / mean_gap.clamp(min=1e-30)[:, None, None]
+        violation = violation * weight.to(violation.dtype)
+    elif weighting != "equal":
+        raise ValueError(f"weighting must be 'equal' or 'gap', got {weighting!r}")
     per_graph = violation.sum(dim=(1, 2)) / pairs.clamp(min=1)
     return _mean_over(per_graph, pairs > 0)
 
@@ -65,6 +76,8 @@ def list_mle_loss(scores: torch.Tensor, runtime: torch.Tensor, mask: torch.Tenso
 def make_loss(name: str, margin: float = 0.1) -> Loss:
     if name == "hinge":
         return lambda s, y, m: pairwise_hinge_loss(s, y, m, margin)
+    if name == "hinge-gap":
+        return lambda s, y, m: pairwise_hinge_loss(s, y, m, margin, weighting="gap")
     if name == "listmle":
         return list_mle_loss
-    raise ConfigError(f"unknown GNN loss {name!r}; expected 'hinge' or 'listmle'")
+    raise ConfigError(f"unknown GNN loss {name!r}; expected 'hinge', 'hinge-gap' or 'listmle'")
