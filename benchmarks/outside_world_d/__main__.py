@@ -19,8 +19,8 @@ def _fail(msg):
     return 2
 
 
-def relabel(in_dir, out_dir, seed, log=None):
-    items = world.list_world(in_dir)
+def relabel(in_dir, out_dir, seed, items, log=None):
+    """Price the listed graphs (``world.list_world(in_dir)``) again and write them under out_dir."""
     lj = os.path.join(in_dir, "labels", "labels.json")
     with open(lj) as fh:
         src = json.load(fh)
@@ -92,7 +92,7 @@ def main(argv=None):
     if out_dir == in_dir or out_dir.startswith(in_dir + os.sep):
         return _fail("%s: output must lie outside the input world" % out_dir)
     try:
-        world.list_world(in_dir)
+        items = world.list_world(in_dir)
     except world.WorldError as ex:
         return _fail("%s (not a TpuGraphs world)" % ex)
     created = not os.path.exists(out_dir)
@@ -100,7 +100,7 @@ def main(argv=None):
     log = None if a.quiet else (lambda m: sys.stderr.write("outside_world_d: %s\n" % m))
     t0 = time.time()
     try:
-        n = relabel(in_dir, out_dir, a.seed, log)
+        n = relabel(in_dir, out_dir, a.seed, items, log)
     except world.WorldError as ex:
         if created:
             shutil.rmtree(out_dir, ignore_errors=True)

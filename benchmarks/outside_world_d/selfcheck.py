@@ -25,7 +25,7 @@ def check(out_dir, in_dir=None):
     try:
         items = world.list_world(out_dir)
     except world.WorldError as ex:
-        return [str(ex)]
+        return [str(ex)], 0, 0
     lj = os.path.join(out_dir, "labels", "labels.json")
     with open(lj) as fh:
         lab = json.load(fh)
@@ -107,11 +107,7 @@ def main(argv=None):
     ap.add_argument("out_dir")
     ap.add_argument("--in", dest="in_dir", default=None)
     a = ap.parse_args(argv)
-    res = check(a.out_dir, a.in_dir)
-    if isinstance(res, list):
-        errs, n, c = res, 0, 0
-    else:
-        errs, n, c = res
+    errs, n, c = check(a.out_dir, a.in_dir)
     for e in errs[:50]:
         print("FAIL", e)
     if errs:

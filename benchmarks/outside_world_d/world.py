@@ -6,9 +6,7 @@ import zipfile
 
 import numpy as np
 
-TILE_DIR = os.path.join("tile", "xla")
-LAYOUT_DIRS = [os.path.join("layout", s, t) for s in ("xla", "nlp") for t in ("default", "random")]
-COLLECTION_DIRS = [("tile:xla", TILE_DIR)] + [
+COLLECTION_DIRS = [("tile:xla", os.path.join("tile", "xla"))] + [
     ("layout:%s:%s" % (s, t), os.path.join("layout", s, t))
     for s in ("xla", "nlp") for t in ("default", "random")]
 SPLITS = ("train", "valid", "test")
@@ -107,18 +105,17 @@ def load_npz(path, tile):
     return arrs
 
 
-def save_npz(path, arrs, compress=True):
+def save_npz(path, arrs):
     """np.savez_compressed-compatible file with fixed zip metadata, so the
     same arrays always give the same bytes."""
     os.makedirs(os.path.dirname(path), exist_ok=True)
     tmp = path + ".tmp"
-    with zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_DEFLATED if compress else zipfile.ZIP_STORED,
-                         allowZip64=True) as zf:
+    with zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_DEFLATED, allowZip64=True) as zf:
         for k, a in arrs:
             buf = io.BytesIO()
             np.lib.format.write_array(buf, np.ascontiguousarray(a), allow_pickle=False)
             zi = zipfile.ZipInfo(k + ".npy", date_time=(1980, 1, 1, 0, 0, 0))
-            zi.compress_type = zipfile.ZIP_DEFLATED if compress else zipfile.ZIP_STORED
+            zi.compress_type = zipfile.ZIP_DEFLATED
             zi.external_attr = 0o644 << 16
             zf.writestr(zi, buf.getvalue())
     os.replace(tmp, path)
