@@ -18,6 +18,8 @@ Besides the pooled table, each family gets its own ensemble/ceiling per collecti
 per-(collection, program family) share of ceiling is reported as mean +- spread over each family's
 worlds (docs/transfer-protocol.md). Every test graph of every world, with its program, size and
 scores (``pipelines.flows.evaluate.per_graph_table``), goes to ``<out>.per-graph.csv`` beside it.
+Both files are written again after each world, marked partial until the last, so a stopped run
+keeps the worlds it scored; a results file that exists is refused before any world runs.
 
 ``--worlds`` scores existing worlds instead (a lowered world, an outside author's world with its
 ``labels/labels.json`` and ``labels/programs.json``): nothing is generated, and each world's "family"
@@ -126,6 +128,103 @@ def main(argv: list[str] | None = None) -> int:
             given[key] = root
             families += [family] if family not in families else []
     collections = None if args.collections is None else list(parse_collections(args.collections))
+    out = args.out or RESULTS / f"{datetime.now(timezone.utc):%Y-%m-%d-%H%M}-evaluation-worlds.md"
+    per_graph = out.with_suffix(".per-graph.csv")  # every test graph of every world, for a per-graph look
+    for target in (out, per_graph):
+        if target.exists():  # refused before any world is run, not after it
+            raise SystemExit(f"{target} exists; pass another --out")
+    out.parent.mkdir(parents=True, exist_ok=True)
+
+    def report() -> str:
+        """The results file's text for the worlds scored so far (marked partial until all are)."""
+        entries = [FLOOR, *results[0].model_names, SUBMISSION, CEILING]
+        header = ["collection", *[("ensemble" if e == SUBMISSION else e) for e in entries], "ensemble/ceiling"]
+        rows = []
+        names = list(results[0].collection_scores(CEILING))
+        for name in names:
+            row = [name]
+            for entry in entries:
+                row.append(_spread([r.collection_scores(entry).get(name, math.nan) for r in results]))
+            row.append(_spread([r.collection_scores(SUBMISSION)[name] / r.collection_scores(CEILING)[name]
+                                for r in results]))
+            rows.append(row)
+        row = ["combined" if collections is None else "combined (these collections)"]
+        for entry in entries:
+            row.append(_spread([r.reports[entry].combined.value for r in results]))
+        row.append(_spread([r.reports[SUBMISSION].combined.value / r.reports[CEILING].combined.value for r in results]))
+        rows.append(row)
+        floors = {v: r.floor_by_collection for (v, *_), r in zip(timings, results)}
+        by_family_rows = []
+        for family in families:
+            mine = [r for (f, *_), r in zip(worlds, results) if f == family]
+            for name in names:
+                by_family_rows.append([family, name, _spread([r.collection_scores(SUBMISSION)[name]
+                                                              / r.collection_scores(CEILING)[name] for r in mine])])
+            by_family_rows.append([family, "combined", _spread([r.reports[SUBMISSION].combined.value
+                                                                / r.reports[CEILING].combined.value for r in mine])])
+        cells: dict[tuple[str, str, str], list[tuple[float, int]]] = {}
+        for family, table in family_tables:
+            for row in table.iter_rows(named=True):
+                cells.setdefault((family, row["collection"], row["program_family"]), []).append(
+                    (row["share_of_ceiling"], row["graphs"]))
+        program_rows = [[f, c, k, _spread([v for v, _ in vals]), f"{sum(g for _, g in vals)} in {len(vals)}"]
+                        for (f, c, k), vals in cells.items()]
+
+        run_column = "full run s" if collections is None else "run s (these collections)"
+        stage_column = "its stages s (computed once, cached or not)"
+        command = "python -m benchmarks.evaluation_worlds " + " ".join(
+            argv if argv is not None else __import__("sys").argv[1:])
+        lines = [f"# Evaluation worlds {datetime.now(timezone.utc).isoformat(timespec='minutes')}", "",
+                 "## Machine", "", *host.describe(), "",
+                 (f"## Test scores (worlds {', '.join(str(p) for p in given.values())}; " if given else
+                  f"## Test scores ({args.scale} scale, families {', '.join(families)}, "
+                  f"seeds {', '.join(map(str, world_seeds))}, "
+                  f"variants {', '.join(map(str, variants))} (reference); ") +
+                 f"config {args.config or 'base'} {' '.join('--set ' + o for o in args.overrides)}; "
+                 + ("" if collections is None else f"collections {', '.join(c.name for c in collections)}; ") +
+                 f"mean +- std over {len(results)} world(s))", "",
+                 f"Command: `{command.strip()}`", "",
+                 "floor: best heuristic per collection, picked on the test labels; ceiling: configs ranked by their "
+                 "noise-free runtime, scored against the measured ones; tile: top-5 slowdown score, layout: "
+                 "Kendall tau-b.",
+                 "", *markdown_table(header, rows), "",
+                 "Floor heuristic per world: " + "; ".join(f"{v}: " + ", ".join(f"{c} {h}" for c, h in f.items())
+                                                          for v, f in floors.items()), "",
+                 "## Per family: ensemble / ceiling (mean +- std over the family's worlds)", "",
+                 *markdown_table(["family", "collection", "ensemble/ceiling"], by_family_rows), "",
+                 "## Per program family: ensemble / ceiling (mean +- std over the family's worlds)", "",
+                 *markdown_table(["family", "collection", "program family", "ensemble/ceiling",
+                                  "test graphs in worlds"],
+                                 program_rows), "",
+                 "## The ensemble against the best single model", "",
+                 "Per world and collection: the model that scores best on test, its run seeds alone (that seed's fold "
+                 "models averaged, as the submission averages all), their spread (max - min), and the ensemble's "
+                 "distance to that model; issue 17 asks for it to stay within the spread. 'its se': that distance's "
+                 "standard error paired over the test graphs (how far the test's own graphs can tell the two "
+                 "apart).", "",
+                 *markdown_table(["world", "collection", "best single", "its score", "its run seeds", "seed spread",
+                                  "ensemble - best", "its se", "within the spread"],
+                                 [[v, c.collection, c.best_model, f"{c.best_score:.4f}",
+                                   " / ".join(f"{x:.4f}" for x in c.seed_scores), f"{c.spread:.4f}", f"{c.gap:+.4f}",
+                                   f"{c.gap_se:.4f}", "yes" if c.within_spread else "no"] for v, c in checks]), "",
+                 "## Wall times", "",
+                 *markdown_table(["world", "folder", "run-id", "synth s", run_column, stage_column, "evaluate s"],
+                                 [[v, str(w), rid, s, r, st, e] for v, w, rid, s, r, st, e in timings]), "",
+                 f"'{stage_column}': the sum of the stage manifests' wall times, the run's compute also when it "
+                 "resumed from the stage cache (its own wall time then counts only what this call computed); a lower "
+                 "bound when a training stage itself was cut and resumed from its finished fold jobs.", "",
+                 f"benchmark wall time {(time.perf_counter() - started) / 60:.1f} min"]
+        if len(results) < len(worlds):
+            lines[1:1] = ["", f"**Partial: {len(results)} of {len(worlds)} worlds scored** (the run was stopped "
+                          "or is still going; rerun the command: finished stages come from the cache)."]
+        return "\n".join(lines) + "\n"
+
+    def write() -> str:
+        text = report()
+        write_text_atomic(out, text)
+        write_text_atomic(per_graph, pl.concat(graph_tables, how="vertical_relaxed").write_csv())
+        return text
+
     work, submissions = args.root / "work", args.root / "submissions"
     results, timings, checks, family_tables, graph_tables = [], [], [], [], []
     for family, seed, variant in worlds:
@@ -170,89 +269,10 @@ def main(argv: list[str] | None = None) -> int:
               + (f"; {path}" if path else ""), flush=True)
         results.append(evaluation)
         timings.append((label, world, run_id, synth_s, run_s, stage_s, evaluate_s))
+        if len(results) < len(worlds):
+            write()  # a stop mid-list keeps the worlds scored so far
 
-    entries = [FLOOR, *results[0].model_names, SUBMISSION, CEILING]
-    header = ["collection", *[("ensemble" if e == SUBMISSION else e) for e in entries], "ensemble/ceiling"]
-    rows = []
-    names = list(results[0].collection_scores(CEILING))
-    for name in names:
-        row = [name]
-        for entry in entries:
-            row.append(_spread([r.collection_scores(entry).get(name, math.nan) for r in results]))
-        row.append(_spread([r.collection_scores(SUBMISSION)[name] / r.collection_scores(CEILING)[name]
-                            for r in results]))
-        rows.append(row)
-    row = ["combined" if collections is None else "combined (these collections)"]
-    for entry in entries:
-        row.append(_spread([r.reports[entry].combined.value for r in results]))
-    row.append(_spread([r.reports[SUBMISSION].combined.value / r.reports[CEILING].combined.value for r in results]))
-    rows.append(row)
-    floors = {v: r.floor_by_collection for (v, *_), r in zip(timings, results)}
-    by_family_rows = []
-    for family in families:
-        mine = [r for (f, *_), r in zip(worlds, results) if f == family]
-        for name in names:
-            by_family_rows.append([family, name, _spread([r.collection_scores(SUBMISSION)[name]
-                                                          / r.collection_scores(CEILING)[name] for r in mine])])
-        by_family_rows.append([family, "combined", _spread([r.reports[SUBMISSION].combined.value
-                                                            / r.reports[CEILING].combined.value for r in mine])])
-    cells: dict[tuple[str, str, str], list[tuple[float, int]]] = {}
-    for family, table in family_tables:
-        for row in table.iter_rows(named=True):
-            cells.setdefault((family, row["collection"], row["program_family"]), []).append(
-                (row["share_of_ceiling"], row["graphs"]))
-    program_rows = [[f, c, k, _spread([v for v, _ in vals]), f"{sum(g for _, g in vals)} in {len(vals)}"]
-                    for (f, c, k), vals in cells.items()]
-
-    run_column = "full run s" if collections is None else "run s (these collections)"
-    stage_column = "its stages s (computed once, cached or not)"
-    command = "python -m benchmarks.evaluation_worlds " + " ".join(argv if argv is not None else __import__("sys").argv[1:])
-    lines = [f"# Evaluation worlds {datetime.now(timezone.utc).isoformat(timespec='minutes')}", "",
-             "## Machine", "", *host.describe(), "",
-             (f"## Test scores (worlds {', '.join(str(p) for p in given.values())}; " if given else
-              f"## Test scores ({args.scale} scale, families {', '.join(families)}, "
-              f"seeds {', '.join(map(str, world_seeds))}, "
-              f"variants {', '.join(map(str, variants))} (reference); ") +
-             f"config {args.config or 'base'} {' '.join('--set ' + o for o in args.overrides)}; "
-             + ("" if collections is None else f"collections {', '.join(c.name for c in collections)}; ") +
-             f"mean +- std over {len(results)} world(s))", "",
-             f"Command: `{command.strip()}`", "",
-             "floor: best heuristic per collection, picked on the test labels; ceiling: configs ranked by their "
-             "noise-free runtime, scored against the measured ones; tile: top-5 slowdown score, layout: Kendall tau-b.",
-             "", *markdown_table(header, rows), "",
-             "Floor heuristic per world: " + "; ".join(f"{v}: " + ", ".join(f"{c} {h}" for c, h in f.items())
-                                                      for v, f in floors.items()), "",
-             "## Per family: ensemble / ceiling (mean +- std over the family's worlds)", "",
-             *markdown_table(["family", "collection", "ensemble/ceiling"], by_family_rows), "",
-             "## Per program family: ensemble / ceiling (mean +- std over the family's worlds)", "",
-             *markdown_table(["family", "collection", "program family", "ensemble/ceiling", "test graphs in worlds"],
-                             program_rows), "",
-             "## The ensemble against the best single model", "",
-             "Per world and collection: the model that scores best on test, its run seeds alone (that seed's fold "
-             "models averaged, as the submission averages all), their spread (max - min), and the ensemble's "
-             "distance to that model; issue 17 asks for it to stay within the spread. 'its se': that distance's "
-             "standard error paired over the test graphs (how far the test's own graphs can tell the two apart).", "",
-             *markdown_table(["world", "collection", "best single", "its score", "its run seeds", "seed spread",
-                              "ensemble - best", "its se", "within the spread"],
-                             [[v, c.collection, c.best_model, f"{c.best_score:.4f}",
-                               " / ".join(f"{x:.4f}" for x in c.seed_scores), f"{c.spread:.4f}", f"{c.gap:+.4f}",
-                               f"{c.gap_se:.4f}", "yes" if c.within_spread else "no"] for v, c in checks]), "",
-             "## Wall times", "",
-             *markdown_table(["world", "folder", "run-id", "synth s", run_column, stage_column, "evaluate s"],
-                             [[v, str(w), rid, s, r, st, e] for v, w, rid, s, r, st, e in timings]), "",
-             f"'{stage_column}': the sum of the stage manifests' wall times, the run's compute also when it "
-             "resumed from the stage cache (its own wall time then counts only what this call computed); a lower "
-             "bound when a training stage itself was cut and resumed from its finished fold jobs.", "",
-             f"benchmark wall time {(time.perf_counter() - started) / 60:.1f} min"]
-    text = "\n".join(lines) + "\n"
-    print(text)
-    out = args.out or RESULTS / f"{datetime.now(timezone.utc):%Y-%m-%d-%H%M}-evaluation-worlds.md"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    if out.exists():
-        raise SystemExit(f"{out} exists; pass --out")
-    write_text_atomic(out, text)
-    per_graph = out.with_suffix(".per-graph.csv")  # every test graph of every world, for a per-graph look
-    pl.concat(graph_tables, how="vertical_relaxed").write_csv(per_graph)
+    print(write())
     print(out, per_graph, sep="\n")
     return 0
 

@@ -117,5 +117,49 @@ def test_the_evaluation_worlds_benchmark_scores_given_worlds(outside: Path, tmp_
                                    "--out", str(out)]) == 0
     text = out.read_text()
     assert f"worlds {outside}" in text and "| blind-b | layout:xla:random | rnn |" in text
+    assert "Partial" not in text
     per_graph = out.with_suffix(".per-graph.csv").read_text()
     assert "hand_xla" in per_graph and "blind-b" in per_graph
+
+
+def test_the_evaluation_worlds_benchmark_refuses_a_used_results_file_before_any_run(
+        outside: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from benchmarks import evaluation_worlds
+    from pipelines.flows import run
+
+    def no_run(*args, **kwargs):
+        raise AssertionError("a world was run although the results file was taken")
+
+    monkeypatch.setattr(run, "train_and_blend", no_run)
+    out = tmp_path / "result.md"
+    out.with_suffix(".per-graph.csv").write_text("earlier,results\n")
+    with pytest.raises(SystemExit, match="result.per-graph.csv exists"):
+        evaluation_worlds.main(["--worlds", str(outside), "--collections", "layout:xla:random",
+                                "--root", str(tmp_path), "--out", str(out)])
+    assert out.with_suffix(".per-graph.csv").read_text() == "earlier,results\n" and not out.exists()
+
+
+@pytest.mark.slow
+def test_the_evaluation_worlds_benchmark_keeps_the_worlds_scored_before_a_stop(
+        outside: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from benchmarks import evaluation_worlds
+    from pipelines.flows import run
+
+    real_train_and_blend, calls = run.train_and_blend, []
+
+    def stopped_on_the_second_world(*args, **kwargs):
+        calls.append(args)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real_train_and_blend(*args, **kwargs)
+
+    monkeypatch.setattr(run, "train_and_blend", stopped_on_the_second_world)
+    out = tmp_path / "result.md"
+    with pytest.raises(KeyboardInterrupt):
+        evaluation_worlds.main(["--worlds", f"{outside},{outside}", "--config", "smoke", "--set",
+                                "gbdt.n_estimators=5", "--models", "gbdt", "--collections", "layout:xla:random",
+                                "--root", str(tmp_path), "--out", str(out)])
+    text = out.read_text()
+    assert "**Partial: 1 of 2 worlds scored**" in text and "| blind-b | layout:xla:random | rnn |" in text
+    per_graph = out.with_suffix(".per-graph.csv").read_text().splitlines()
+    assert per_graph[0].startswith("family,seed,") and len(per_graph) > 1
