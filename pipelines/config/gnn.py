@@ -113,11 +113,11 @@ class GNNConfig:
     # per-collection overrides, e.g. {"layout:xla:default": {"cross_config_attention": True}};
     # tile graphs are tiny, so several go into one step (and passes were only compared on layout), on
     # one thread (a second is overhead there);
-    # nlp:random gains from the summed node cost, xla:random from the roofline-weighted one, the xla
+    # nlp:random and xla:random gain from the roofline-weighted node cost, the xla
     # collections from 8 passes, xla:random from the nlp:random graphs (base.toml)
     collections: dict[str, dict] = field(default_factory=lambda: {
         "tile:xla": {"graphs_per_step": 16, "passes_per_epoch": 1, "num_threads": 1},
-        "layout:nlp:random": {"readout": "pooled+sum"},
+        "layout:nlp:random": {"readout": "pooled+sum+work"},
         "layout:xla:default": {"passes_per_epoch": 8},
         "layout:xla:random": {"passes_per_epoch": 8, "extra_train_collections": ["layout:nlp:random"],
                               "readout": "pooled+sum+work"},
