@@ -337,3 +337,12 @@ def test_per_graph_view_lists_every_test_graph_with_its_program_size_and_scores(
         assert shares == sorted(shares)  # worst first
     table = per_graph_table(evaluate_rows(tiny_world, {SUBMISSION: _rows_from(tiny_world, "noise_free")}), {})
     assert set(table["program"]) == {"unknown"} and table["share_of_ceiling"].drop_nans().eq(1.0).all()
+
+
+def test_by_family_without_per_node_kind_is_refused_before_any_work(tmp_path: Path, capsys) -> None:
+    """--by-family splits the per-node-kind table: alone it is an error that names it, before the run or
+    the data root is read (neither exists here)."""
+    code = main(["evaluate", "no-such-run", "--data-root", str(tmp_path / "missing"), "--by-family"])
+    err = capsys.readouterr().err
+    assert code != 0 and "--by-family" in err and "--per-node-kind" in err and "Traceback" not in err
+    assert not (tmp_path / "missing").exists()

@@ -104,3 +104,42 @@ def test_evaluate_tables_node_kinds_and_leaves_a_share_of_a_non_positive_ceiling
                for name, score in ((SUBMISSION, 0.1), (CEILING, -0.01))}
     table = program_family_table(Evaluation(reports, {}, (), ()), {("layout:xla:default", "g"): "mlp"})
     assert table["share_of_ceiling"].to_list() == [None]
+
+
+def test_node_kind_table_split_by_program_family_reads_each_family_on_its_own(tiny_world):
+    """With program families the table gains a family column: each family's shares sum to 1 and its
+    agreement is its own graphs' (the unsplit agreement lies between two families'); a graph the
+    mapping does not name is kept under no family; the text gains a family column."""
+    import numpy as np
+    import polars as pl
+
+    from pipelines.core.collection import parse_collection
+    from pipelines.data.root import DataRoot
+    from pipelines.data.submission import read_submission
+    from pipelines.flows.evaluate import node_kind_table, node_kind_text
+    from pipelines.synth.world import program_kinds
+
+    rows = {"identity": read_submission(tiny_world / "sample_submission.csv")}
+    nlp_random = parse_collection("layout:nlp:random")
+    test_stems = [ref.stem for ref in DataRoot(tiny_world).graphs(nlp_random, "test")]
+    assert len(test_stems) == 2
+    families = {**program_kinds(tiny_world), **{(nlp_random.name, stem): name for stem, name in zip(test_stems, "ab")}}
+    table = node_kind_table(tiny_world, rows, families)
+    assert table.columns[:3] == ["collection", "program_family", "entry"]
+    shares = (table.drop_nulls("importance_share")
+              .group_by("collection", "program_family", "entry").agg(pl.col("importance_share").sum()))
+    assert np.allclose(shares["importance_share"].to_numpy(), 1.0)
+
+    def dot_agreement(frame: pl.DataFrame, family: str | None = None) -> float:
+        frame = frame.filter(pl.col("collection") == nlp_random.name, pl.col("kind") == "dot")
+        return frame.filter(pl.col("program_family") == family)["agreement"].item() if family else frame["agreement"].item()
+
+    whole = node_kind_table(tiny_world, rows)
+    a, b, both = dot_agreement(table, "a"), dot_agreement(table, "b"), dot_agreement(whole)
+    assert abs(a - b) > 0.1 and min(a, b) < both < max(a, b)
+    assert table["nodes"].sum() == whole["nodes"].sum()
+    assert "family" in node_kind_text(table).splitlines()[0] and "family" not in node_kind_text(whole).splitlines()[0]
+
+    unnamed = {key: value for key, value in families.items() if key != (nlp_random.name, test_stems[0])}
+    partial = node_kind_table(tiny_world, rows, unnamed)
+    assert partial["program_family"].null_count() > 0 and partial["nodes"].sum() == whole["nodes"].sum()

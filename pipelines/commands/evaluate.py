@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 
 from pipelines.core import paths
+from pipelines.core.errors import ConfigError
 from pipelines.commands.common import command_parser
 
 
@@ -29,15 +30,20 @@ def add(sub: argparse._SubParsersAction) -> None:
                    help="also print, per layout collection and entry, each kind of configurable node (conv forward, "
                         "input / weight gradient, depthwise, 5-D; dot; reshape): its share of what layouts change "
                         "in the runtime and how well the order follows it")
+    p.add_argument("--by-family", action="store_true",
+                   help="with --per-node-kind: split its table by program family (cnn, rnn, transformer, mlp), "
+                        "each family's shares summing to 1")
     p.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from pipelines.flows.evaluate import evaluate_run
 
+    if args.by_family and not args.per_node_kind:
+        raise ConfigError("--by-family splits the per-node-kind table: give --per-node-kind with it")
     evaluation, path = evaluate_run(args.run_id, args.data_root, submissions_dir=args.submissions_dir,
                                     work_dir=args.work_dir, with_models=not args.no_models,
-                                    node_kinds=args.per_node_kind)
+                                    node_kinds=args.per_node_kind, node_kinds_by_family=args.by_family)
     print(evaluation.to_text())
     from pipelines.flows.evaluate import per_graph_table, per_graph_text, program_family_table, program_family_text
     from pipelines.synth.world import program_families, program_kinds
@@ -50,7 +56,8 @@ def run(args: argparse.Namespace) -> int:
     if evaluation.node_kinds is not None:
         from pipelines.flows.evaluate import node_kind_text
 
-        print("\nper node kind (share of the runtime's layout effects; agreement of the order with them):")
+        split = " and program family" if args.by_family else ""
+        print(f"\nper node kind{split} (share of the runtime's layout effects; agreement of the order with them):")
         print(node_kind_text(evaluation.node_kinds))
     print(path)
     return 0

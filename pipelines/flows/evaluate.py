@@ -417,11 +417,14 @@ def seed_checks(evaluation: Evaluation, seeds: Evaluation) -> list[SeedCheck]:
     return checks
 
 
-def node_kind_table(data_root: Path | str, rows: Mapping[str, Mapping[str, Sequence[int]]]) -> pl.DataFrame:
+def node_kind_table(data_root: Path | str, rows: Mapping[str, Mapping[str, Sequence[int]]],
+                    families: Mapping[tuple[str, str], str] | None = None) -> pl.DataFrame:
     """Per layout collection, entry (submission, each model) and kind of configurable node
     (:mod:`pipelines.data.node_kinds`): how many such nodes the test graphs hold, their share of the
     importance (how much their layout choices move the noise-free runtime) and the importance-weighted
-    agreement of the entry's order with those effects (1: follows them, 0: blind, < 0: backwards)."""
+    agreement of the entry's order with those effects (1: follows them, 0: blind, < 0: backwards).
+    With ``families`` ((collection, stem) -> program family, :func:`pipelines.synth.world.program_kinds`),
+    per program family too: a ``program_family`` column, the shares summing to 1 within each family."""
     from pipelines.data.node_kinds import configurable_node_kinds, node_effects
     from pipelines.synth.world import read_labels
 
@@ -439,41 +442,48 @@ def node_kind_table(data_root: Path | str, rows: Mapping[str, Mapping[str, Seque
                 position[order] = np.arange(order.shape[0], dtype=np.float64)
                 importance, agreement = node_effects(graph.node_config_feat, truth, position)
                 parts.append(pl.DataFrame({"collection": collection.name, "entry": entry, "graph": ref.stem,
-                                           "kind": kinds, "importance": importance, "agreement": agreement}))
+                                           "program_family": (families or {}).get((collection.name, ref.stem)),
+                                           "kind": kinds, "importance": importance, "agreement": agreement},
+                                          schema_overrides={"program_family": pl.Utf8}))
+    within = ["collection", "program_family", "entry"] if families is not None else ["collection", "entry"]
     if not parts:
-        return pl.DataFrame(schema={"collection": pl.Utf8, "entry": pl.Utf8, "kind": pl.Utf8, "nodes": pl.UInt32,
+        return pl.DataFrame(schema={**{name: pl.Utf8 for name in within}, "kind": pl.Utf8, "nodes": pl.UInt32,
                                     "importance_share": pl.Float64, "agreement": pl.Float64})
     nodes = pl.concat(parts)
     weighted = pl.when(pl.col("agreement").is_nan()).then(0.0).otherwise(pl.col("importance") * pl.col("agreement"))
     known = pl.when(pl.col("agreement").is_nan()).then(0.0).otherwise(pl.col("importance"))
-    table = (nodes.group_by("collection", "entry", "kind", maintain_order=True)
+    table = (nodes.group_by(*within, "kind", maintain_order=True)
              .agg(pl.len().alias("nodes"), pl.col("importance").sum().alias("_importance"),
                   weighted.sum().alias("_weighted"), known.sum().alias("_known")))
-    totals = table.group_by("collection", "entry").agg(pl.col("_importance").sum().alias("_total"))
-    return (table.join(totals, on=["collection", "entry"])
+    totals = table.group_by(within).agg(pl.col("_importance").sum().alias("_total"))
+    return (table.join(totals, on=within, nulls_equal=True)
             # no share or agreement where no node's choices could be told apart (too few configs per choice)
             .with_columns(pl.when(pl.col("_total") > 0).then(pl.col("_importance") / pl.col("_total"))
                           .alias("importance_share"),
                           pl.when(pl.col("_known") > 0).then(pl.col("_weighted") / pl.col("_known")).alias("agreement"))
-            .select("collection", "entry", "kind", "nodes", "importance_share", "agreement")
-            .sort("collection", "entry", "importance_share", descending=[False, False, True]))
+            .select(*within, "kind", "nodes", "importance_share", "agreement")
+            .sort(*within, "importance_share", descending=[False] * len(within) + [True]))
 
 
 def node_kind_text(table: pl.DataFrame) -> str:
-    """The per-node-kind table as printed lines."""
-    lines = [f"{'collection':<20} {'entry':<12} {'node kind':<24} {'nodes':>5} {'share':>6} {'agreement':>9}"]
+    """The per-node-kind table as printed lines (with a family column where it is split by program family)."""
+    by_family = "program_family" in table.columns
+    family = f"{'family':<12} " if by_family else ""
+    lines = [f"{'collection':<20} {family}{'entry':<12} {'node kind':<24} {'nodes':>5} {'share':>6} {'agreement':>9}"]
     for row in table.iter_rows(named=True):
         agreement = "-" if row["agreement"] is None else f"{row['agreement']:+.3f}"
         share = "-" if row["importance_share"] is None else f"{row['importance_share']:.3f}"
-        lines.append(f"{row['collection']:<20} {row['entry']:<12} {row['kind']:<24} {row['nodes']:>5} "
+        family = f"{row['program_family'] or '-':<12} " if by_family else ""
+        lines.append(f"{row['collection']:<20} {family}{row['entry']:<12} {row['kind']:<24} {row['nodes']:>5} "
                      f"{share:>6} {agreement:>9}")
     return "\n".join(lines)
 
 
 def evaluate_run(run_id: str, data_root: Path | str, *, submissions_dir: Path | str = "submissions",
                  work_dir: Path | str | None = None, with_models: bool = True,
-                 node_kinds: bool = False) -> tuple[Evaluation, Path]:
-    """Evaluate a run on a world with hidden labels and write ``evaluation.json`` into its folder."""
+                 node_kinds: bool = False, node_kinds_by_family: bool = False) -> tuple[Evaluation, Path]:
+    """Evaluate a run on a world with hidden labels and write ``evaluation.json`` into its folder
+    (``node_kinds``: with the per-node-kind table, split by program family if ``node_kinds_by_family``)."""
     from pipelines.outputs.run_folders import RUN_MANIFEST, SUBMISSION_FILE, read_run_manifest, resolve_run_id
     from pipelines.data.submission import read_submission, validate_submission
 
@@ -494,7 +504,10 @@ def evaluate_run(run_id: str, data_root: Path | str, *, submissions_dir: Path | 
     rows[SUBMISSION] = read_submission(submission)
     evaluation = evaluate_rows(data_root, rows)
     if node_kinds:
-        evaluation = replace(evaluation, node_kinds=node_kind_table(data_root, rows))
+        from pipelines.synth.world import program_kinds
+
+        families = program_kinds(data_root) if node_kinds_by_family else None
+        evaluation = replace(evaluation, node_kinds=node_kind_table(data_root, rows, families))
     from pipelines.synth.world import program_families
 
     record = {
