@@ -503,13 +503,12 @@ def evaluate_run(run_id: str, data_root: Path | str, *, submissions_dir: Path | 
         rows.update(model_rows(manifest, None if work_dir is None else Path(work_dir)))
     rows[SUBMISSION] = read_submission(submission)
     evaluation = evaluate_rows(data_root, rows)
-    if node_kinds:
-        from pipelines.synth.world import program_kinds
-
-        families = program_kinds(data_root) if node_kinds_by_family else None
-        evaluation = replace(evaluation, node_kinds=node_kind_table(data_root, rows, families))
     from pipelines.synth.world import program_families
 
+    families = program_families(data_root)  # the per-graph rows' programs; their kinds split the node table
+    if node_kinds:
+        kinds = {key: family.kind for key, family in families.items()} if node_kinds_by_family else None
+        evaluation = replace(evaluation, node_kinds=node_kind_table(data_root, rows, kinds))
     record = {
         "generator": GENERATOR, "version": EVALUATION_VERSION, "run_id": run_id,
         "run_manifest": RUN_MANIFEST, "submission_sha256": (manifest.get("submission") or {}).get("sha256"),
@@ -518,7 +517,7 @@ def evaluate_run(run_id: str, data_root: Path | str, *, submissions_dir: Path | 
                                              "collections")},
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         **evaluation.to_dict(),
-        "per_graph": per_graph_table(evaluation, program_families(data_root)).to_dicts(),
+        "per_graph": per_graph_table(evaluation, families).to_dicts(),
         **({"per_node_kind": evaluation.node_kinds.to_dicts()} if evaluation.node_kinds is not None else {}),
     }
     _write_evaluation(out, record)
