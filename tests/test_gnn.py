@@ -636,6 +636,60 @@ def test_layout_roles_name_the_dims_each_layout_puts_minor_most(kernel_first):
                                + [*one_hot(ROLE_SPATIAL), *one_hot(ROLE_SPATIAL)] + default_kernel, rtol=1e-6)
 
 
+def _shape(*dims: int) -> np.ndarray:
+    return np.array(list(dims) + [0] * (6 - len(dims)))
+
+
+@pytest.mark.parametrize("out, lhs, rhs, expected", [
+    # x @ w: lhs rows and contracted features, rhs contracted and output features
+    ((32, 256), (32, 512), (512, 256), [[5, 4], [5, 3], [3, 4]]),
+    # attention scores: two batch dims, the head dim contracted
+    ((2, 4, 16, 16), (2, 4, 16, 8), (2, 4, 16, 8), [[2, 2, 5, 4], [2, 2, 5, 3], [2, 2, 4, 3]]),
+    # a weight gradient x^T @ g: both contract their first (batch) dim
+    ((512, 256), (32, 512), (32, 256), [[5, 4], [3, 5], [3, 4]]),
+    # square: read as a plain matmul (the lhs contracts its last dim, the rhs its first)
+    ((128, 128), (128, 128), (128, 128), [[5, 4], [5, 3], [3, 4]]),
+    # a matrix-vector product: the output keeps the lhs rows only
+    ((64,), (64, 32), (32,), [[5], [5, 3], [3]]),
+])
+def test_dot_roles_read_a_dot_from_its_shapes(out, lhs, rhs, expected):
+    from pipelines.models.gnn.batch import dot_roles
+    roles = dot_roles(_shape(*out), _shape(*lhs), _shape(*rhs))
+    for block, want in enumerate(expected):
+        np.testing.assert_array_equal(roles[block], want + [0] * (6 - len(want)))
+
+
+def test_dot_roles_refuse_shapes_no_dot_has():
+    from pipelines.models.gnn.batch import dot_roles
+    # the operands the wrong way round: 256 can only come from the rhs's free dims, which follow the lhs's
+    assert dot_roles(_shape(32, 256), _shape(512, 256), _shape(32, 512)) is None
+    assert dot_roles(_shape(7, 9), _shape(3, 4), _shape(4, 5)) is None
+
+
+@pytest.mark.parametrize("weights_first", [False, True])
+def test_a_dots_operands_are_matched_by_its_shapes(weights_first):
+    from pipelines.models.gnn.batch import ROLE_CONTRACTED, ROLE_OTHER, ROLE_OUT_FEATURE, ROLE_SPATIAL
+    raw = np.zeros((3, 140))
+    raw[0, 21:23], raw[1, 21:23], raw[2, 21:23] = [32, 512], [512, 256], [32, 256]
+    raw[:, 134:136] = [1, 0]
+    edges = np.array([[1, 0], [2, 2]]) if weights_first else np.array([[0, 1], [2, 2]])
+    graph = GraphArrays(collection="layout:xla:default", stem="dot", split="train",
+                        node_opcode=np.array([63, 63, 34]), node_feat=transform_node_feat(raw), message_edges=edges,
+                        config_nodes=np.array([2]), config_feat=np.full((2, 1, 18), -1, np.int8),
+                        target=np.array([1.0, 2.0]), config_index=np.arange(2))
+    prepared = prepare_graph(graph, 1, match_operands=True)
+    np.testing.assert_array_equal(prepared.config_shapes[0, 1], [32, 512, 0, 0, 0, 0])
+    np.testing.assert_array_equal(prepared.config_shapes[0, 2], [512, 256, 0, 0, 0, 0])
+    np.testing.assert_array_equal(prepared.config_roles[0, :, :2], [[ROLE_SPATIAL, ROLE_OUT_FEATURE],
+                                                                    [ROLE_SPATIAL, ROLE_CONTRACTED],
+                                                                    [ROLE_CONTRACTED, ROLE_OUT_FEATURE]])
+    # without operand matching the edge order stands, and a dot read the wrong way round has no roles
+    plain = prepare_graph(graph, 1, match_operands=False)
+    np.testing.assert_array_equal(plain.config_shapes[0, 1], [512, 256, 0, 0, 0, 0] if weights_first
+                                  else [32, 512, 0, 0, 0, 0])
+    assert (plain.config_roles[0, :, :2] == ROLE_OTHER).all() == weights_first
+
+
 RESHAPES = [([2, 3, 4], [6, 4]), ([2, 3], [3, 2]), ([4, 6], [2, 3, 4]), ([8, 1, 16], [128]),
             ([2, 2, 3, 5], [4, 15]), ([3, 4, 5, 2, 2], [12, 10, 2]), ([7], [7]), ([2, 3], [5])]
 

@@ -18,6 +18,7 @@ config) works the same way, so a step copies only its sampled configs' distinct 
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, replace
 from functools import cached_property
 from typing import ClassVar
@@ -38,8 +39,9 @@ LAYOUT_NUM_VALUES = 7
 LAYOUT_BLOCK = 18  # layout values per configurable node and config: output, input, kernel layout
 PHYSICS_DIM = 12  # per configurable node and config: 6 values for the output and 6 for the input tensor
 TPU_TILE = (128, 8)  # HBM tiles pad the minor-most dim to a multiple of 128, the second-minor to 8
-# What a dim of a configurable node's output, input or kernel is to its op (``dim_roles``): a convolution
-# names its batch, feature and spatial dims; other ops' dims have no known role.
+# What a dim of a configurable node's output, input or kernel is to its op (``dim_roles``, ``dot_roles``): a
+# convolution names its batch, feature and spatial dims; a dot's batch, contracted, lhs-free (spatial) and
+# rhs-free (output feature) dims follow from its shapes; other ops' dims have no known role.
 ROLE_ABSENT, ROLE_OTHER, ROLE_BATCH, ROLE_CONTRACTED, ROLE_OUT_FEATURE, ROLE_SPATIAL = range(6)
 NUM_ROLES = 6
 # per configurable node and config (``layout_roles``): the kernel tensor's 6 padding values as in
@@ -178,6 +180,64 @@ def dim_roles(conv_numbers: np.ndarray, is_conv: np.ndarray) -> np.ndarray:
     return roles
 
 
+def dot_roles(out: np.ndarray, lhs: np.ndarray, rhs: np.ndarray) -> np.ndarray | None:
+    """int8 (3, 6): the roles of a dot's output, lhs and rhs dims from their shapes alone, or None when no
+    dot of these shapes exists (then the operands may be the other way round).
+
+    The files keep no dot dimension numbers, but HLO fixes a dot's output order: its batch dims, then
+    the lhs's free dims, then the rhs's, each in operand order; every other operand dim is contracted,
+    lhs and rhs in pairs of equal size. Batch dims get ``ROLE_BATCH``, contracted ``ROLE_CONTRACTED``, the
+    lhs's free dims ``ROLE_SPATIAL`` (rows, as a convolution's spatial dims) and the rhs's
+    ``ROLE_OUT_FEATURE``. Of several readings the fewest batch dims win, then the lhs contracting its
+    last dims and the rhs its first (a plain ``x @ w``), as jax writes a matmul. Shapes are (6,) with 0
+    past the rank.
+    """
+    o, a, b = (tuple(int(v) for v in t[t > 0]) for t in (out, lhs, rhs))
+    for batch in range(min(len(o), len(a), len(b)) + 1):
+        twice_lhs_free = len(a) - len(b) + len(o) - batch
+        if twice_lhs_free < 0 or twice_lhs_free % 2:
+            continue
+        lhs_free = twice_lhs_free // 2
+        rhs_free = len(o) - batch - lhs_free
+        if rhs_free < 0 or len(a) - batch - lhs_free < 0:
+            continue
+        found = _dot_reading(o, a, b, batch, lhs_free)
+        if found is not None:
+            roles = np.zeros((3, 6), np.int8)
+            for block, dims in enumerate((o, a, b)):
+                roles[block, :len(dims)] = found[block]
+            return roles
+    return None
+
+
+def _dot_reading(o: tuple, a: tuple, b: tuple, batch: int, lhs_free: int) -> list[list[int]] | None:
+    """Roles of (output, lhs, rhs) dims for ``batch`` batch and ``lhs_free`` lhs-free dims, or None."""
+    for lhs_batch in itertools.combinations(range(len(a)), batch):
+        if tuple(a[i] for i in lhs_batch) != o[:batch]:
+            continue
+        for rhs_batch in itertools.combinations(range(len(b)), batch):
+            if tuple(b[i] for i in rhs_batch) != o[:batch]:
+                continue
+            rest_a = [i for i in range(len(a)) if i not in lhs_batch]
+            rest_b = [i for i in range(len(b)) if i not in rhs_batch]
+            for free_a in itertools.combinations(rest_a, lhs_free):  # earliest free dims first: lhs contracts last
+                if tuple(a[i] for i in free_a) != o[batch:batch + lhs_free]:
+                    continue
+                contracted_a = sorted(a[i] for i in rest_a if i not in free_a)
+                # latest free dims first: the rhs contracts its first dims
+                for free_b in reversed(list(itertools.combinations(rest_b, len(o) - batch - lhs_free))):
+                    if (tuple(b[i] for i in free_b) != o[batch + lhs_free:]
+                            or sorted(b[i] for i in rest_b if i not in free_b) != contracted_a):
+                        continue
+                    out_roles = [ROLE_BATCH] * batch + [ROLE_SPATIAL] * lhs_free + [ROLE_OUT_FEATURE] * (len(o) - batch - lhs_free)
+                    lhs_roles = [ROLE_BATCH if i in lhs_batch else ROLE_SPATIAL if i in free_a else ROLE_CONTRACTED
+                                 for i in range(len(a))]
+                    rhs_roles = [ROLE_BATCH if i in rhs_batch else ROLE_OUT_FEATURE if i in free_b else ROLE_CONTRACTED
+                                 for i in range(len(b))]
+                    return [out_roles, lhs_roles, rhs_roles]
+    return None
+
+
 def _operands(num_nodes: int, src: np.ndarray, dst: np.ndarray, nodes: np.ndarray) -> list[np.ndarray]:
     """The producers on each of ``nodes``' first and second incoming edge (-1 where it has fewer)."""
     order = np.argsort(dst, kind="stable")
@@ -205,8 +265,9 @@ def _config_tensors(node_feat: np.ndarray, node_opcode: np.ndarray, src: np.ndar
     The input and kernel are the producers on the node's first and second incoming edge. With
     ``match_operands``, for a convolution, whose dimension numbers say which dims must agree (input
     batch = output batch, kernel output feature = output feature, input feature = kernel input
-    feature), the two are swapped when the swap agrees better (files need not list edges in operand
-    order). A missing tensor gets zeros, i.e. "no tensor".
+    feature), the two are swapped when the swap agrees better, and for a dot when only the swapped
+    order reads as a dot (``dot_roles``); files need not list edges in operand order. A missing
+    tensor gets zeros, i.e. "no tensor".
     """
     dims, layout = shape_and_layout(node_feat)
     first, second = _operands(node_feat.shape[0], src, dst, config_nodes)
@@ -225,6 +286,15 @@ def _config_tensors(node_feat: np.ndarray, node_opcode: np.ndarray, src: np.ndar
                 + (at(di, in_feature) == at(dk, kernel_in)))
 
     swap = match_operands & conv & (second >= 0) & (agreement(second, first) > agreement(first, second))
+    roles = dim_roles(numbers, conv)
+    for i in np.flatnonzero(node_opcode[config_nodes] == DOT):
+        operand_dims, kernel_dims = (dims[p] if p >= 0 else np.zeros(6) for p in (first[i], second[i]))
+        reading = dot_roles(out[i], operand_dims, kernel_dims)
+        if reading is None and match_operands:
+            reading = dot_roles(out[i], kernel_dims, operand_dims)
+            swap[i] = reading is not None
+        if reading is not None:
+            roles[i] = reading
     operand, kernel = np.where(swap, second, first), np.where(swap, first, second)
     tensors_dims, tensors_layout = [out], [layout[config_nodes]]
     for producer in (operand, kernel):
@@ -232,7 +302,7 @@ def _config_tensors(node_feat: np.ndarray, node_opcode: np.ndarray, src: np.ndar
         tensors_dims.append(np.where(has, dims[np.maximum(producer, 0)], 0.0))
         tensors_layout.append(np.where(has, layout[np.maximum(producer, 0)], 0))
     shapes = np.stack(tensors_dims, axis=1)
-    roles = np.where(np.arange(6) < (shapes > 0).sum(2)[..., None], dim_roles(numbers, conv), ROLE_ABSENT)
+    roles = np.where(np.arange(6) < (shapes > 0).sum(2)[..., None], roles, ROLE_ABSENT)
     return shapes, np.stack(tensors_layout, axis=1), roles.astype(np.int8)
 
 
