@@ -688,6 +688,14 @@ def test_a_dots_operands_are_matched_by_its_shapes(weights_first):
     np.testing.assert_array_equal(plain.config_shapes[0, 1], [512, 256, 0, 0, 0, 0] if weights_first
                                   else [32, 512, 0, 0, 0, 0])
     assert (plain.config_roles[0, :, :2] == ROLE_OTHER).all() == weights_first
+    # a model's config asks for the matching with match_operands alone, or with layout_roles
+    from pipelines.config.gnn import GNNConfig
+    from pipelines.models.gnn.batch import prepare_for
+    for cfg, matched in ((GNNConfig(), False), (GNNConfig(match_operands=True), True),
+                         (GNNConfig(layout_roles=True), True)):
+        got = prepare_for(graph, cfg).config_shapes[0, 1]
+        np.testing.assert_array_equal(got, [32, 512, 0, 0, 0, 0] if matched or not weights_first
+                                      else [512, 256, 0, 0, 0, 0])
 
 
 RESHAPES = [([2, 3, 4], [6, 4]), ([2, 3], [3, 2]), ([4, 6], [2, 3, 4]), ([8, 1, 16], [128]),

@@ -41,6 +41,10 @@ class GNNConfig:
     # layout: add the kernel's padding and the role (batch, feature, spatial) of the dims each layout puts
     # minor-most (batch.layout_roles)
     layout_roles: bool = False
+    # layout: pair each convolution's and dot's input and kernel blocks with the operands their shapes say (a
+    # convolution's dimension numbers, a dot's output order), not with the file's edge order (real files sort
+    # edges, so the first edge is operand 0 only when it was defined first); always on with layout_roles
+    match_operands: bool = False
     # layout: add, per reshape and config, whether its two layouts make it a bitcast (else XLA copies the
     # tensor) and whether its tiled minor dims keep their sizes (batch.reshape_physics)
     reshape_physics: bool = False

@@ -472,15 +472,16 @@ def tile_physics(graph: GraphArrays) -> np.ndarray:
 
 
 def prepare_for(graph: GraphArrays, cfg: GNNConfig) -> PreparedGraph:
-    """A graph's inputs for a model of ``cfg`` (its config layers, and what ``layout_roles``,
-    ``reshape_physics`` and ``tile_physics`` add)."""
-    return prepare_graph(graph, cfg.config_layers, cfg.layout_roles, cfg.tile_physics, cfg.reshape_physics)
+    """A graph's inputs for a model of ``cfg`` (its config layers, the operands ``match_operands`` or
+    ``layout_roles`` pairs, and what ``layout_roles``, ``reshape_physics`` and ``tile_physics`` add)."""
+    return prepare_graph(graph, cfg.config_layers, cfg.match_operands or cfg.layout_roles, cfg.tile_physics,
+                         cfg.reshape_physics)
 
 
 def prepare_graph(graph: GraphArrays, config_layers: int, match_operands: bool = False,
                   with_tile_physics: bool = False, with_reshapes: bool = False) -> PreparedGraph:
     """Validate one graph and precompute degrees and (layout) the hop levels of the fused layers;
-    ``match_operands``: see ``_config_tensors`` (on with ``GNNConfig.layout_roles``);
+    ``match_operands``: see ``_config_tensors`` (``GNNConfig.match_operands``, on with ``layout_roles``);
     ``with_tile_physics``: a tile graph's configs carry :func:`tile_physics` after their 24 values
     (``GNNConfig.tile_physics``); ``with_reshapes``: the ``reshape_*`` fields are filled (else empty: no
     reshape is seen, ``GNNConfig.reshape_physics``)."""
