@@ -19,7 +19,8 @@ per-(collection, program family) share of ceiling is reported as mean +- spread 
 worlds (docs/transfer-protocol.md). Every test graph of every world, with its program, size and
 scores (``pipelines.flows.evaluate.per_graph_table``), goes to ``<out>.per-graph.csv`` beside it.
 Both files are written again after each world, marked partial until the last, so a stopped run
-keeps the worlds it scored; a results file that exists is refused before any world runs.
+keeps the worlds it scored, and the same command run again finishes them in place (the scored worlds'
+stages come from the cache); any other results file that exists is refused before any world runs.
 
 ``--worlds`` scores existing worlds instead (a lowered world, an outside author's world with its
 ``labels/labels.json`` and ``labels/programs.json``): nothing is generated, and each world's "family"
@@ -39,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import sys
 import time
 from datetime import datetime, timezone
 from pathlib import Path
@@ -51,6 +53,9 @@ from pipelines.core.atomic import write_text_atomic
 from pipelines.core.parallel import terminate_as_interrupt
 
 
+PARTIAL_MARK = "**Partial: "  # opens the line that marks a results file partial
+
+
 def _spread(values: list[float]) -> str:
     values = [v for v in values if v is not None and not math.isnan(v)]
     if not values:
@@ -58,6 +63,15 @@ def _spread(values: list[float]) -> str:
     if len(values) == 1:
         return f"{values[0]:.4f}"
     return f"{np.mean(values):.4f} +- {np.std(values):.4f}"
+
+
+def _partial_report_of(out: Path, command: str) -> bool:
+    """Whether ``out`` is a results file that a stopped run of this very command left partial: a rerun finishes
+    it in place; any other file there (complete, or another command's) is never overwritten."""
+    if not out.is_file():
+        return False
+    text = out.read_text(errors="replace")
+    return PARTIAL_MARK in text and f"Command: `{command.strip()}`" in text
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -130,9 +144,15 @@ def main(argv: list[str] | None = None) -> int:
     collections = None if args.collections is None else list(parse_collections(args.collections))
     out = args.out or RESULTS / f"{datetime.now(timezone.utc):%Y-%m-%d-%H%M}-evaluation-worlds.md"
     per_graph = out.with_suffix(".per-graph.csv")  # every test graph of every world, for a per-graph look
+    command = "python -m benchmarks.evaluation_worlds " + " ".join(argv if argv is not None else sys.argv[1:])
+    resuming = _partial_report_of(out, command)
     for target in (out, per_graph):
-        if target.exists():  # refused before any world is run, not after it
-            raise SystemExit(f"{target} exists; pass another --out")
+        if target.exists() and not resuming:  # refused before any world is run, not after it
+            raise SystemExit(f"{target} exists; pass another --out (only a partial report of this very command "
+                             "is finished in place)")
+    if resuming:
+        print(f"{out}: a partial report of this command; finishing it (the worlds it scored come from the stage "
+              "cache)", flush=True)
     out.parent.mkdir(parents=True, exist_ok=True)
 
     def report() -> str:
@@ -172,8 +192,6 @@ def main(argv: list[str] | None = None) -> int:
 
         run_column = "full run s" if collections is None else "run s (these collections)"
         stage_column = "its stages s (computed once, cached or not)"
-        command = "python -m benchmarks.evaluation_worlds " + " ".join(
-            argv if argv is not None else __import__("sys").argv[1:])
         lines = [f"# Evaluation worlds {datetime.now(timezone.utc).isoformat(timespec='minutes')}", "",
                  "## Machine", "", *host.describe(), "",
                  (f"## Test scores (worlds {', '.join(str(p) for p in given.values())}; " if given else
@@ -215,8 +233,9 @@ def main(argv: list[str] | None = None) -> int:
                  "bound when a training stage itself was cut and resumed from its finished fold jobs.", "",
                  f"benchmark wall time {(time.perf_counter() - started) / 60:.1f} min"]
         if len(results) < len(worlds):
-            lines[1:1] = ["", f"**Partial: {len(results)} of {len(worlds)} worlds scored** (the run was stopped "
-                          "or is still going; rerun the command: finished stages come from the cache)."]
+            lines[1:1] = ["", f"{PARTIAL_MARK}{len(results)} of {len(worlds)} worlds scored** (the run was stopped "
+                          "or is still going; rerun the command, the same --out included, to finish this file: "
+                          "finished stages come from the cache)."]
         return "\n".join(lines) + "\n"
 
     def write() -> str:

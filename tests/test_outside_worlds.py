@@ -141,7 +141,7 @@ def test_the_evaluation_worlds_benchmark_refuses_a_used_results_file_before_any_
 
 @pytest.mark.slow
 def test_the_evaluation_worlds_benchmark_keeps_the_worlds_scored_before_a_stop(
-        outside: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        outside: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
     from benchmarks import evaluation_worlds
     from pipelines.flows import run
 
@@ -155,11 +155,39 @@ def test_the_evaluation_worlds_benchmark_keeps_the_worlds_scored_before_a_stop(
 
     monkeypatch.setattr(run, "train_and_blend", stopped_on_the_second_world)
     out = tmp_path / "result.md"
+    command = ["--worlds", f"{outside},{outside}", "--config", "smoke", "--set", "gbdt.n_estimators=5",
+               "--models", "gbdt", "--collections", "layout:xla:random", "--root", str(tmp_path), "--out", str(out)]
     with pytest.raises(KeyboardInterrupt):
-        evaluation_worlds.main(["--worlds", f"{outside},{outside}", "--config", "smoke", "--set",
-                                "gbdt.n_estimators=5", "--models", "gbdt", "--collections", "layout:xla:random",
-                                "--root", str(tmp_path), "--out", str(out)])
+        evaluation_worlds.main(command)
     text = out.read_text()
     assert "**Partial: 1 of 2 worlds scored**" in text and "| blind-b | layout:xla:random | rnn |" in text
     per_graph = out.with_suffix(".per-graph.csv").read_text().splitlines()
     assert per_graph[0].startswith("family,seed,") and len(per_graph) > 1
+
+    # the same command again finishes the file in place, the first world's stages from the cache
+    monkeypatch.setattr(run, "train_and_blend", real_train_and_blend)
+    caplog.clear()
+    assert evaluation_worlds.main(command) == 0
+    text = out.read_text()
+    assert "Partial" not in text and "over 2 world(s)" in text
+    assert len(out.with_suffix(".per-graph.csv").read_text().splitlines()) == 2 * len(per_graph) - 1
+    assert "[train-gbdt] cached" in caplog.text and "[train-gbdt] computing" not in caplog.text
+
+
+def test_the_evaluation_worlds_benchmark_refuses_another_commands_partial_report(
+        outside: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from benchmarks import evaluation_worlds
+    from pipelines.flows import run
+
+    def no_run(*args, **kwargs):
+        raise AssertionError("a world was run although the results file was taken")
+
+    monkeypatch.setattr(run, "train_and_blend", no_run)
+    out = tmp_path / "result.md"
+    earlier = ("# Evaluation worlds\n\n**Partial: 1 of 2 worlds scored** (...)\n\n"
+               "Command: `python -m benchmarks.evaluation_worlds --worlds elsewhere`\n")
+    out.write_text(earlier)
+    with pytest.raises(SystemExit, match="result.md exists"):
+        evaluation_worlds.main(["--worlds", str(outside), "--collections", "layout:xla:random",
+                                "--root", str(tmp_path), "--out", str(out)])
+    assert out.read_text() == earlier
