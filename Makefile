@@ -1,6 +1,6 @@
 # Two contracts: `make demo` (set up + run the pipeline on synthetic data) and `make test` (the full
 # suite, what CI runs); `make test-quick` is the contributors' fast tier (tests not marked slow).
-# The virtual environment is built once and reused; it is rebuilt when pyproject.toml changes.
+# The virtual environment is built once and reused; it is rebuilt when pyproject.toml or constraints.txt changes.
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 PY := $(VENV)/bin/python
@@ -8,17 +8,28 @@ STAMP := $(VENV)/.installed
 # A CPU build of torch is taken when a local wheel of this version exists (pip's find-links);
 # otherwise pip falls back to the registry's default build.
 TORCH_PIN ?= torch==2.13.0
+# Every other package at the release in constraints.txt (`make lock` writes it); empty: the newest allowed.
+CONSTRAINTS ?= -c constraints.txt
 
-.PHONY: demo test test-quick bench bench-gpu real-records install clean-venv
+.PHONY: demo test test-quick bench bench-gpu real-records install lock clean-venv
 
 install: $(STAMP)
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install --quiet "$(TORCH_PIN)" || $(PY) -m pip install --quiet torch
-	$(PY) -m pip install --quiet -e ".[dev]"
+	$(PY) -m pip install --quiet -e ".[dev]" $(CONSTRAINTS)
 	touch $(STAMP)
+
+# constraints.txt: the releases in .venv, frozen after an install without the old constraints (so that a
+# changed pyproject.toml's needs are met); torch and its CUDA runtime are left to TORCH_PIN
+lock:
+	rm -f $(STAMP)
+	$(MAKE) install CONSTRAINTS=
+	{ sed -n '/^#/p' constraints.txt; $(PY) -m pip freeze --exclude-editable \
+	  | grep -vE '^(torch|torchvision|torchaudio|triton)==|^nvidia-'; } > constraints.txt.new
+	mv constraints.txt.new constraints.txt
 
 demo: $(STAMP)
 	$(PY) -m pipelines demo --config demo
