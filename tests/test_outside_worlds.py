@@ -8,6 +8,7 @@ an outside author's generator writes it (docs/evaluation.md): a record whose ``g
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -122,8 +123,14 @@ def test_the_evaluation_worlds_benchmark_scores_given_worlds(outside: Path, tmp_
     assert "hand_xla" in per_graph and "blind-b" in per_graph
 
 
+ANOTHER_COMMANDS_PARTIAL_REPORT = ("# Evaluation worlds\n\n**Partial: 1 of 2 worlds scored** (...)\n\n"
+                                   "Command: `python -m benchmarks.evaluation_worlds --worlds elsewhere`\n")
+
+
+@pytest.mark.parametrize(("taken", "earlier"), [(".per-graph.csv", "earlier,results\n"),
+                                                (".md", ANOTHER_COMMANDS_PARTIAL_REPORT)])
 def test_the_evaluation_worlds_benchmark_refuses_a_used_results_file_before_any_run(
-        outside: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        outside: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, taken: str, earlier: str) -> None:
     from benchmarks import evaluation_worlds
     from pipelines.flows import run
 
@@ -132,11 +139,12 @@ def test_the_evaluation_worlds_benchmark_refuses_a_used_results_file_before_any_
 
     monkeypatch.setattr(run, "train_and_blend", no_run)
     out = tmp_path / "result.md"
-    out.with_suffix(".per-graph.csv").write_text("earlier,results\n")
-    with pytest.raises(SystemExit, match="result.per-graph.csv exists"):
+    out.with_suffix(taken).write_text(earlier)
+    with pytest.raises(SystemExit, match=f"result{re.escape(taken)} exists"):
         evaluation_worlds.main(["--worlds", str(outside), "--collections", "layout:xla:random",
                                 "--root", str(tmp_path), "--out", str(out)])
-    assert out.with_suffix(".per-graph.csv").read_text() == "earlier,results\n" and not out.exists()
+    assert out.with_suffix(taken).read_text() == earlier
+    assert [p.name for p in tmp_path.glob("result*")] == [f"result{taken}"]
 
 
 @pytest.mark.slow
@@ -172,22 +180,3 @@ def test_the_evaluation_worlds_benchmark_keeps_the_worlds_scored_before_a_stop(
     assert "Partial" not in text and "over 2 world(s)" in text
     assert len(out.with_suffix(".per-graph.csv").read_text().splitlines()) == 2 * len(per_graph) - 1
     assert "[train-gbdt] cached" in caplog.text and "[train-gbdt] computing" not in caplog.text
-
-
-def test_the_evaluation_worlds_benchmark_refuses_another_commands_partial_report(
-        outside: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from benchmarks import evaluation_worlds
-    from pipelines.flows import run
-
-    def no_run(*args, **kwargs):
-        raise AssertionError("a world was run although the results file was taken")
-
-    monkeypatch.setattr(run, "train_and_blend", no_run)
-    out = tmp_path / "result.md"
-    earlier = ("# Evaluation worlds\n\n**Partial: 1 of 2 worlds scored** (...)\n\n"
-               "Command: `python -m benchmarks.evaluation_worlds --worlds elsewhere`\n")
-    out.write_text(earlier)
-    with pytest.raises(SystemExit, match="result.md exists"):
-        evaluation_worlds.main(["--worlds", str(outside), "--collections", "layout:xla:random",
-                                "--root", str(tmp_path), "--out", str(out)])
-    assert out.read_text() == earlier
