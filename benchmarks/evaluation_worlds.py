@@ -65,13 +65,14 @@ def _spread(values: list[float]) -> str:
     return f"{np.mean(values):.4f} +- {np.std(values):.4f}"
 
 
-def _partial_report_of(out: Path, command: str) -> bool:
-    """Whether ``out`` is a results file that a stopped run of this very command left partial: a rerun finishes
-    it in place; any other file there (complete, or another command's) is never overwritten."""
+def _partial_report_of(out: Path, command_line: str) -> bool:
+    """Whether ``out`` is a results file that a stopped run of this very command (its ``command_line``, as the
+    report writes it) left partial: a rerun finishes it in place; any other file there (complete, or another
+    command's) is never overwritten."""
     if not out.is_file():
         return False
     text = out.read_text(errors="replace")
-    return PARTIAL_MARK in text and f"Command: `{command.strip()}`" in text
+    return PARTIAL_MARK in text and command_line in text
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -144,8 +145,9 @@ def main(argv: list[str] | None = None) -> int:
     collections = None if args.collections is None else list(parse_collections(args.collections))
     out = args.out or RESULTS / f"{datetime.now(timezone.utc):%Y-%m-%d-%H%M}-evaluation-worlds.md"
     per_graph = out.with_suffix(".per-graph.csv")  # every test graph of every world, for a per-graph look
-    command = "python -m benchmarks.evaluation_worlds " + " ".join(argv if argv is not None else sys.argv[1:])
-    resuming = _partial_report_of(out, command)
+    command = " ".join(["python -m benchmarks.evaluation_worlds", *(argv if argv is not None else sys.argv[1:])])
+    command_line = f"Command: `{command}`"  # the report's line naming the command that wrote it
+    resuming = _partial_report_of(out, command_line)
     for target in (out, per_graph):
         if target.exists() and not resuming:  # refused before any world is run, not after it
             raise SystemExit(f"{target} exists; pass another --out (only a partial report of this very command "
@@ -201,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
                  f"config {args.config or 'base'} {' '.join('--set ' + o for o in args.overrides)}; "
                  + ("" if collections is None else f"collections {', '.join(c.name for c in collections)}; ") +
                  f"mean +- std over {len(results)} world(s))", "",
-                 f"Command: `{command.strip()}`", "",
+                 command_line, "",
                  "floor: best heuristic per collection, picked on the test labels; ceiling: configs ranked by their "
                  "noise-free runtime, scored against the measured ones; tile: top-5 slowdown score, layout: "
                  "Kendall tau-b.",
