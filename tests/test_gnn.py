@@ -835,6 +835,27 @@ def test_scoring_passes_partition_the_configs():
     assert scoring_passes(attention, graph, 0) == [] and scoring_passes(plain, graph, 0) == []
 
 
+def test_the_fused_optimizer_takes_adamw_s_steps():
+    """The training and pre-training optimiser is AdamW in one fused kernel: the steps of the per-tensor
+    loop, with its learning rate and weight decay, to float rounding."""
+    torch.manual_seed(0)
+    start = [torch.randn(7, 5), torch.randn(5), torch.randn(3, 2, 4)]
+    loop = [p.clone().requires_grad_() for p in start]
+    fused = [p.clone().requires_grad_() for p in start]
+    loop_opt = torch.optim.AdamW(loop, lr=3e-2, weight_decay=0.1, foreach=False)
+    fused_opt = trainer.make_optimizer(fused, 3e-2, 0.1)
+    assert fused_opt.defaults["fused"]
+    for _ in range(6):
+        for a, b in zip(loop, fused):
+            a.grad = torch.randn_like(a)
+            b.grad = a.grad.clone()
+        loop_opt.step()
+        fused_opt.step()
+    for a, b, p in zip(loop, fused, start):
+        assert not torch.equal(b, p)
+        torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6)
+
+
 def test_cross_config_attention_scores_do_not_depend_on_memory_settings():
     """With attention a score depends on the configs scored in the same pass; the passes hold <= K configs
     whatever eval_chunk / eval_chunk_mb say (they used to set the pass size: 2 configs on large graphs)."""

@@ -24,6 +24,7 @@ from torch import nn
 
 from pipelines.models.gnn.batch import PreparedGraph, collate
 from pipelines.models.gnn.model import MASK_OPCODE, NUM_OPCODES, GNNModel
+from pipelines.models.gnn.trainer import make_optimizer
 from pipelines.config.gnn import GNNConfig
 
 logger = logging.getLogger(__name__)
@@ -49,7 +50,7 @@ def pretrain_encoder(model: GNNModel, graphs: list[PreparedGraph], cfg: GNNConfi
     device = next(model.parameters()).device
     decoder = nn.Linear(cfg.hidden, NUM_OPCODES).to(device)
     params = encoder_parameters(model) + list(decoder.parameters())
-    optimizer = torch.optim.AdamW(params, lr=cfg.pretrain_lr, weight_decay=cfg.weight_decay)
+    optimizer = make_optimizer(params, cfg.pretrain_lr, cfg.weight_decay)
     model.train()
     scale = 1.0 / math.sqrt(cfg.hidden)
     history = []

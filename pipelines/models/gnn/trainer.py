@@ -184,6 +184,12 @@ def make_scheduler(optimizer: torch.optim.Optimizer, cfg: GNNConfig, total_steps
     return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
 
 
+def make_optimizer(params, lr: float, weight_decay: float) -> torch.optim.Optimizer:
+    """AdamW as one fused kernel over all parameters: on a CPU the per-tensor loop of the default
+    implementation costs more than a tenth of a small model's step."""
+    return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, fused=True)
+
+
 def train_step(model: GNNModel, graphs: list[PreparedGraph], indices: list[np.ndarray], loss_fn: Loss,
                optimizer: torch.optim.Optimizer, grad_clip: float, *, batch: GraphBatch | None = None,
                precision: str = "fp32") -> torch.Tensor:
@@ -349,7 +355,7 @@ def train_model(
     extra_per_pass = min(len(extra), round(cfg.extra_train_share * len(train)))
     steps_per_pass = math.ceil((len(train) + extra_per_pass) / cfg.graphs_per_step)
     steps_per_epoch = cfg.passes_per_epoch * steps_per_pass
-    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    optimizer = make_optimizer(model.parameters(), cfg.lr, cfg.weight_decay)
     scheduler = make_scheduler(optimizer, cfg, cfg.epochs * steps_per_epoch)
     loss_fn = make_loss(cfg.loss, cfg.margin)
     device = model_device(model)
