@@ -26,7 +26,7 @@ from pipelines.models.gnn.losses import list_mle_loss, make_loss, pairwise_hinge
 from pipelines.models.gnn.model import GNNModel
 from pipelines.models.gnn.ops import segment_sum
 import pipelines.models.gnn.trainer as trainer
-from pipelines.models.gnn.trainer import configs_per_chunk, pass_order, scoring_passes
+from pipelines.models.gnn.trainer import configs_per_chunk, pass_order, scoring_passes, visit_counts
 from pipelines.models.gnn.pretrain import encoder_parameters, pretrain_encoder
 from pipelines.config.gnn import GNNConfig
 from pipelines.data.node_arrays import NODE_FEATURE_DIM, GraphArrays, transform_node_feat
@@ -988,6 +988,43 @@ def test_training_graphs_of_another_collection_only_when_the_config_names_it():
         gnn(extra_train_collections=["layout:nlp"])
     with pytest.raises(ConfigError, match="twice"):
         gnn(extra_train_collections=["layout:nlp:random", "layout:nlp:random"])
+
+
+def test_visits_follow_the_weights_and_keep_the_pass_length():
+    rng = np.random.default_rng(0)
+    weights = np.array([1.0, 1.0, 2.0, 4.0, 0.5])
+    share = weights / weights.sum() * 5  # 0.59, 0.59, 1.18, 2.35, 0.29 visits
+    draws = np.stack([visit_counts(rng, weights) for _ in range(4000)])
+    assert (draws.sum(1) == 5).all()
+    assert ((draws == np.floor(share)) | (draws == np.ceil(share))).all()  # the whole part or one more
+    assert np.allclose(draws.mean(0), share, atol=0.03)
+    assert (visit_counts(rng, np.full(7, 3.0)) == 1).all()  # equal weights: each graph once
+
+    order = pass_order(np.random.default_rng(1), 5, 4, 2, own_weights=weights)
+    own = order[order < 5]
+    assert len(order) == 7 and len(own) == 5 and len(set(order[order >= 5].tolist())) == 2
+    assert np.count_nonzero(own == 3) in (2, 3)
+
+
+def test_visit_power_spends_a_pass_on_the_graphs_with_more_configurable_nodes(monkeypatch):
+    rng = np.random.default_rng(5)
+    graphs = [layout_graph(rng, n=40, nc=nc, stem=f"g{nc}") for nc in (2, 2, 2, 32)]
+    steps: list[int] = []
+    real_step = trainer.train_step
+
+    def counted(model, graphs, *args, **kwargs):
+        steps.append(len(graphs[0].config_nodes))
+        return real_step(model, graphs, *args, **kwargs)
+
+    monkeypatch.setattr(trainer, "train_step", counted)
+    gnn(epochs=1, passes_per_epoch=8).fit(graphs, seed=0)
+    assert len(steps) == 32 and steps.count(32) == 8  # uniform: once per pass
+    steps.clear()
+    gnn(epochs=1, passes_per_epoch=8, visit_power=0.5).fit(graphs, seed=0)
+    # sqrt(32) / (3 sqrt(2) + sqrt(32)) = 4/7 of a pass's 4 visits: 2 or 3 per pass
+    assert len(steps) == 32 and 16 <= steps.count(32) <= 24 and steps.count(2) >= 8
+    with pytest.raises(ConfigError, match="visit_power"):
+        gnn(visit_power=-1)
 
 
 def test_a_pass_visits_every_own_graph_and_at_most_as_many_of_another_collections(monkeypatch):

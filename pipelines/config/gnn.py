@@ -82,6 +82,10 @@ class GNNConfig:
     # Extra graphs a pass visits, as a share of the collection's own training graphs (rounded; at most
     # all of them, drawn afresh each pass)
     extra_train_share: float = bounded(1.0, 0.0)
+    # A pass's visits to the collection's own training graphs, shared in proportion to each graph's
+    # configurable nodes ** this power (0: every graph once; 0.5: a graph with 4x the configurable nodes twice
+    # as often). A pass keeps its number of steps, so small graphs are then skipped in some passes.
+    visit_power: float = bounded(0.0, 0.0, 2.0)
     # --- optimisation
     epochs: int = bounded(20, 1)  # epochs at most (early stopping may end a fit sooner)
     lr: float = bounded(1e-3, 1e-12)  # AdamW learning rate (the schedule's peak)

@@ -49,13 +49,30 @@ def sample_configs(rng: np.random.Generator, num_configs: int, k: int) -> np.nda
     return rng.choice(num_configs, size=k, replace=False)
 
 
-def pass_order(rng: np.random.Generator, own: int, extra: int, extra_per_pass: int) -> np.ndarray:
+def visit_counts(rng: np.random.Generator, weights: np.ndarray) -> np.ndarray:
+    """How often each of ``len(weights)`` graphs is visited in a pass of ``len(weights)`` visits, in
+    proportion to ``weights``: systematic sampling (one random offset, evenly spaced points), so a graph
+    gets the whole part of its share or one more, and its share on average."""
+    count = len(weights)
+    edges = np.concatenate([[0.0], np.cumsum(weights) / np.sum(weights) * count])
+    edges[-1] = count  # the points lie below it whatever the rounding of the sum
+    points = rng.random() + np.arange(count)
+    return np.diff(np.searchsorted(points, edges))
+
+
+def pass_order(rng: np.random.Generator, own: int, extra: int, extra_per_pass: int,
+               own_weights: np.ndarray | None = None) -> np.ndarray:
     """Indices into own + extra graphs for one pass: every own graph and ``extra_per_pass`` extra ones,
-    shuffled together (one permutation of all of them when every extra graph is visited)."""
-    if extra_per_pass >= extra:
+    shuffled together (one permutation of all of them when every extra graph is visited).
+
+    ``own_weights``: the pass makes ``own`` visits to the own graphs in proportion to these
+    (:func:`visit_counts`) instead of one each."""
+    if own_weights is None and extra_per_pass >= extra:
         return rng.permutation(own + extra)
-    visited = np.concatenate([np.arange(own), own + np.sort(rng.choice(extra, size=extra_per_pass, replace=False))])
-    return rng.permutation(visited)
+    visits = np.arange(own) if own_weights is None else np.repeat(np.arange(own), visit_counts(rng, own_weights))
+    chosen = np.arange(extra) if extra_per_pass >= extra else np.sort(rng.choice(extra, size=extra_per_pass,
+                                                                                replace=False))
+    return rng.permutation(np.concatenate([visits, own + chosen]))
 
 
 def configs_per_chunk(cfg: GNNConfig, graph: PreparedGraph, device_type: str = "cpu") -> int:
@@ -344,7 +361,7 @@ def train_model(
     drawn afresh each pass: the mix measured on the small worlds (about half of the steps on the
     collection's own graphs) then holds at any scale, where the real nlp collections have ~3x the xla
     graphs. When the extra graphs are no more than that, a pass visits them all, in one shuffled order
-    with ``train``.
+    with ``train``. With ``visit_power`` > 0 a pass shares its visits to ``train`` by configurable nodes.
     """
     from tqdm.auto import tqdm
 
@@ -353,6 +370,8 @@ def train_model(
     eval_rng = np.random.default_rng([seed, 1])
     subsets = [sample_configs(eval_rng, g.num_configs, cfg.eval_max_configs) for g in valid]
     extra_per_pass = min(len(extra), round(cfg.extra_train_share * len(train)))
+    own_weights = None if cfg.visit_power == 0 else \
+        np.array([max(len(g.config_nodes), 1) for g in train], dtype=np.float64) ** cfg.visit_power
     steps_per_pass = math.ceil((len(train) + extra_per_pass) / cfg.graphs_per_step)
     steps_per_epoch = cfg.passes_per_epoch * steps_per_pass
     optimizer = make_optimizer(model.parameters(), cfg.lr, cfg.weight_decay)
@@ -383,8 +402,8 @@ def train_model(
         bar = tqdm(total=steps_per_epoch, desc=f"epoch {epoch}/{cfg.epochs}", leave=False,
                    disable=not _show_progress(cfg))
         for step in range(steps_per_epoch):
-            if step % steps_per_pass == 0:  # each pass visits every graph once, in a fresh order
-                order = pass_order(rng, len(train), len(extra), extra_per_pass)
+            if step % steps_per_pass == 0:  # each pass draws its visits and their order afresh
+                order = pass_order(rng, len(train), len(extra), extra_per_pass, own_weights)
             start = (step % steps_per_pass) * cfg.graphs_per_step
             chosen = order[start:start + cfg.graphs_per_step]
             graphs = [pool[i] for i in chosen]
