@@ -117,6 +117,18 @@ def three_node(kind: str, c: int = 4) -> GraphArrays:
     return g
 
 
+def recorded_steps(monkeypatch) -> list[list]:
+    """The prepared graphs of every training step from here on (``trainer.train_step`` wrapped)."""
+    steps, original = [], trainer.train_step
+
+    def recording_step(model, graphs, *args, **kwargs):
+        steps.append(list(graphs))
+        return original(model, graphs, *args, **kwargs)
+
+    monkeypatch.setattr(trainer, "train_step", recording_step)
+    return steps
+
+
 def easy_world(seed: int, kind: str, count: int) -> list[GraphArrays]:
     rng = np.random.default_rng(seed)
     weights = rng.normal(size=18 if kind == "layout" else 24)
@@ -917,17 +929,10 @@ def test_a_fit_on_two_threads_repeats_to_the_bit():
 
 
 def test_each_pass_of_an_epoch_visits_every_training_graph_once(monkeypatch):
-    from pipelines.models.gnn import trainer
-
-    visits, original = [], trainer.train_step
-
-    def recording_step(model, graphs, *args, **kwargs):
-        visits.append([id(g) for g in graphs])  # the prepared graphs live for the whole fit
-        return original(model, graphs, *args, **kwargs)
-
-    monkeypatch.setattr(trainer, "train_step", recording_step)
+    steps = recorded_steps(monkeypatch)
     graphs = easy_world(6, "layout", 5)
     ranker = gnn(epochs=2, passes_per_epoch=3, graphs_per_step=2, patience=0).fit(graphs, seed=0)
+    visits = [[id(g) for g in step] for step in steps]  # the prepared graphs live for the whole fit
     assert len(visits) == 2 * 3 * 3  # epochs x passes x ceil(5 graphs / 2 per step)
     passes = [sum(visits[i:i + 3], []) for i in range(0, len(visits), 3)]
     assert all(sorted(p) == sorted(passes[0]) and len(set(p)) == len(graphs) for p in passes)
@@ -1009,20 +1014,15 @@ def test_visits_follow_the_weights_and_keep_the_pass_length():
 def test_visit_power_spends_a_pass_on_the_graphs_with_more_configurable_nodes(monkeypatch):
     rng = np.random.default_rng(5)
     graphs = [layout_graph(rng, n=40, nc=nc, stem=f"g{nc}") for nc in (2, 2, 2, 32)]
-    steps: list[int] = []
-    real_step = trainer.train_step
-
-    def counted(model, graphs, *args, **kwargs):
-        steps.append(len(graphs[0].config_nodes))
-        return real_step(model, graphs, *args, **kwargs)
-
-    monkeypatch.setattr(trainer, "train_step", counted)
+    steps = recorded_steps(monkeypatch)
     gnn(epochs=1, passes_per_epoch=8).fit(graphs, seed=0)
-    assert len(steps) == 32 and steps.count(32) == 8  # uniform: once per pass
+    sizes = [len(step[0].config_nodes) for step in steps]
+    assert len(sizes) == 32 and sizes.count(32) == 8  # uniform: once per pass
     steps.clear()
     gnn(epochs=1, passes_per_epoch=8, visit_power=0.5).fit(graphs, seed=0)
+    sizes = [len(step[0].config_nodes) for step in steps]
     # sqrt(32) / (3 sqrt(2) + sqrt(32)) = 4/7 of a pass's 4 visits: 2 or 3 per pass
-    assert len(steps) == 32 and 16 <= steps.count(32) <= 24 and steps.count(2) >= 8
+    assert len(sizes) == 32 and 16 <= sizes.count(32) <= 24 and sizes.count(2) >= 8
     with pytest.raises(ConfigError, match="visit_power"):
         gnn(visit_power=-1)
 
@@ -1040,19 +1040,12 @@ def test_a_pass_visits_every_own_graph_and_at_most_as_many_of_another_collection
 
     graphs = easy_world(8, "layout", 8)
     other = [replace(g, collection="layout:nlp:random", stem=f"nlp{i}") for i, g in enumerate(graphs[3:8])]
-    steps: list[list[int]] = []
-    real_step = trainer.train_step
-
-    def counted(model, graphs, *args, **kwargs):
-        steps.append([id(g) for g in graphs])
-        return real_step(model, graphs, *args, **kwargs)
-
-    monkeypatch.setattr(trainer, "train_step", counted)
+    steps = recorded_steps(monkeypatch)
     passes = 4
     ranker = gnn(epochs=1, passes_per_epoch=passes, extra_train_collections=["layout:nlp:random"])
     ranker.fit(graphs[:3] + other, seed=0)
     assert len(steps) == passes * (3 + 3)  # 3 own + 3 of the 5 others per pass, not all 8
-    by_pass = [{ids[0] for ids in steps[i * 6:(i + 1) * 6]} for i in range(passes)]
+    by_pass = [{id(step[0]) for step in steps[i * 6:(i + 1) * 6]} for i in range(passes)]
     assert all(len(p) == 6 for p in by_pass) and len(set.intersection(*by_pass)) >= 3
     assert len(set.union(*by_pass)) == 8
 
@@ -1063,7 +1056,7 @@ def test_a_pass_visits_every_own_graph_and_at_most_as_many_of_another_collection
     steps.clear()
     gnn(epochs=1, passes_per_epoch=passes, extra_train_collections=["layout:nlp:random"],
         extra_train_share=0).fit(graphs[:3] + other, seed=0)
-    assert len(steps) == passes * 3 and len({ids[0] for ids in steps}) == 3  # the own graphs only
+    assert len(steps) == passes * 3 and len({id(step[0]) for step in steps}) == 3  # the own graphs only
 
 
 def test_predict_before_fit_raises():
