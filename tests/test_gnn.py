@@ -169,7 +169,7 @@ def test_config_validation_and_overrides():
 @pytest.mark.parametrize("kind", ["layout", "tile"])
 @pytest.mark.parametrize("conv", ["sage", "gat"])
 @pytest.mark.parametrize("attention", [False, True])
-@pytest.mark.parametrize("loss", ["hinge", "hinge-gap", "listmle"])
+@pytest.mark.parametrize("loss", ["hinge", "hinge-gap", "hinge-std", "listmle"])
 def test_three_node_shapes_and_gradients(kind, conv, attention, loss):
     cfg = GNNConfig(conv=conv, cross_config_attention=attention, loss=loss, config_layers=2, **FAST)
     torch.manual_seed(0)
@@ -221,6 +221,33 @@ def test_gap_weighted_hinge_hand_cases():
     assert make_loss("hinge-gap", 1.0)(close, runtime, mask) == pairwise_hinge_loss(close, runtime, mask, 1.0, "gap")
     with pytest.raises(ValueError, match="weighting"):
         pairwise_hinge_loss(close, runtime, mask, 1.0, "sqrt")
+
+
+def test_standardised_hinge_is_blind_to_a_graphs_score_scale():
+    runtime = torch.tensor([[1.0, 2.0, 3.0], [1.0, 2.0, 3.0]], dtype=torch.float64)
+    mask = torch.ones(2, 3, dtype=torch.bool)
+    # scores 0, 0.5, 1 have standard deviation sqrt(1/6): standardised gaps 0.5 sqrt(6) = 1.22 and 2.45
+    close = torch.tensor([[0.0, 0.5, 1.0]])
+    assert float(pairwise_hinge_loss(close, runtime[:1], mask[:1], 1.0)) == pytest.approx(1.0 / 3)
+    assert float(pairwise_hinge_loss(close, runtime[:1], mask[:1], 1.0, standardise=True)) == 0.0
+    # one graph's scores 100 times smaller: the plain hinge finds every pair inside its margin, the
+    # standardised one the same loss for both graphs, and a wrong order costs alike at either scale
+    wrong = torch.tensor([[0.0, 1.0, 0.5]])
+    for scores in (wrong, close):
+        both = torch.cat([scores, scores / 100])
+        per_graph = [float(pairwise_hinge_loss(row[None], runtime[:1], mask[:1], 1.0, standardise=True))
+                     for row in both]
+        assert per_graph[0] == pytest.approx(per_graph[1], rel=1e-4)
+    assert float(pairwise_hinge_loss(wrong / 100, runtime[:1], mask[:1], 1.0)) > float(
+        pairwise_hinge_loss(wrong, runtime[:1], mask[:1], 1.0))
+    # a masked (padded) config enters neither the pairs nor the spread; equal scores make no NaN
+    padded = torch.tensor([[0.0, 0.5, 1e6]])
+    value = pairwise_hinge_loss(padded, runtime[:1], torch.tensor([[True, True, False]]), 1.0, standardise=True)
+    assert float(value) == 0.0  # two scores 0.5 apart have spread 0.25: a standardised gap of 2
+    flat = pairwise_hinge_loss(torch.zeros(1, 3, requires_grad=True), runtime[:1], mask[:1], 1.0, standardise=True)
+    assert float(flat.detach()) == pytest.approx(1.0) and torch.isfinite(flat).item()
+    assert make_loss("hinge-std", 1.0)(close, runtime[:1], mask[:1]) == pairwise_hinge_loss(
+        close, runtime[:1], mask[:1], 1.0, standardise=True)
 
 
 def test_listmle_hand_cases():

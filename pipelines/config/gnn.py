@@ -15,7 +15,7 @@ from pipelines.core.errors import ConfigError
 from pipelines.config.fields import bounded, choice
 
 CONVS = ("sage", "gat")
-LOSSES = ("hinge", "hinge-gap", "listmle")
+LOSSES = ("hinge", "hinge-gap", "hinge-std", "listmle")
 NORMS = ("layer", "none")
 SCHEDULES = ("cosine", "onecycle", "constant")
 DEVICES = ("auto", "cpu", "cuda")  # "cuda:N" picks one GPU of several
@@ -62,9 +62,10 @@ class GNNConfig:
     attention_heads: int = bounded(4, 1)  # heads of cross_config_attention (must divide hidden)
     # --- loss and sampling
     # "hinge" (all pairs with different runtimes, alike), "hinge-gap" (each pair weighted by its log-runtime
-    # gap over the graph's mean gap) or "listmle"
+    # gap over the graph's mean gap), "hinge-std" (scores over their per-graph standard deviation first, so
+    # the margin does not shrink with a graph's score spread) or "listmle"
     loss: str = choice("hinge", LOSSES)
-    margin: float = bounded(0.1, 0.0)  # hinge margin on the score scale
+    margin: float = bounded(0.1, 0.0)  # hinge margin on the score scale ("hinge-std": in standard deviations)
     configs_per_graph: int = bounded(32, 2)  # K configs sampled per graph per step (a ranking needs pairs)
     graphs_per_step: int = bounded(1, 1)  # graphs per optimiser step (tile graphs are small: use more)
     # passes over the training graphs per epoch (each with fresh K-config samples) before one validation:

@@ -17,7 +17,7 @@ Loss = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 def pairwise_hinge_loss(scores: torch.Tensor, runtime: torch.Tensor, mask: torch.Tensor,
-                        margin: float = 0.1, weighting: str = "equal") -> torch.Tensor:
+                        margin: float = 0.1, weighting: str = "equal", standardise: bool = False) -> torch.Tensor:
     """Mean over pairs (i faster than j) of ``w_ij * max(0, margin - (s_j - s_i))``, per graph, then over graphs.
 
     Pairs with equal runtimes are ignored; the loss is zero when every slower config scores at
@@ -25,7 +25,13 @@ def pairwise_hinge_loss(scores: torch.Tensor, runtime: torch.Tensor, mask: torch
     ``weighting="gap"``: a pair weighs its log-runtime gap ``log r_j - log r_i`` over the graph's mean
     gap, so pairs a measurement cannot tell apart weigh little and the order of large effects, which
     says which nodes' layouts matter most, weighs most (the mean weight per graph stays 1).
+    ``standardise``: each graph's scores are first divided by their standard deviation over its real
+    configs, so the margin is a share of the graph's own score spread: a summed node cost averaged over
+    many configurable nodes spreads its configs less, and would otherwise leave every pair of a large
+    graph inside the margin.
     """
+    if standardise:
+        scores = scores / _spread(scores, mask)[:, None]
     faster = (runtime.unsqueeze(2) < runtime.unsqueeze(1)) & mask.unsqueeze(2) & mask.unsqueeze(1)
     gap = scores.unsqueeze(1) - scores.unsqueeze(2)  # gap[b, i, j] = s_j - s_i
     violation = torch.relu(margin - gap) * faster
@@ -40,6 +46,15 @@ def pairwise_hinge_loss(scores: torch.Tensor, runtime: torch.Tensor, mask: torch
         raise ValueError(f"weighting must be 'equal' or 'gap', got {weighting!r}")
     per_graph = violation.sum(dim=(1, 2)) / pairs.clamp(min=1)
     return _mean_over(per_graph, pairs > 0)
+
+
+def _spread(scores: torch.Tensor, mask: torch.Tensor, floor: float = 1e-6) -> torch.Tensor:
+    """(B,) standard deviation of each row's scores over its masked configs, kept from 0 by ``floor``."""
+    weight = mask.to(scores.dtype)
+    count = weight.sum(dim=1).clamp(min=1)
+    mean = (scores * weight).sum(dim=1) / count
+    variance = (((scores - mean[:, None]) ** 2) * weight).sum(dim=1) / count
+    return torch.sqrt(variance + floor ** 2)
 
 
 def _mean_over(values: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
@@ -78,6 +93,8 @@ def make_loss(name: str, margin: float = 0.1) -> Loss:
         return lambda s, y, m: pairwise_hinge_loss(s, y, m, margin)
     if name == "hinge-gap":
         return lambda s, y, m: pairwise_hinge_loss(s, y, m, margin, weighting="gap")
+    if name == "hinge-std":
+        return lambda s, y, m: pairwise_hinge_loss(s, y, m, margin, standardise=True)
     if name == "listmle":
         return list_mle_loss
-    raise ConfigError(f"unknown GNN loss {name!r}; expected 'hinge', 'hinge-gap' or 'listmle'")
+    raise ConfigError(f"unknown GNN loss {name!r}; expected 'hinge', 'hinge-gap', 'hinge-std' or 'listmle'")
