@@ -224,30 +224,29 @@ def test_gap_weighted_hinge_hand_cases():
 
 
 def test_standardised_hinge_is_blind_to_a_graphs_score_scale():
-    runtime = torch.tensor([[1.0, 2.0, 3.0], [1.0, 2.0, 3.0]], dtype=torch.float64)
-    mask = torch.ones(2, 3, dtype=torch.bool)
+    runtime = torch.tensor([[1.0, 2.0, 3.0]], dtype=torch.float64)
+    mask = torch.ones(1, 3, dtype=torch.bool)
     # scores 0, 0.5, 1 have standard deviation sqrt(1/6): standardised gaps 0.5 sqrt(6) = 1.22 and 2.45
     close = torch.tensor([[0.0, 0.5, 1.0]])
-    assert float(pairwise_hinge_loss(close, runtime[:1], mask[:1], 1.0)) == pytest.approx(1.0 / 3)
-    assert float(pairwise_hinge_loss(close, runtime[:1], mask[:1], 1.0, standardise=True)) == 0.0
-    # one graph's scores 100 times smaller: the plain hinge finds every pair inside its margin, the
-    # standardised one the same loss for both graphs, and a wrong order costs alike at either scale
+    assert float(pairwise_hinge_loss(close, runtime, mask, 1.0)) == pytest.approx(1.0 / 3)
+    assert float(pairwise_hinge_loss(close, runtime, mask, 1.0, standardise=True)) == 0.0
+    # scores 100 times smaller: the plain hinge finds every pair inside its margin, the standardised
+    # one the same loss at either scale, a wrong order costing alike
     wrong = torch.tensor([[0.0, 1.0, 0.5]])
     for scores in (wrong, close):
-        both = torch.cat([scores, scores / 100])
-        per_graph = [float(pairwise_hinge_loss(row[None], runtime[:1], mask[:1], 1.0, standardise=True))
-                     for row in both]
-        assert per_graph[0] == pytest.approx(per_graph[1], rel=1e-4)
-    assert float(pairwise_hinge_loss(wrong / 100, runtime[:1], mask[:1], 1.0)) > float(
-        pairwise_hinge_loss(wrong, runtime[:1], mask[:1], 1.0))
+        at_scale, small = (float(pairwise_hinge_loss(s, runtime, mask, 1.0, standardise=True))
+                           for s in (scores, scores / 100))
+        assert at_scale == pytest.approx(small, rel=1e-4)
+    plain = [float(pairwise_hinge_loss(s, runtime, mask, 1.0)) for s in (wrong, wrong / 100)]
+    assert plain[1] > plain[0]
     # a masked (padded) config enters neither the pairs nor the spread; equal scores make no NaN
     padded = torch.tensor([[0.0, 0.5, 1e6]])
-    value = pairwise_hinge_loss(padded, runtime[:1], torch.tensor([[True, True, False]]), 1.0, standardise=True)
+    value = pairwise_hinge_loss(padded, runtime, torch.tensor([[True, True, False]]), 1.0, standardise=True)
     assert float(value) == 0.0  # two scores 0.5 apart have spread 0.25: a standardised gap of 2
-    flat = pairwise_hinge_loss(torch.zeros(1, 3, requires_grad=True), runtime[:1], mask[:1], 1.0, standardise=True)
+    flat = pairwise_hinge_loss(torch.zeros(1, 3, requires_grad=True), runtime, mask, 1.0, standardise=True)
     assert float(flat.detach()) == pytest.approx(1.0) and torch.isfinite(flat).item()
-    assert make_loss("hinge-std", 1.0)(close, runtime[:1], mask[:1]) == pairwise_hinge_loss(
-        close, runtime[:1], mask[:1], 1.0, standardise=True)
+    assert make_loss("hinge-std", 1.0)(close, runtime, mask) == pairwise_hinge_loss(
+        close, runtime, mask, 1.0, standardise=True)
 
 
 def test_listmle_hand_cases():

@@ -26,9 +26,8 @@ def pairwise_hinge_loss(scores: torch.Tensor, runtime: torch.Tensor, mask: torch
     gap, so pairs a measurement cannot tell apart weigh little and the order of large effects, which
     says which nodes' layouts matter most, weighs most (the mean weight per graph stays 1).
     ``standardise``: each graph's scores are first divided by their standard deviation over its real
-    configs, so the margin is a share of the graph's own score spread: a summed node cost averaged over
-    many configurable nodes spreads its configs less, and would otherwise leave every pair of a large
-    graph inside the margin.
+    configs, so the margin is a share of the graph's own score spread and the loss is blind to the scale
+    of a graph's scores (a graph whose configs the model spreads little is not left inside the margin).
     """
     if standardise:
         scores = scores / _spread(scores, mask)[:, None]
