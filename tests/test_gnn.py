@@ -1110,10 +1110,11 @@ class _StopAfterTwo(logging.Filter):
         return True
 
 
-def test_resume_from_checkpoint_matches_uninterrupted_run(tmp_path, caplog):
+@pytest.mark.parametrize("average_epochs", [0.0, 1.0])
+def test_resume_from_checkpoint_matches_uninterrupted_run(tmp_path, caplog, average_epochs):
     caplog.set_level(logging.DEBUG, logger="pipelines.models.gnn")  # epoch lines are DEBUG
     graphs = easy_world(3, "layout", 5)
-    hp = dict(epochs=4, dropout=0.1, patience=0)
+    hp = dict(epochs=4, dropout=0.1, patience=0, weight_average_epochs=average_epochs)
     straight = gnn(**hp).fit(graphs[:4], graphs[4:], seed=0)
 
     trainer_log, stop = logging.getLogger("pipelines.models.gnn.trainer"), _StopAfterTwo()
@@ -1132,6 +1133,58 @@ def test_resume_from_checkpoint_matches_uninterrupted_run(tmp_path, caplog):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, msg=name)
     with pytest.raises(ConfigError, match="fresh checkpoint"):
         gnn(**{**hp, "lr": 0.01}).fit(graphs[:4], graphs[4:], seed=0, checkpoint_dir=tmp_path)
+
+
+def test_weight_average_moves_towards_the_trained_weights_after_its_warm_up():
+    model = torch.nn.Linear(2, 1)
+    with torch.no_grad():
+        model.weight.fill_(0.0)
+        model.bias.fill_(0.0)
+    average = trainer.WeightAverage(model, horizon=4.0)  # decay 0.75 once the warm-up allows it
+    expected = torch.zeros(1, 2)
+    for n, value in enumerate([1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0], 1):
+        with torch.no_grad():
+            model.weight.fill_(value)
+        average.update(model)
+        decay = min(0.75, (1 + n) / (10 + n))  # 2/11, 3/12, ... until 0.75 from the 17th update
+        expected = decay * expected + (1 - decay) * value
+    with average.swapped_in(model):
+        torch.testing.assert_close(model.weight.detach(), expected)
+        assert model.bias.item() == 0.0
+    assert (model.weight == 9.0).all()  # the trained weights are back
+    with pytest.raises(RuntimeError), average.swapped_in(model):
+        raise RuntimeError("a validation that fails")
+    assert (model.weight == 9.0).all()
+
+
+def test_a_fit_with_weight_averaging_keeps_the_average_of_its_steps(monkeypatch):
+    """Without validation graphs the fit ends on its last epoch's averaged weights: the exponential average of
+    the weights after each optimiser step, from the initial ones (what WeightAverage saw), not the trained ones."""
+    trained, initial = [], []
+    init, update = trainer.WeightAverage.__init__, trainer.WeightAverage.update
+
+    def recording_init(self, model, horizon):
+        initial.append({k: v.detach().clone() for k, v in model.state_dict().items()})
+        init(self, model, horizon)
+
+    def recording_update(self, model):
+        trained.append({k: v.detach().clone() for k, v in model.state_dict().items()})
+        update(self, model)
+
+    monkeypatch.setattr(trainer.WeightAverage, "__init__", recording_init)
+    monkeypatch.setattr(trainer.WeightAverage, "update", recording_update)
+    graphs = easy_world(4, "layout", 4)
+    fitted = gnn(epochs=2, passes_per_epoch=2, patience=0, weight_average_epochs=0.5).fit(graphs, seed=0)
+    horizon = 0.5 * 2 * len(graphs)  # epochs x passes x one graph per step
+    assert len(initial) == 1 and len(trained) == 2 * 2 * len(graphs)
+    expected = {k: v.double() for k, v in initial[0].items()}
+    for n, weights in enumerate(trained, 1):
+        decay = max(0.0, min(1 - 1 / horizon, (1 + n) / (10 + n)))
+        expected = {k: decay * expected[k] + (1 - decay) * weights[k].double() for k in expected}
+    final = fitted.model_.state_dict()
+    for name, value in expected.items():
+        torch.testing.assert_close(final[name].double(), value, rtol=1e-5, atol=1e-6, msg=name)
+    assert not all(torch.equal(final[k], trained[-1][k]) for k in final)  # not simply the last trained weights
 
 
 def test_the_training_stage_s_settings_are_not_resolved_twice(monkeypatch):

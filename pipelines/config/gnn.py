@@ -95,6 +95,9 @@ class GNNConfig:
     warmup_fraction: float = bounded(0.05, 0.0, below=1.0)  # share of the steps spent warming up (linear)
     grad_clip: float = bounded(1.0, 1e-12)  # gradients clipped to this total norm
     patience: int = bounded(5, 0)  # epochs without a better validation score before stopping; 0 = never stop
+    # the weights validated, kept and saved: a moving average of the trained ones over about this many epochs
+    # of optimiser steps (exponential; 0: the trained weights themselves)
+    weight_average_epochs: float = bounded(0.0, 0.0)
     # epochs between validations (the last epoch is always validated): a validation scores
     # eval_max_configs configs of every held-out graph, a sizeable share of a base xla fit and most of one
     # with one pass per epoch (configs/cpu.toml takes 2)

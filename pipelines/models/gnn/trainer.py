@@ -16,9 +16,10 @@ import sys
 import tempfile
 import time
 from collections import OrderedDict
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 import torch
@@ -228,6 +229,48 @@ def train_step(model: GNNModel, graphs: list[PreparedGraph], indices: list[np.nd
     return loss.detach()
 
 
+class WeightAverage:
+    """An exponential moving average of a model's floating-point weights, on the model's device.
+
+    Each :meth:`update` moves the average ``1 - decay`` of the way to the trained weights, with decay
+    ``1 - 1 / horizon`` (``horizon`` steps) but at most ``(1 + n) / (10 + n)`` after ``n`` updates, so the
+    first steps are not averaged with the random initial weights (TensorFlow's ExponentialMovingAverage
+    warm-up).
+    """
+
+    def __init__(self, model: nn.Module, horizon: float):
+        self.horizon = horizon
+        self.updates = 0
+        self.averaged = {name: value.detach().clone() for name, value in model.state_dict().items()
+                         if value.is_floating_point()}
+
+    @torch.no_grad()
+    def update(self, model: nn.Module) -> None:
+        self.updates += 1
+        decay = max(0.0, min(1.0 - 1.0 / self.horizon, (1 + self.updates) / (10 + self.updates)))
+        trained = model.state_dict()
+        for name, average in self.averaged.items():
+            average.lerp_(trained[name], 1.0 - decay)
+
+    @contextmanager
+    def swapped_in(self, model: nn.Module) -> Iterator[None]:
+        """Inside the block the model holds the averaged weights; after it, the trained ones again."""
+        trained = {name: value.clone() for name, value in model.state_dict().items()}
+        model.load_state_dict({**trained, **self.averaged})
+        try:
+            yield
+        finally:
+            model.load_state_dict(trained)
+
+    def state_dict(self) -> dict:
+        return {"updates": self.updates, "averaged": self.averaged}
+
+    def load_state_dict(self, saved: dict) -> None:
+        self.updates = saved["updates"]
+        for name, average in self.averaged.items():
+            average.copy_(saved["averaged"][name])
+
+
 @dataclass
 class TrainState:
     """Everything a checkpoint holds besides model, optimizer and scheduler."""
@@ -276,10 +319,10 @@ def _interned(value: Any) -> Any:
 
 
 def save_checkpoint(path: Path, fingerprint: str, model: nn.Module, optimizer, scheduler, state: TrainState,
-                    rng: np.random.Generator) -> None:
+                    rng: np.random.Generator, average: WeightAverage | None = None) -> None:
     device = model_device(model)
     try:
-        _save_checkpoint_file(path, fingerprint, model, optimizer, scheduler, state, rng, device)
+        _save_checkpoint_file(path, fingerprint, model, optimizer, scheduler, state, rng, device, average)
     except FileNotFoundError:
         # Another run on this work dir finished the same fold and removed its checkpoint folder while this
         # one was writing: a checkpoint only saves time, and the fold's result is the other run's.
@@ -287,10 +330,11 @@ def save_checkpoint(path: Path, fingerprint: str, model: nn.Module, optimizer, s
 
 
 def _save_checkpoint_file(path: Path, fingerprint: str, model: nn.Module, optimizer, scheduler, state: TrainState,
-                          rng: np.random.Generator, device) -> None:
+                          rng: np.random.Generator, device, average: WeightAverage | None) -> None:
     atomic_torch_save({
         "format": CHECKPOINT_FORMAT, "fingerprint": fingerprint, "model": model.state_dict(),
         "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "state": state.__dict__,
+        "weight_average": average.state_dict() if average is not None else None,
         "np_rng": rng.bit_generator.state, "torch_rng": torch.get_rng_state(),
         # dropout on a GPU draws from that GPU's generator
         "cuda_rng": torch.cuda.get_rng_state(device) if device.type == "cuda" else None,
@@ -314,7 +358,7 @@ def checkpoint_is_ours(path: Path) -> bool:
 
 
 def load_checkpoint(path: Path, fingerprint: str, model: nn.Module, optimizer, scheduler,
-                    rng: np.random.Generator) -> TrainState:
+                    rng: np.random.Generator, average: WeightAverage | None = None) -> TrainState:
     try:
         saved = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # torch raises several types for a truncated or foreign file (or a pickled program)
@@ -327,6 +371,8 @@ def load_checkpoint(path: Path, fingerprint: str, model: nn.Module, optimizer, s
     model.load_state_dict(saved["model"])
     optimizer.load_state_dict(saved["optimizer"])
     scheduler.load_state_dict(saved["scheduler"])
+    if average is not None:  # the fingerprint holds the setting, so a checkpoint with averaging has its state
+        average.load_state_dict(saved["weight_average"])
     rng.bit_generator.state = saved["np_rng"]
     torch.set_rng_state(saved["torch_rng"])
     device = model_device(model)
@@ -354,7 +400,8 @@ def train_model(
     before_training: Callable[[np.random.Generator], None] | None = None,
     extra: Sequence[PreparedGraph] = (),
 ) -> TrainState:
-    """Train ``model`` in place; it ends holding the best-validation weights (or the last, without valid).
+    """Train ``model`` in place; it ends holding the best-validation weights (or the last, without valid):
+    with ``weight_average_epochs`` > 0, those of the moving average, which is what is validated.
 
     ``extra`` are training graphs of other collections (``gnn.extra_train_collections``). A pass visits
     every graph of ``train`` and at most ``extra_train_share`` times as many ``extra`` graphs (1: as many),
@@ -380,6 +427,7 @@ def train_model(
     device = model_device(model)
     train_batches, valid_batches = DeviceBatches(device), DeviceBatches(device)
     pool = [*train, *extra]
+    horizon = cfg.weight_average_epochs * steps_per_epoch
 
     resumable = checkpoint_path is not None and checkpoint_path.exists()
     if resumable and not checkpoint_is_ours(checkpoint_path):
@@ -387,12 +435,14 @@ def train_model(
                        "not resumed from, training starts afresh")
         resumable = False
     if resumable:
-        state = load_checkpoint(checkpoint_path, fingerprint, model, optimizer, scheduler, rng)
+        average = WeightAverage(model, horizon) if horizon else None
+        state = load_checkpoint(checkpoint_path, fingerprint, model, optimizer, scheduler, rng, average)
         logger.debug(f"resumed from {checkpoint_path} after epoch {state.epoch}")
     else:
         state = TrainState()
         if before_training is not None:
             before_training(rng)
+        average = WeightAverage(model, horizon) if horizon else None  # from the weights the fit starts with
 
     while state.epoch < cfg.epochs and not state.stopped:
         epoch = state.epoch + 1
@@ -412,6 +462,8 @@ def train_model(
             losses.append(train_step(model, graphs, indices, loss_fn, optimizer, cfg.grad_clip, batch=batch,
                                      precision=cfg.precision))
             scheduler.step()
+            if average is not None:
+                average.update(model)
             bar.update(1)
             if not bar.disable:  # reads losses back: only when someone watches
                 recent = [float(x) for x in losses[-20:]]
@@ -420,12 +472,15 @@ def train_model(
         losses = torch.stack(losses).tolist()  # one device-to-host copy per epoch
         validated = bool(valid) and (epoch % cfg.validate_every == 0 or epoch == cfg.epochs)
         validation_started = time.perf_counter()
-        score = validation_score(model, valid, subsets, cfg, valid_batches) if validated else math.nan
+        with average.swapped_in(model) if average is not None else nullcontext():
+            score = validation_score(model, valid, subsets, cfg, valid_batches) if validated else math.nan
+            best = not valid or (validated and score > state.best_score)
+            if best:
+                state.best_state = copy.deepcopy(model.state_dict())
         valid_seconds = time.perf_counter() - validation_started
         state.epoch = epoch
-        if not valid or (validated and score > state.best_score):
+        if best:
             state.best_score = score if valid else math.nan
-            state.best_state = copy.deepcopy(model.state_dict())
             state.best_epoch = epoch
             state.bad_epochs = 0
         elif validated:  # patience counts epochs, however many ran since the last validation
@@ -435,7 +490,7 @@ def train_model(
         state.history.append({"epoch": epoch, "loss": float(np.mean(losses)), "valid": score,
                               "lr": scheduler.get_last_lr()[0], "seconds": seconds, "valid_seconds": valid_seconds})
         if checkpoint_path is not None:
-            save_checkpoint(checkpoint_path, fingerprint, model, optimizer, scheduler, state, rng)
+            save_checkpoint(checkpoint_path, fingerprint, model, optimizer, scheduler, state, rng, average)
         logger.debug(f"epoch {epoch}/{cfg.epochs} loss {np.mean(losses):.4f} valid {score:.4f} "
                      f"best {state.best_score:.4f}@{state.best_epoch} ({seconds:.1f}s)"
                      + (" early stop" if state.stopped else ""))
