@@ -1140,13 +1140,13 @@ def test_weight_average_moves_towards_the_trained_weights_after_its_warm_up():
     with torch.no_grad():
         model.weight.fill_(0.0)
         model.bias.fill_(0.0)
-    average = trainer.WeightAverage(model, horizon=4.0)  # decay 0.75 once the warm-up allows it
+    average = trainer.WeightAverage(model, horizon=2.0)  # decay 1 - 1/2 once the warm-up allows it
     expected = torch.zeros(1, 2)
     for n, value in enumerate([1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0], 1):
         with torch.no_grad():
             model.weight.fill_(value)
         average.update(model)
-        decay = min(0.75, (1 + n) / (10 + n))  # 2/11, 3/12, ... until 0.75 from the 17th update
+        decay = min(0.5, (1 + n) / (10 + n))  # 2/11, 3/12, ..., then 0.5 from the 8th update on
         expected = decay * expected + (1 - decay) * value
     with average.swapped_in(model):
         torch.testing.assert_close(model.weight.detach(), expected)
@@ -1175,7 +1175,7 @@ def test_a_fit_with_weight_averaging_keeps_the_average_of_its_steps(monkeypatch)
     monkeypatch.setattr(trainer.WeightAverage, "update", recording_update)
     graphs = easy_world(4, "layout", 4)
     fitted = gnn(epochs=2, passes_per_epoch=2, patience=0, weight_average_epochs=0.5).fit(graphs, seed=0)
-    horizon = 0.5 * 2 * len(graphs)  # epochs x passes x one graph per step
+    horizon = 0.5 * 2 * len(graphs)  # half an epoch of 2 passes over the graphs, one graph per step
     assert len(initial) == 1 and len(trained) == 2 * 2 * len(graphs)
     expected = {k: v.double() for k, v in initial[0].items()}
     for n, weights in enumerate(trained, 1):
