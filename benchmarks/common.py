@@ -17,7 +17,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -300,11 +300,15 @@ def verdict(name: str, measured: float, target: float, unit: str) -> str:
             f"{measured / target:.2f}x the target ({measured - target:.3g} {unit} over)")
 
 
-def parse_roots(doc: str, argv: Sequence[str] | None) -> argparse.Namespace:
-    """The arguments of a benchmark over finished runs: ``ROOT [ROOT ...] [--out FILE]``."""
+def parse_roots(doc: str, argv: Sequence[str] | None,
+                more: Callable[[argparse.ArgumentParser], None] | None = None) -> argparse.Namespace:
+    """The arguments of a benchmark over finished runs: ``ROOT [ROOT ...] [--out FILE]``, and whatever
+    ``more`` adds to the parser."""
     parser = argparse.ArgumentParser(description=doc.splitlines()[0])
     parser.add_argument("roots", nargs="+", type=Path)
     parser.add_argument("--out", type=Path, default=None, help="also write the table to this file")
+    if more is not None:
+        more(parser)
     return parser.parse_args(argv)
 
 
