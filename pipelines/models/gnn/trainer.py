@@ -434,15 +434,15 @@ def train_model(
         logger.warning(f"{checkpoint_path}: does not match the hash recorded when it was written; "
                        "not resumed from, training starts afresh")
         resumable = False
+    if not resumable and before_training is not None:
+        before_training(rng)
+    # from the weights the fit starts with; a resumed fit's average comes back from its checkpoint
+    average = WeightAverage(model, horizon) if horizon else None
     if resumable:
-        average = WeightAverage(model, horizon) if horizon else None
         state = load_checkpoint(checkpoint_path, fingerprint, model, optimizer, scheduler, rng, average)
         logger.debug(f"resumed from {checkpoint_path} after epoch {state.epoch}")
     else:
         state = TrainState()
-        if before_training is not None:
-            before_training(rng)
-        average = WeightAverage(model, horizon) if horizon else None  # from the weights the fit starts with
 
     while state.epoch < cfg.epochs and not state.stopped:
         epoch = state.epoch + 1
