@@ -26,19 +26,20 @@ def fold_taus(costs: Mapping[int, Sequence[np.ndarray]], runtimes: Sequence[np.n
               folds: Sequence[int]) -> dict[str, float]:
     """Mean tau-b of each fold model ``k``'s ``costs[k][g]`` against ``runtimes[g]`` over the graphs of the
     other folds ("own") and of fold ``k`` ("held_out"), pooled over the fold models (pure; NaN taus of
-    constant runtimes left out)."""
+    constant runtimes left out, and holdout graphs, fold -1, which no fold model trained on)."""
     taus: dict[str, list[float]] = {"own": [], "held_out": []}
     for k, per_graph in costs.items():
         for cost, runtime, fold in zip(per_graph, runtimes, folds):
-            taus["held_out" if fold == k else "own"].append(kendall_tau_b(cost, runtime))
+            if fold >= 0:
+                taus["held_out" if fold == k else "own"].append(kendall_tau_b(cost, runtime))
     return {name: float(np.nanmean(values)) if values else float("nan") for name, values in taus.items()}
 
 
 def stage_fit(stage_dir: Path, seed: int) -> tuple[str, int, dict[str, float]] | None:
     """(collection, graphs, fold_taus) of one GNN training stage's fold models of ``seed``; None if it has none."""
-    import polars as pl
-
-    from pipelines.data.node_arrays import load_graph_arrays
+    from pipelines.core.engine import load_stage
+    from pipelines.data.folds import read_folds
+    from pipelines.data.node_arrays import read_graph_arrays
     from pipelines.models.gnn.ranker import GNNRanker
 
     manifest = json.loads((stage_dir / "manifest.json").read_text(encoding="utf-8"))
@@ -46,10 +47,9 @@ def stage_fit(stage_dir: Path, seed: int) -> tuple[str, int, dict[str, float]] |
     models = [m for m in manifest["metrics"]["models"] if m["seed"] == seed]
     if not collection.startswith("layout:") or not models:
         return None
-    folds = pl.read_parquet(next((work / "folds" / manifest["inputs"]["folds"]).glob("*.parquet")))
-    arrays = work / "node_arrays" / manifest["inputs"]["node_arrays"]
-    graphs = [load_graph_arrays(arrays / split / f"{graph}.npz")
-              for graph, split in zip(folds["graph"], folds["split"])]
+    folds = read_folds(load_stage(work, "folds", manifest["inputs"]["folds"]))
+    arrays = load_stage(work, "node_arrays", manifest["inputs"]["node_arrays"])
+    graphs = [read_graph_arrays(arrays, split, graph) for graph, split in zip(folds["graph"], folds["split"])]
     bounds = np.cumsum([g.num_configs for g in graphs])[:-1]
     costs = {m["fold"]: np.split(GNNRanker.load(stage_dir / "models", f"gnn-f{m['fold']}-s{seed}").predict(graphs), bounds)
              for m in models}

@@ -17,3 +17,8 @@ def test_each_fold_model_is_scored_on_its_own_graphs_apart_from_its_held_out_fol
     # held out: model 0 on graph 0 (-1); model 1 on graphs 1 (-1) and 2 (NaN)
     assert taus["held_out"] == -1.0
     assert math.isnan(fold_taus({}, runtimes, folds)["own"])
+    # a holdout graph (fold -1) is no model's own graph nor any fold's held-out one
+    with_holdout = fold_taus({0: [backwards[0], right[1], right[2], backwards[0]],
+                              1: [right[0], backwards[1], backwards[2], backwards[0]]},
+                             [*runtimes, runtimes[0]], [*folds, -1])
+    assert with_holdout == taus
