@@ -59,18 +59,18 @@ def stage_fit(stage_dir: Path, seed: int) -> tuple[str, int, dict[str, float]] |
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_roots(__doc__, argv, lambda parser: parser.add_argument(
         "--seed", type=int, default=0, help="the training seed whose fold models are scored (default 0)"))
-    rows = []
+    rows, taus = [], []
     for root in args.roots:
         for path in sorted((root / "work").glob("train-gnn/*/manifest.json")):
             fit = stage_fit(path.parent, args.seed)
             if fit is not None:
-                collection, graphs, taus = fit
-                rows.append([str(root), path.parent.name, collection, graphs, f"{taus['own']:.3f}",
-                             f"{taus['held_out']:.3f}"])
+                collection, graphs, stage_taus = fit
+                taus.append(stage_taus)
+                rows.append([str(root), path.parent.name, collection, graphs, f"{stage_taus['own']:.3f}",
+                             f"{stage_taus['held_out']:.3f}"])
     if not rows:
         raise SystemExit(f"no layout GNN training stage of seed {args.seed} under {', '.join(map(str, args.roots))}")
-    own = np.mean([float(r[4]) for r in rows])
-    held = np.mean([float(r[5]) for r in rows])
+    own, held = (np.mean([t[name] for t in taus]) for name in ("own", "held_out"))
     lines = [f"# GNN fold models on their own graphs and on their held-out fold (seed {args.seed})", "",
              *markdown_table(["root", "stage", "collection", "graphs", "tau own", "tau held out"], rows), "",
              f"Mean over {len(rows)} stages: own {own:.3f}, held out {held:.3f}."]
