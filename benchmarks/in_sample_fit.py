@@ -1,13 +1,19 @@
 """How well do the GNN's fold models rank the graphs they trained on, against the graphs held out from them?
 
-Usage: python -m benchmarks.in_sample_fit ROOT [ROOT ...] [--seed S] [--out FILE]
+Usage: python -m benchmarks.in_sample_fit ROOT [ROOT ...] [--seed S] [--worlds WORLD ...] [--out FILE]
 
 ROOT is an ``evaluation_worlds --root`` folder (or any folder with a stage cache ``work/``). For every
 layout GNN training stage of seed S in it, each fold model scores every graph of the collection's
 folds (its companions' graphs left out): Kendall tau-b of its costs against the measured runtimes, on
-the graphs it trained on ("own": train and early-stopping graphs alike are in other folds) and on its
-held-out fold. If "own" sits far under the measured runtimes' noise ceiling, the fits cannot express
-(or do not reach, in their budget) what orders even their own graphs, whatever carries to new ones.
+the graphs it trained on ("own": the other folds) and on its held-out fold (which also chose its
+early-stopping epoch). If "own" sits far under the measured runtimes' noise ceiling, the fits cannot
+express (or do not reach, in their budget) what orders even their own graphs, whatever carries to new
+ones; if "own" sits far above "held out", they do not generalise from their programs to others.
+
+With ``--worlds`` (the synthetic worlds the stages were run on, whose hidden labels score the test
+graphs) also the stage's test predictions: each fold model alone ("test, one model") and the fold
+models' mean score, as the pipeline averages them ("test, their mean"): what averaging fold models
+adds, against what a single model carries to unseen programs.
 """
 
 from __future__ import annotations
@@ -35,6 +41,55 @@ def fold_taus(costs: Mapping[int, Sequence[np.ndarray]], runtimes: Sequence[np.n
     return {name: float(np.nanmean(values)) if values else float("nan") for name, values in taus.items()}
 
 
+def taus_on_test(costs: Mapping[int, Sequence[np.ndarray]], runtimes: Sequence[np.ndarray]) -> dict[str, float]:
+    """Mean tau-b over the test graphs of each fold model ``k``'s ``costs[k][g]`` alone ("test_one",
+    pooled over the models) and of the fold models' mean cost ("test_mean"; pure; NaN taus left out)."""
+    one = [kendall_tau_b(per_graph[g], runtime) for per_graph in costs.values() for g, runtime in enumerate(runtimes)]
+    mean = [kendall_tau_b(np.mean([per_graph[g] for per_graph in costs.values()], axis=0), runtime)
+            for g, runtime in enumerate(runtimes)] if costs else []
+    return {name: float(np.nanmean(values)) if values else float("nan")
+            for name, values in (("test_one", one), ("test_mean", mean))}
+
+
+def stage_world(work: Path, node_arrays_key: str, collection: str, worlds: Sequence[Path]) -> Path:
+    """Which of ``worlds`` a training stage's graphs came from: the one whose raw files key its prune stage
+    (worlds over the same programs share graph names, so a name alone cannot tell)."""
+    from pipelines.core.collection import parse_collection
+    from pipelines.core.engine import load_stage
+    from pipelines.flows.prepare import collection_refs, raw_data_key
+
+    prune_key = load_stage(work, "node_arrays", node_arrays_key).manifest["inputs"]["prune"]
+    data_key = load_stage(work, "prune", prune_key).manifest["inputs"]["data"]
+    target = parse_collection(collection)
+    held = [world for world in worlds if raw_data_key(world, collection_refs(world, target)) == data_key]
+    if len(held) != 1:
+        which = "none" if not held else f"{len(held)} ({', '.join(map(str, held))})"
+        raise SystemExit(f"{work}: {which} of --worlds hold the {collection} files of node_arrays stage {node_arrays_key}")
+    return held[0]
+
+
+def stage_test_taus(stage_dir: Path, collection: str, seed: int, world: Path) -> dict[str, float]:
+    """:func:`taus_on_test` of one training stage's test predictions of ``seed``, scored by ``world``'s hidden labels."""
+    import polars as pl
+
+    from pipelines.core.collection import parse_collection
+    from pipelines.synth.world import read_labels
+
+    target = parse_collection(collection)
+    rows = (pl.read_parquet(stage_dir / "predictions.parquet")
+            .filter((pl.col("split") == "test") & (pl.col("seed") == seed)).sort("graph", "fold", "config_index"))
+    costs: dict[int, list[np.ndarray]] = {}
+    runtimes = []
+    for (graph,), part in rows.partition_by("graph", as_dict=True, maintain_order=True).items():
+        runtime = read_labels(world, target, "test", graph).runtime
+        runtimes.append(runtime)
+        for (fold,), model in part.partition_by("fold", as_dict=True, maintain_order=True).items():
+            cost = np.full(runtime.shape, np.nan)
+            cost[model["config_index"].to_numpy()] = model["score"].to_numpy()
+            costs.setdefault(fold, []).append(cost)
+    return taus_on_test(costs, runtimes)
+
+
 def stage_fit(stage_dir: Path, seed: int) -> tuple[str, int, dict[str, float]] | None:
     """(collection, graphs, fold_taus) of one GNN training stage's fold models of ``seed``; None if it has none."""
     from pipelines.core.engine import load_stage
@@ -57,23 +112,33 @@ def stage_fit(stage_dir: Path, seed: int) -> tuple[str, int, dict[str, float]] |
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = parse_roots(__doc__, argv, lambda parser: parser.add_argument(
-        "--seed", type=int, default=0, help="the training seed whose fold models are scored (default 0)"))
+    def more(parser) -> None:
+        parser.add_argument("--seed", type=int, default=0, help="the training seed whose fold models are scored (default 0)")
+        parser.add_argument("--worlds", type=Path, nargs="+", default=[],
+                            help="synthetic worlds whose hidden labels score the stages' test predictions")
+
+    args = parse_roots(__doc__, argv, more)
+    names = {"own": "tau own", "held_out": "tau held out"}
+    if args.worlds:
+        names |= {"test_one": "tau test, one model", "test_mean": "tau test, their mean"}
     rows, taus = [], []
     for root in args.roots:
         for path in sorted((root / "work").glob("train-gnn/*/manifest.json")):
             fit = stage_fit(path.parent, args.seed)
             if fit is not None:
                 collection, graphs, stage_taus = fit
+                if args.worlds:
+                    inputs = json.loads(path.read_text(encoding="utf-8"))["inputs"]
+                    world = stage_world(root / "work", inputs["node_arrays"], collection, args.worlds)
+                    stage_taus |= stage_test_taus(path.parent, collection, args.seed, world)
                 taus.append(stage_taus)
-                rows.append([str(root), path.parent.name, collection, graphs, f"{stage_taus['own']:.3f}",
-                             f"{stage_taus['held_out']:.3f}"])
+                rows.append([str(root), path.parent.name, collection, graphs, *(f"{stage_taus[n]:.3f}" for n in names)])
     if not rows:
         raise SystemExit(f"no layout GNN training stage of seed {args.seed} under {', '.join(map(str, args.roots))}")
-    own, held = (np.mean([t[name] for t in taus]) for name in ("own", "held_out"))
+    means = ", ".join(f"{names[n].removeprefix('tau ')} {np.mean([t[n] for t in taus]):.3f}" for n in names)
     lines = [f"# GNN fold models on their own graphs and on their held-out fold (seed {args.seed})", "",
-             *markdown_table(["root", "stage", "collection", "graphs", "tau own", "tau held out"], rows), "",
-             f"Mean over {len(rows)} stages: own {own:.3f}, held out {held:.3f}."]
+             *markdown_table(["root", "stage", "collection", "graphs", *names.values()], rows), "",
+             f"Mean over {len(rows)} stages: {means}."]
     emit(lines, args.out)
     return 0
 
