@@ -45,3 +45,48 @@ def test_training_with_the_largest_seeds_runs_and_records_them(tiny_world, tmp_p
                  "--set", f"gbdt.seed={TOP}", "--set", f"run.seeds=[0, {TOP}]"]) == 0, capsys.readouterr().err
     [predictions] = work.glob(f"train-gbdt/*/{PREDICTIONS_FILE}")
     assert sorted(pl.read_parquet(predictions)["seed"].unique().to_list()) == [0, TOP]
+
+
+def test_fold_seeds_give_each_fold_model_a_seed_of_its_own():
+    from pipelines.core.seeds import model_fit_seed
+
+    seeds = [fit_seed(run, 0, fold) for run in (0, 1, TOP) for fold in range(5)]
+    assert all(0 <= s < FIT_SEED_LIMIT for s in seeds) and len(set(seeds)) == len(seeds)
+    assert seeds == [fit_seed(run, 0, fold) for run in (0, 1, TOP) for fold in range(5)]  # deterministic
+    assert fit_seed(0, 0, 0) != fit_seed(0) and fit_seed(0, 1, 0) != fit_seed(0, 0, 1)  # no fold aliases an offset
+    assert [model_fit_seed(3, fold, {"seed": 2}) for fold in range(3)] == [5, 5, 5]  # off: the run seed's
+    assert [model_fit_seed(3, fold, {"seed": 2, "fold_seeds": True}) for fold in range(3)] == \
+        [fit_seed(3, 2, fold) for fold in range(3)]
+    with pytest.raises(ValueError):
+        fit_seed(0, 0, -1)
+
+
+@pytest.mark.parametrize("fold_seeds", [False, True])
+def test_the_training_stage_and_predict_use_each_fold_models_seed(fold_seeds, tiny_world, tmp_path, monkeypatch):
+    import numpy as np
+
+    import pipelines.training.fit as train
+    from pipelines.config.settings import load_config
+    from pipelines.core.collection import parse_collection
+    from pipelines.core.seeds import model_fit_seed
+    from pipelines.flows.predict import predict_test
+    from pipelines.flows.prepare import prepare
+    from pipelines.models.gnn.ranker import GNNRanker
+
+    fitted = []
+    fit = GNNRanker.fit
+
+    def recording_fit(self, train_graphs, valid=None, *, seed, **kwargs):
+        fitted.append(seed)
+        return fit(self, train_graphs, valid, seed=seed, **kwargs)
+
+    monkeypatch.setattr(GNNRanker, "fit", recording_fit)
+    collection = parse_collection("layout:xla:random")
+    config = load_config("smoke", ["folds.k=2", "run.n_jobs=1", "run.seeds=[4]", "gnn.epochs=1", "gnn.hidden=8",
+                                   f"gnn.fold_seeds={str(fold_seeds).lower()}"])
+    prepared = prepare(config, tiny_world, tmp_path / "work", [collection])[collection.name]
+    output = train.train_model(config, prepared, model="gnn", work_dir=tmp_path / "work")
+    expected = [model_fit_seed(4, fold, {"fold_seeds": fold_seeds}) for fold in range(2)]
+    assert sorted(fitted) == sorted(expected) and (len(set(fitted)) == 2) is fold_seeds
+    stage = pl.read_parquet(output.path / train.PREDICTIONS_FILE).filter(pl.col("split") == "test")
+    assert np.array_equal(predict_test(output, prepared)["score"].to_numpy(), stage["score"].to_numpy())

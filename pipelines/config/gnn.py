@@ -115,6 +115,9 @@ class GNNConfig:
     # --- fine-tuning: a saved GNN model file (a run's models/gnn-f*-s*.pt) whose weights start every fold
     # model's fit instead of random ones; the same architecture settings. "" = random initial weights
     init_from: str = ""
+    # each fold model of a run seed fits with a seed of its own (initial weights, sampled configs), not the
+    # run seed's: the test average over fold models then also averages over initialisations
+    fold_seeds: bool = False
     # --- runtime
     num_threads: int = bounded(0, 0)  # 0: the training stage's share of the cores (standalone: torch's default)
     device: str = "cpu"  # "cpu", "cuda" ("cuda:N"), or "auto": CUDA when torch sees a GPU, else CPU

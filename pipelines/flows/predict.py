@@ -27,7 +27,7 @@ from pipelines.core.engine import StageOutput, code_version, file_sha256, finger
 from pipelines.core.errors import ConfigError, PipelineError
 from pipelines.core.paths import SUBMISSIONS_DIR
 from pipelines.flows import dag
-from pipelines.core.seeds import fit_seed as derived_fit_seed
+from pipelines.core.seeds import model_fit_seed
 from pipelines.flows.scores import RunResult, scores_from_manifest
 from pipelines.outputs.run_folders import read_run_manifest, recorded_folder, resolve_run_id, training_stage_dirs
 
@@ -94,7 +94,7 @@ def predict_test(output: StageOutput, prepared: Any, *, num_threads: int = 0) ->
     graphs = list(prepared.graphs("test"))
     frames = []
     for fold, seed, adapter, ranker in fold_models(output, num_threads=num_threads):
-        fit_seed = derived_fit_seed(seed, settings.get("seed", 0))
+        fit_seed = model_fit_seed(seed, fold, settings)
         predicted = _predict_graphs(adapter, ranker, prepared, graphs, settings=settings,
                                     batch=PREDICT_BATCH_GRAPHS[collection.kind], seed=fit_seed)
         frames += [prediction_frame(collection=collection.name, graph=g, split="test", scores=c, fold=fold, seed=seed,

@@ -64,7 +64,7 @@ from pipelines.core.parallel import JobPool, quiet_worker_replacement
 from pipelines.core.predictions import PREDICTION_SCHEMA, prediction_frame
 from pipelines.core.progress import format_duration
 from pipelines.core.stages import Stage, StageCall, run_declared
-from pipelines.core.seeds import fit_seed as derived_fit_seed
+from pipelines.core.seeds import model_fit_seed
 
 logger = logging.getLogger(__name__)
 
@@ -223,7 +223,7 @@ def fit_predict_fold(adapter: ModelAdapter, prepared: Any, collection: Collectio
     checkpoints into (and resumes from) ``partial/f<fold>-s<seed>.ckpt/``.
     """
     started = time.perf_counter()
-    fit_seed = derived_fit_seed(seed, settings.get("seed", 0))  # within LightGBM's int32
+    fit_seed = model_fit_seed(seed, fold, settings)  # within LightGBM's int32
     held_out = plan.graphs_by_fold[fold]
     ranker = adapter.make(settings, collection, num_threads=num_threads)
     train = adapter.load(prepared, plan.train_graphs(fold), settings=settings, fit=True, seed=fit_seed)
