@@ -74,9 +74,10 @@ def stage_test_taus(stage_dir: Path, collection: str, seed: int, world: Path) ->
 
     from pipelines.core.collection import parse_collection
     from pipelines.synth.world import read_labels
+    from pipelines.training.fit import PREDICTIONS_FILE
 
     target = parse_collection(collection)
-    rows = (pl.read_parquet(stage_dir / "predictions.parquet")
+    rows = (pl.read_parquet(stage_dir / PREDICTIONS_FILE)
             .filter((pl.col("split") == "test") & (pl.col("seed") == seed)).sort("graph", "fold", "config_index"))
     costs: dict[int, list[np.ndarray]] = {}
     runtimes = []
