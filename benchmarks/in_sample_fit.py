@@ -18,14 +18,17 @@ adds, against what a single model carries to unseen programs.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from benchmarks.common import emit, markdown_table, parse_roots
 from pipelines.core.metric import kendall_tau_b
+
+if TYPE_CHECKING:
+    from pipelines.core.engine import StageOutput
 
 
 def fold_taus(costs: Mapping[int, Sequence[np.ndarray]], runtimes: Sequence[np.ndarray],
@@ -68,7 +71,7 @@ def stage_world(work: Path, node_arrays_key: str, collection: str, worlds: Seque
     return held[0]
 
 
-def stage_test_taus(stage_dir: Path, collection: str, seed: int, world: Path) -> dict[str, float]:
+def stage_test_taus(stage: StageOutput, collection: str, seed: int, world: Path) -> dict[str, float]:
     """:func:`taus_on_test` of one training stage's test predictions of ``seed``, scored by ``world``'s hidden labels."""
     import polars as pl
 
@@ -77,7 +80,7 @@ def stage_test_taus(stage_dir: Path, collection: str, seed: int, world: Path) ->
     from pipelines.training.fit import PREDICTIONS_FILE
 
     target = parse_collection(collection)
-    rows = (pl.read_parquet(stage_dir / PREDICTIONS_FILE)
+    rows = (pl.read_parquet(stage.file(PREDICTIONS_FILE))
             .filter((pl.col("split") == "test") & (pl.col("seed") == seed)).sort("graph", "fold", "config_index"))
     costs: dict[int, list[np.ndarray]] = {}
     runtimes = []
@@ -91,23 +94,22 @@ def stage_test_taus(stage_dir: Path, collection: str, seed: int, world: Path) ->
     return taus_on_test(costs, runtimes)
 
 
-def stage_fit(stage_dir: Path, seed: int) -> tuple[str, int, dict[str, float]] | None:
+def stage_fit(stage: StageOutput, seed: int) -> tuple[str, int, dict[str, float]] | None:
     """(collection, graphs, fold_taus) of one GNN training stage's fold models of ``seed``; None if it has none."""
     from pipelines.core.engine import load_stage
     from pipelines.data.folds import read_folds
     from pipelines.data.node_arrays import read_graph_arrays
     from pipelines.models.gnn.ranker import GNNRanker
 
-    manifest = json.loads((stage_dir / "manifest.json").read_text(encoding="utf-8"))
-    collection, work = manifest["metrics"]["collection"], stage_dir.parent.parent
-    models = [m for m in manifest["metrics"]["models"] if m["seed"] == seed]
+    collection, work = stage.manifest["metrics"]["collection"], stage.path.parent.parent
+    models = [m for m in stage.manifest["metrics"]["models"] if m["seed"] == seed]
     if not collection.startswith("layout:") or not models:
         return None
-    folds = read_folds(load_stage(work, "folds", manifest["inputs"]["folds"]))
-    arrays = load_stage(work, "node_arrays", manifest["inputs"]["node_arrays"])
+    folds = read_folds(load_stage(work, "folds", stage.manifest["inputs"]["folds"]))
+    arrays = load_stage(work, "node_arrays", stage.manifest["inputs"]["node_arrays"])
     graphs = [read_graph_arrays(arrays, split, graph) for graph, split in zip(folds["graph"], folds["split"])]
     bounds = np.cumsum([g.num_configs for g in graphs])[:-1]
-    costs = {m["fold"]: np.split(GNNRanker.load(stage_dir / "models", f"gnn-f{m['fold']}-s{seed}").predict(graphs), bounds)
+    costs = {m["fold"]: np.split(GNNRanker.load(stage.path / "models", f"gnn-f{m['fold']}-s{seed}").predict(graphs), bounds)
              for m in models}
     return collection, len(graphs), fold_taus(costs, [g.target for g in graphs], folds["fold"].to_list())
 
@@ -122,18 +124,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     names = {"own": "tau own", "held_out": "tau held out"}
     if args.worlds:
         names |= {"test_one": "tau test, one model", "test_mean": "tau test, their mean"}
+    from pipelines.core.engine import load_stage
+
     rows, taus = [], []
     for root in args.roots:
         for path in sorted((root / "work").glob("train-gnn/*/manifest.json")):
-            fit = stage_fit(path.parent, args.seed)
+            stage = load_stage(root / "work", "train-gnn", path.parent.name)
+            fit = stage_fit(stage, args.seed)
             if fit is not None:
                 collection, graphs, stage_taus = fit
                 if args.worlds:
-                    inputs = json.loads(path.read_text(encoding="utf-8"))["inputs"]
-                    world = stage_world(root / "work", inputs["node_arrays"], collection, args.worlds)
-                    stage_taus |= stage_test_taus(path.parent, collection, args.seed, world)
+                    world = stage_world(root / "work", stage.manifest["inputs"]["node_arrays"], collection, args.worlds)
+                    stage_taus |= stage_test_taus(stage, collection, args.seed, world)
                 taus.append(stage_taus)
-                rows.append([str(root), path.parent.name, collection, graphs, *(f"{stage_taus[n]:.3f}" for n in names)])
+                rows.append([str(root), stage.key, collection, graphs, *(f"{stage_taus[n]:.3f}" for n in names)])
     if not rows:
         raise SystemExit(f"no layout GNN training stage of seed {args.seed} under {', '.join(map(str, args.roots))}")
     means = ", ".join(f"{names[n].removeprefix('tau ')} {np.mean([t[n] for t in taus]):.3f}" for n in names)
